@@ -1,0 +1,101 @@
+"""A group of Ray actors that together form one torch.distributed world (the Megatron ranks).
+
+    group = WorkerGroup(MegatronWorker, world_size=4, init_args=(cfg,))
+    log_probs = group.call("compute_log_probs", batch_ref)[0]
+
+Rank 0 reports its address and a free port; every actor then gets torchrun's variables
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and initialises
+torch.distributed through ``megarl.platform`` (NCCL on GPU, gloo on CPU), so code written for
+torchrun runs unchanged inside Ray. Actors are placed into a placement group's bundles, one
+rank per bundle, in rank order.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Sequence
+
+
+class DistributedWorker:
+    """Base class of a rank. Subclasses set up their engines in ``setup``."""
+
+    def __init__(self, rank: int, world_size: int, env: dict[str, str] | None = None):
+        self.rank, self.world_size = rank, world_size
+        for key, value in (env or {}).items():
+            os.environ[key] = str(value)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    def address_and_port(self) -> tuple[str, int]:
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_distributed(self, master_addr: str, master_port: int, local_rank: int) -> None:
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_rank),
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        from megarl.platform import init_distributed
+
+        init_distributed()
+
+    def setup(self, *args, **kwargs) -> None:
+        """Build engines; called on every rank after torch.distributed is up."""
+
+    def ping(self) -> int:
+        return self.rank
+
+
+class WorkerGroup:
+    def __init__(self, worker_cls: type, world_size: int, *, init_args: Sequence[Any] = (),
+                 init_kwargs: dict | None = None, num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
+                 placement_group=None, bundle_offset: int = 0, env: dict[str, str] | None = None,
+                 name: str = "trainer"):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if world_size < 1:
+            raise ValueError(f"a worker group needs world_size >= 1, got {world_size}")
+        remote_cls = ray.remote(worker_cls)
+        self.world_size, self.name = world_size, name
+        self.actors = []
+        for rank in range(world_size):
+            options: dict[str, Any] = dict(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
+                                           name=None, max_concurrency=2)
+            if placement_group is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=placement_group, placement_group_bundle_index=bundle_offset + rank)
+            self.actors.append(remote_cls.options(**options).remote(rank, world_size, env))
+        master_addr, master_port = ray.get(self.actors[0].address_and_port.remote())
+        ray.get([a.init_distributed.remote(master_addr, master_port, self._local_rank(rank))
+                 for rank, a in enumerate(self.actors)])
+        self.call("setup", *init_args, **(init_kwargs or {}))
+
+    def _local_rank(self, rank: int) -> int:
+        # One rank per bundle and bundles packed per node in order: on GPU nodes Ray sets
+        # CUDA_VISIBLE_DEVICES per actor, so the local device index is always 0.
+        return 0
+
+    def call(self, method: str, *args, **kwargs) -> list:
+        """Call ``method`` on every rank with the same arguments; wait; return results by rank."""
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+
+    def call_async(self, method: str, *args, **kwargs) -> list:
+        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+
+    def call_each(self, method: str, per_rank_args: Sequence[Sequence[Any]]) -> list:
+        import ray
+
+        if len(per_rank_args) != self.world_size:
+            raise ValueError(f"{len(per_rank_args)} argument lists for {self.world_size} ranks")
+        return ray.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
