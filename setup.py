@@ -31,6 +31,7 @@ setup(
         "tqdm",
         "matplotlib",  # reward-curve PNG written next to the TensorBoard logs
         "packaging>=24.2",
+        "math-verify>=0.9,<1",  # MATH answers: equivalence of LaTeX forms, after string normalisation
     ],
     extras_require={
         # CUDA clusters: the official CUDA build of vLLM and Transformer Engine.

@@ -33,6 +33,8 @@ class DataConfig:
     truncation: str = "error"  # error | left | right | middle (used when not filtering)
     dataloader_num_workers: int = 0
     return_raw_chat: bool = False
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    drop_last: bool = True  # megarl: an incomplete last batch of an epoch is dropped
 
 
 # ------------------------------------------------------------------- megatron layout
@@ -225,6 +227,7 @@ class CriticConfig:
 class CustomRewardFunctionConfig:
     path: Optional[str] = None  # a .py file defining the function
     name: str = "compute_score"  # signature: (data_source, solution_str, ground_truth, extra_info=None)
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of every call
 
 
 @dataclass
@@ -237,7 +240,8 @@ class RewardModelConfig:
 class RewardConfig:
     """megarl: how rule/custom reward functions are run."""
 
-    num_workers: int = 0  # 0: score in the controller process; N: a pool of N workers
+    num_workers: int = 1  # 1: score in the controller process; N: a pool of N workers
+    executor: str = "process"  # process | thread (for num_workers > 1)
     on_error: str = "zero"  # zero: score 0, count and log the error | raise: stop the run
 
 

@@ -108,6 +108,10 @@ def validate_config(cfg: DictConfig) -> None:
     unknown = sorted(set(t.logger) - LOGGERS)
     if unknown:
         add(f"trainer.logger has unknown entries {unknown}; known: {sorted(LOGGERS)}.")
+    if cfg.reward.executor not in ("process", "thread"):
+        add(f"reward.executor={cfg.reward.executor!r}: use 'process' or 'thread'.")
+    if cfg.reward.num_workers < 1:
+        add(f"reward.num_workers={cfg.reward.num_workers}: must be >= 1.")
     if cfg.reward.on_error not in ("zero", "raise"):
         add(f"reward.on_error={cfg.reward.on_error!r}: use 'zero' or 'raise'.")
     if cfg.reward_model.enable:

@@ -1,0 +1,154 @@
+"""Write verl-format parquet datasets.
+
+    python -m megarl.data.prepare gsm8k [--input-dir DIR] [--output-dir DIR]
+    python -m megarl.data.prepare arithmetic [--output-dir DIR] [--num-train N] [--num-test N]
+                                             [--seed S] [--max-operand K] [--ops +,-,*]
+
+``gsm8k`` follows verl's ``examples/data_preprocess/gsm8k.py``: the question plus
+an instruction to answer after "####", data_source ``openai/gsm8k``, ability
+``math``, and the number after "####" in the reference answer (commas removed) as
+the ground truth. It reads ``train.jsonl`` and ``test.jsonl`` from the GSM8K
+repository (default: ``shared/data/gsm8k`` next to this repository).
+
+``arithmetic`` generates a tiny synthetic task (``a + b`` with one-digit operands
+by default) that a small randomly initialised model can learn in a few minutes on CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_GSM8K_INPUT = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
+
+GSM8K_DATA_SOURCE = "openai/gsm8k"
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+ARITHMETIC_DATA_SOURCE = "megarl/arithmetic"
+ARITHMETIC_OPS: dict[str, Callable[[int, int], int]] = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+_GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
+
+
+def gsm8k_final_answer(answer: str) -> str:
+    """The number after "####" in a GSM8K reference answer, commas removed."""
+    match = _GSM8K_ANSWER.search(answer)
+    if match is None:
+        raise ValueError(f"no '#### <number>' in the answer: {answer[-80:]!r}")
+    return match.group(1).replace(",", "")
+
+
+def gsm8k_rows(path: Path, split: str) -> list[dict[str, Any]]:
+    """verl-format rows from one GSM8K jsonl file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"GSM8K file not found: {path} (pass --input-dir with train.jsonl and test.jsonl)")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                example = json.loads(line)
+                question, answer = example["question"], example["answer"]
+                ground_truth = gsm8k_final_answer(answer)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}: line {line_number}: not a GSM8K example ({type(exc).__name__}: {exc})") from exc
+            index = len(rows)
+            rows.append({
+                "data_source": GSM8K_DATA_SOURCE,
+                "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": ground_truth},
+                "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
+            })
+    return rows
+
+
+def arithmetic_rows(num: int, split: str, rng: random.Random, max_operand: int, ops: list[str]) -> list[dict[str, Any]]:
+    """Random ``a <op> b`` questions with operands in ``0..max_operand``; differences are never negative."""
+    rows = []
+    for index in range(num):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        op = rng.choice(ops)
+        if op == "-" and a < b:
+            a, b = b, a
+        result = ARITHMETIC_OPS[op](a, b)
+        rows.append({
+            "data_source": ARITHMETIC_DATA_SOURCE,
+            "prompt": [{"role": "user", "content": f"What is {a} {op} {b}? Answer with just the number."}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(result)},
+            "extra_info": {"split": split, "index": index, "a": a, "b": b, "op": op},
+        })
+    return rows
+
+
+def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    print(f"wrote {len(rows)} rows to {path}", flush=True)
+
+
+def prepare_gsm8k(input_dir: Path, output_dir: Path) -> dict[str, int]:
+    counts = {}
+    for split, out_name in (("train", "train.parquet"), ("test", "test.parquet")):
+        source = input_dir / f"{split}.jsonl"
+        print(f"reading {source}", flush=True)
+        rows = gsm8k_rows(source, split)
+        write_parquet(rows, output_dir / out_name)
+        counts[split] = len(rows)
+    return counts
+
+
+def prepare_arithmetic(output_dir: Path, num_train: int, num_test: int, seed: int, max_operand: int, ops: list[str]) -> dict[str, int]:
+    unknown = [op for op in ops if op not in ARITHMETIC_OPS]
+    if unknown or not ops:
+        raise ValueError(f"--ops {ops} has unknown operators {unknown}; choose from {list(ARITHMETIC_OPS)}")
+    if max_operand < 0:
+        raise ValueError(f"--max-operand must be >= 0, got {max_operand}")
+    rng = random.Random(seed)
+    counts = {}
+    for split, num in (("train", num_train), ("test", num_test)):
+        if num <= 0:
+            raise ValueError(f"--num-{split} must be positive, got {num}")
+        write_parquet(arithmetic_rows(num, split, rng, max_operand, ops), output_dir / f"{split}.parquet")
+        counts[split] = num
+    return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m megarl.data.prepare", description=__doc__.split("\n\n")[0])
+    tasks = parser.add_subparsers(dest="task", required=True)
+
+    gsm8k = tasks.add_parser("gsm8k", help="GSM8K jsonl -> verl parquet")
+    gsm8k.add_argument("--input-dir", type=Path, default=DEFAULT_GSM8K_INPUT, help=f"folder with train.jsonl, test.jsonl (default {DEFAULT_GSM8K_INPUT})")
+    gsm8k.add_argument("--output-dir", type=Path, default=Path("~/data/gsm8k"), help="default ~/data/gsm8k")
+
+    arith = tasks.add_parser("arithmetic", help="synthetic 'What is a + b?' task")
+    arith.add_argument("--output-dir", type=Path, default=Path("~/data/arithmetic"), help="default ~/data/arithmetic")
+    arith.add_argument("--num-train", type=int, default=2000)
+    arith.add_argument("--num-test", type=int, default=200)
+    arith.add_argument("--seed", type=int, default=0)
+    arith.add_argument("--max-operand", type=int, default=9, help="operands are drawn from 0..K (default 9)")
+    arith.add_argument("--ops", default="+", help="comma-separated operators from + - * (default +)")
+
+    args = parser.parse_args(argv)
+    output_dir = Path(os.path.expanduser(args.output_dir))
+    if args.task == "gsm8k":
+        counts = prepare_gsm8k(Path(os.path.expanduser(args.input_dir)), output_dir)
+    else:
+        ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+        counts = prepare_arithmetic(output_dir, args.num_train, args.num_test, args.seed, args.max_operand, ops)
+    print(f"{args.task}: " + ", ".join(f"{split}={n}" for split, n in counts.items()) + f" in {output_dir}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

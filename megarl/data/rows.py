@@ -1,0 +1,132 @@
+"""Read verl-format parquet files and validate every row.
+
+verl's RL datasets are parquet files with one prompt per row:
+
+- ``data_source`` (str): selects the reward function, e.g. ``"openai/gsm8k"``;
+- ``prompt`` (list of ``{"role": str, "content": str}``): the chat messages
+  (the column name is ``data.prompt_key``);
+- ``ability`` (str, optional here): a free-form tag such as ``"math"``;
+- ``reward_model`` (struct ``{style, ground_truth}``): ``ground_truth`` is what
+  the reward function compares against;
+- ``extra_info`` (struct, optional here): anything else, e.g. ``{split, index}``;
+  it is passed to the reward function unchanged.
+
+Every row is checked when the files are loaded, so a bad row fails the run
+before any model starts, with an error that names the file, the row and the key.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import pyarrow.parquet as pq
+
+
+class DataFormatError(ValueError):
+    """A dataset file or row does not follow verl's parquet format."""
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One validated dataset row, before tokenisation."""
+
+    messages: list[dict[str, str]]
+    data_source: str
+    ability: str
+    reward_model: dict[str, Any]
+    extra_info: dict[str, Any]
+    source_file: str
+    row_number: int  # 0-based row within ``source_file``
+
+    @property
+    def ground_truth(self) -> Any:
+        return self.reward_model["ground_truth"]
+
+
+def normalize_file_list(files: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    """Accept one path or a list of paths (verl allows both) and expand ``~``."""
+    if files is None:
+        raise DataFormatError("no data files given: set data.train_files / data.val_files to a parquet path or a list of paths")
+    if isinstance(files, (str, os.PathLike)):
+        files = [files]
+    paths = [os.path.expanduser(os.fspath(f)) for f in files]
+    if not paths:
+        raise DataFormatError("the list of data files is empty: give at least one parquet path")
+    return paths
+
+
+def read_rows(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt") -> list[PromptRow]:
+    """Load and validate every row of the given parquet files, in file order."""
+    rows: list[PromptRow] = []
+    for path in normalize_file_list(files):
+        rows.extend(_read_file(path, prompt_key))
+    return rows
+
+
+def _read_file(path: str, prompt_key: str) -> list[PromptRow]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"data file not found: {path!r} (check data.train_files / data.val_files)")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a corrupt or non-parquet file
+        raise DataFormatError(f"{path}: cannot be read as parquet: {exc}") from exc
+    required = ["data_source", prompt_key, "reward_model"]
+    missing = [name for name in required if name not in table.column_names]
+    if missing:
+        raise DataFormatError(
+            f"{path}: missing column(s) {missing}; columns present: {table.column_names}. "
+            f"verl's format needs data_source, {prompt_key} (data.prompt_key), reward_model"
+        )
+    return [_validate_row(record, path, i, prompt_key) for i, record in enumerate(table.to_pylist())]
+
+
+def _validate_row(record: dict[str, Any], path: str, row: int, prompt_key: str) -> PromptRow:
+    def fail(key: str, problem: str) -> DataFormatError:
+        return DataFormatError(f"{path}: row {row}: key {key!r}: {problem}")
+
+    data_source = record.get("data_source")
+    if not isinstance(data_source, str) or not data_source:
+        raise fail("data_source", f"must be a non-empty string, got {data_source!r}")
+
+    messages = record.get(prompt_key)
+    if not isinstance(messages, list):
+        raise fail(prompt_key, f"must be a list of chat messages {{role, content}}, got {type(messages).__name__}: {messages!r:.80}")
+    if not messages:
+        raise fail(prompt_key, "is an empty list: a prompt needs at least one message")
+    for j, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise fail(f"{prompt_key}[{j}]", f"must be a dict with 'role' and 'content', got {type(message).__name__}")
+        for field in ("role", "content"):
+            if not isinstance(message.get(field), str):
+                raise fail(f"{prompt_key}[{j}].{field}", f"must be a string, got {message.get(field)!r:.80}")
+    if not any(message["content"].strip() for message in messages):
+        raise fail(prompt_key, "every message content is empty")
+
+    ability = record.get("ability", "")
+    if ability is None:
+        ability = ""
+    if not isinstance(ability, str):
+        raise fail("ability", f"must be a string, got {type(ability).__name__}")
+
+    reward_model = record.get("reward_model")
+    if not isinstance(reward_model, dict):
+        raise fail("reward_model", f"must be a struct {{style, ground_truth}}, got {type(reward_model).__name__}")
+    if reward_model.get("ground_truth") is None:
+        raise fail("reward_model.ground_truth", "is missing or null")
+
+    extra_info = record.get("extra_info")
+    if extra_info is None:
+        extra_info = {}
+    if not isinstance(extra_info, dict):
+        raise fail("extra_info", f"must be a struct/dict or null, got {type(extra_info).__name__}")
+
+    return PromptRow(
+        messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+        data_source=data_source,
+        ability=ability,
+        reward_model=dict(reward_model),
+        extra_info=dict(extra_info),
+        source_file=path,
+        row_number=row,
+    )

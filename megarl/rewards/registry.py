@@ -1,0 +1,66 @@
+"""The built-in rule rewards, picked by ``data_source`` (verl's ``default_compute_score``).
+
+- ``openai/gsm8k``: :mod:`megarl.rewards.gsm8k` (strict by default, as in verl);
+- ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500``:
+  :func:`megarl.rewards.math_reward.compute_score` (last ``\\boxed{}``);
+- ``math_dapo`` and names starting with ``aime``: :func:`megarl.rewards.math_reward.compute_dapo_score`;
+- ``megarl/arithmetic``: :mod:`megarl.rewards.arithmetic` (first number).
+
+Extra keyword arguments (``custom_reward_function.reward_kwargs`` when no custom
+path is set) go to the selected function, e.g. ``method="flexible"`` for GSM8K.
+Other data sources need a custom reward function (``custom_reward_function.path``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from megarl.rewards import arithmetic, gsm8k, math_reward
+
+
+def _gsm8k(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs: Any) -> float:
+    return gsm8k.compute_score(solution_str, str(ground_truth), **kwargs)
+
+
+def _math(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs: Any) -> float:
+    return math_reward.compute_score(solution_str, str(ground_truth), **kwargs)
+
+
+def _math_dapo(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs: Any) -> dict[str, Any]:
+    return math_reward.compute_dapo_score(solution_str, str(ground_truth), **kwargs)
+
+
+def _arithmetic(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs: Any) -> float:
+    return arithmetic.compute_score(solution_str, str(ground_truth), **kwargs)
+
+
+RULE_REWARDS: dict[str, Callable[..., Any]] = {
+    "openai/gsm8k": _gsm8k,
+    "lighteval/MATH": _math,
+    "DigitalLearningGmbH/MATH-lighteval": _math,
+    "HuggingFaceH4/MATH-500": _math,
+    "math_dapo": _math_dapo,
+    "megarl/arithmetic": _arithmetic,
+}
+PREFIX_REWARDS: dict[str, Callable[..., Any]] = {"aime": _math_dapo}
+
+
+class UnknownDataSourceError(ValueError):
+    """No built-in reward for a data_source."""
+
+
+def find_rule_reward(data_source: str) -> Callable[..., Any]:
+    if data_source in RULE_REWARDS:
+        return RULE_REWARDS[data_source]
+    for prefix, fn in PREFIX_REWARDS.items():
+        if data_source.startswith(prefix):
+            return fn
+    raise UnknownDataSourceError(
+        f"no built-in reward for data_source={data_source!r}; built-in: {sorted(RULE_REWARDS)} and names starting "
+        f"with {sorted(PREFIX_REWARDS)}. Write compute_score(data_source, solution_str, ground_truth, extra_info=None) "
+        "in a file and set custom_reward_function.path (and .name)"
+    )
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any) -> float | dict[str, Any]:
+    """Score one response with the rule reward of its data_source (verl's signature)."""
+    return find_rule_reward(data_source)(solution_str, ground_truth, extra_info, **kwargs)
