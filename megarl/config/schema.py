@@ -231,9 +231,18 @@ class CustomRewardFunctionConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    log: bool = False
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False  # model-based rewards are not supported yet; rule/custom rewards only
     reward_manager: str = "naive"
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO, verl's place
 
 
 @dataclass
@@ -262,14 +271,6 @@ class FilterGroupsConfig:
 
 
 @dataclass
-class OverlongBufferConfig:
-    enable: bool = False
-    len: int = 0
-    penalty_factor: float = 1.0
-    log: bool = False
-
-
-@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
@@ -279,7 +280,6 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 # -------------------------------------------------------------------------- trainer

@@ -1,0 +1,102 @@
+"""RL algorithms: advantage estimators, policy losses, KL, loss aggregation, value loss, DAPO.
+
+Pure torch on `[batch, response_len]` tensors with a `response_mask`, on any device. The math and
+the names follow verl's `core_algos.py`, so configs and curves carry over. Algorithms are picked
+by name from registries:
+
+| registry               | config key                                        |
+|------------------------|---------------------------------------------------|
+| ADVANTAGE_ESTIMATORS   | algorithm.adv_estimator                           |
+| POLICY_LOSSES          | actor_rollout_ref.actor.policy_loss.loss_mode     |
+| KL_PENALTIES           | actor_rollout_ref.actor.kl_loss_type, algorithm.kl_penalty |
+| LOSS_AGG_MODES (tuple) | actor_rollout_ref.actor.loss_agg_mode             |
+
+Unknown names raise `UnknownNameError` (a KeyError and a ValueError) listing the known names.
+"""
+
+from megarl.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    get_adv_estimator,
+    register_adv_estimator,
+)
+from megarl.algorithms.aggregation import LOSS_AGG_MODES, agg_loss
+from megarl.algorithms.dapo import (
+    compute_overlong_penalty,
+    filter_groups_by_metric,
+    need_more_gen_batches,
+    seq_metric_values,
+)
+from megarl.algorithms.entropy import compute_entropy_loss, entropy_from_logits
+from megarl.algorithms.kl import (
+    KL_PENALTIES,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_kl_loss,
+    get_kl_controller,
+    kl_penalty,
+    register_kl_penalty,
+)
+from megarl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from megarl.algorithms.policy_losses import (
+    POLICY_LOSSES,
+    compute_policy_loss_gspo,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_vanilla,
+    get_policy_loss,
+    register_policy_loss,
+)
+from megarl.algorithms.registry import Registry, UniformCall, UnknownNameError
+from megarl.algorithms.value_loss import compute_value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "KL_PENALTIES",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "Registry",
+    "UniformCall",
+    "UnknownNameError",
+    "agg_loss",
+    "apply_kl_penalty",
+    "compute_entropy_loss",
+    "compute_gae_advantage_return",
+    "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_kl_loss",
+    "compute_opo_outcome_advantage",
+    "compute_overlong_penalty",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_reinforce",
+    "compute_policy_loss_vanilla",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_value_loss",
+    "entropy_from_logits",
+    "filter_groups_by_metric",
+    "get_adv_estimator",
+    "get_kl_controller",
+    "get_policy_loss",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "need_more_gen_batches",
+    "register_adv_estimator",
+    "register_kl_penalty",
+    "register_policy_loss",
+    "seq_metric_values",
+]
