@@ -1,0 +1,1 @@
+"""Developer tools: tiny random-initialised Hugging Face checkpoints for tests and quickstart."""

@@ -1,0 +1,265 @@
+"""Tiny random-initialised Hugging Face checkpoints, built locally from a family name and a size.
+
+Why: the tests and the quickstart need real checkpoints (config.json, safetensors,
+generation_config.json, a tokenizer with a chat template) of every supported architecture, and
+this machine has no model hub. ``make_tiny_model("qwen3_moe", "tiny", out_dir)`` writes one in
+about a second. The same seed gives byte-identical files.
+
+Every size keeps head counts, KV heads, expert counts, vocab and FFN sizes divisible by 2 and 4, so
+the checkpoints split cleanly at TP=2/4 and EP=2/4 in megatron-core and vLLM.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    MixtralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
+
+from megarl.tools.tiny_tokenizer import build_tokenizer
+
+__all__ = ["FAMILIES", "SIZES", "ModelSize", "make_tiny_model", "build_tokenizer", "build_config"]
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Shape of a tiny model. ``hidden_size == num_attention_heads * head_dim`` always."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int  # dense FFN width; also the per-expert width of Mixtral
+    moe_intermediate_size: int  # per-expert FFN width of Qwen3-MoE (differs on purpose)
+    max_position_embeddings: int
+
+
+# head_dim is 32: vLLM's CPU attention kernels support head sizes 32, 64, 80, ... but not 16.
+SIZES: dict[str, ModelSize] = {
+    "tiny": ModelSize(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        max_position_embeddings=2048,
+    ),
+    "small": ModelSize(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        intermediate_size=512,
+        moe_intermediate_size=256,
+        max_position_embeddings=4096,
+    ),
+}
+
+NUM_EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+
+
+@dataclass(frozen=True)
+class Family:
+    """What tells one architecture apart: its HF config class and its family-specific fields."""
+
+    config_class: type[PretrainedConfig]
+    rope_theta: float
+    description: str
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(LlamaConfig, 500000.0, "Llama 3.x: GQA, RMSNorm, SwiGLU, no biases"),
+    "qwen2": Family(Qwen2Config, 1000000.0, "Qwen2/2.5: like Llama plus QKV bias"),
+    "qwen3": Family(Qwen3Config, 1000000.0, "Qwen3 dense: per-head q/k RMSNorm, no biases"),
+    "qwen3_moe": Family(
+        Qwen3MoeConfig, 1000000.0, "Qwen3-MoE: qk-norm, 4 experts top-2, normalised top-k"
+    ),
+    "mixtral": Family(MixtralConfig, 1000000.0, "Mixtral: Llama attention, 4 experts top-2"),
+}
+
+
+def _check_choice(kind: str, value: str, known: dict) -> None:
+    if value not in known:
+        raise ValueError(f"unknown model {kind} {value!r}; choose one of: {', '.join(known)}")
+
+
+def build_config(
+    family: str,
+    size: str = "tiny",
+    vocab_size: int = 512,
+    tie_word_embeddings: bool = False,
+    special_token_ids: dict[str, int | None] | None = None,
+) -> PretrainedConfig:
+    """The Hugging Face config of a tiny model (fp32, default RoPE, the family's features)."""
+    _check_choice("family", family, FAMILIES)
+    _check_choice("size", size, SIZES)
+    shape, spec = SIZES[size], FAMILIES[family]
+    ids = special_token_ids or {}
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=shape.max_position_embeddings,
+        initializer_range=0.02,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=ids.get("bos"),
+        eos_token_id=ids.get("eos"),
+        pad_token_id=ids.get("pad"),
+        dtype="float32",
+    )
+    if family == "qwen3_moe":
+        common.update(
+            num_experts=NUM_EXPERTS,
+            num_experts_per_tok=EXPERTS_PER_TOKEN,
+            moe_intermediate_size=shape.moe_intermediate_size,
+            norm_topk_prob=True,  # as in Qwen3-30B-A3B and Qwen3-235B-A22B
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    if family == "mixtral":
+        common.update(num_local_experts=NUM_EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN)
+    return spec.config_class(**common)
+
+
+def _random_model(config: PretrainedConfig, seed: int) -> torch.nn.Module:
+    """Build the model with HF's own init, seeded, without touching the global RNG state.
+
+    HF initialises norm scales to 1 and biases to 0. Those would hide a checkpoint converter that
+    swaps two norms or drops a bias, so every 1-D parameter gets N(0, 0.1) noise on top.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.ndim == 1:
+                    param.add_(0.1 * torch.randn_like(param))
+    return model.eval()
+
+
+def _prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir} exists and is not a directory; choose another --out")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise ValueError(
+            f"{out_dir} already exists and is not empty; pass overwrite=True (CLI: --overwrite) "
+            "to replace it, or choose another output directory"
+        )
+
+
+def _replace_dir(staging: Path, out_dir: Path) -> None:
+    """Move a finished checkpoint into place; the old one is removed only after staging is done."""
+    if out_dir.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.rename(out_dir, trash / out_dir.name)
+        os.rename(staging, out_dir)
+        shutil.rmtree(trash)
+    else:
+        os.rename(staging, out_dir)
+
+
+def make_tiny_model(
+    family: str,
+    size: str = "tiny",
+    out_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    tie_word_embeddings: bool = False,
+    vocab_size: int = 512,
+    overwrite: bool = False,
+    max_shard_size: str | int | None = None,
+    shards: int | None = None,
+) -> Path:
+    """Write a random-initialised checkpoint plus its tokenizer to ``out_dir``; return the path.
+
+    Without ``out_dir`` a new temporary directory is made (the caller removes it). A non-empty
+    ``out_dir`` is refused unless ``overwrite=True``. ``max_shard_size`` (bytes or e.g.
+    ``"200KB"``) splits the weights into several safetensors files with a
+    ``model.safetensors.index.json``; ``shards=N`` picks the size that gives at least N files
+    (more when the tensor sizes do not pack evenly). The files are written to a temporary sibling
+    directory and renamed into place at the end, so a crash never leaves a half-written
+    checkpoint behind.
+    """
+    _check_choice("family", family, FAMILIES)
+    _check_choice("size", size, SIZES)
+    if shards is not None and max_shard_size is not None:
+        raise ValueError("give either shards or max_shard_size, not both")
+    if shards is not None and shards < 1:
+        raise ValueError(f"shards={shards} must be at least 1")
+    if out_dir is None:
+        out_dir = tempfile.mkdtemp(prefix=f"megarl-tiny-{family}-{size}-")
+    out_dir = Path(out_dir).resolve()
+    _prepare_out_dir(out_dir, overwrite)
+
+    tokenizer = build_tokenizer(family, vocab_size)
+    ids = {
+        "bos": tokenizer.bos_token_id,
+        "eos": tokenizer.eos_token_id,
+        "pad": tokenizer.pad_token_id,
+    }
+    config = build_config(family, size, vocab_size, tie_word_embeddings, ids)
+    model = _random_model(config, seed)
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"]
+    )
+
+    if shards is not None and shards > 1:
+        max_shard_size = _shard_size_for(model, shards)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; a checkpoint is meant to be shared
+    try:
+        save_kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+        model.save_pretrained(staging, safe_serialization=True, **save_kwargs)
+        tokenizer.save_pretrained(staging)
+        _replace_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _shard_size_for(model: torch.nn.Module, shards: int) -> int:
+    """A max_shard_size in bytes that splits the saved tensors into at least ``shards`` files."""
+    state = model.state_dict()
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    sizes = [t.numel() * t.element_size() for name, t in state.items() if name not in tied]
+    if shards > len(sizes):
+        raise ValueError(f"shards={shards} exceeds the number of tensors ({len(sizes)})")
+    return math.ceil(sum(sizes) / shards)
+
+
+def parameter_count(model_dir: str | os.PathLike) -> int:
+    """Number of parameters stored in a checkpoint's safetensors files (tied weights once)."""
+    total = 0
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                total += math.prod(f.get_slice(name).get_shape())
+    return total
