@@ -1,0 +1,151 @@
+"""Build megatron-core GPTModels from a Hugging Face config or checkpoint directory.
+
+``build_model`` makes one GPTModel per virtual pipeline chunk of this rank, with the local layer
+spec (Transformer Engine's where TE imports and CUDA is present), at the TP/PP/SP/EP/VPP of a
+``ParallelLayout`` that must match megatron's initialised parallel state
+(``megarl.platform.init_distributed`` + ``initialize_model_parallel``). Given a checkpoint
+directory it loads the weights shard by shard (``megarl.models.loading``).
+
+Roles: ``actor`` and ``ref`` are the causal LM (``ref`` frozen, in eval mode); ``critic`` swaps the
+LM head for a scalar ``ValueHead`` and returns values [batch, seq, 1].
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig
+
+from megarl.models.config import build_transformer_config, gpt_model_kwargs, transformer_config_kwargs
+from megarl.models.dims import load_hf_config
+from megarl.models.families import family_for
+from megarl.models.layout import ParallelLayout
+from megarl.models.shards import ROLES, check_layout
+from megarl.models.value_head import ValueHead
+
+
+def default_transformer_impl() -> str:
+    """``transformer_engine`` where TE imports and CUDA is available, else ``local``."""
+    if not torch.cuda.is_available():
+        return "local"
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return "local"
+    return "transformer_engine"
+
+
+def check_parallel_state(layout: ParallelLayout, is_moe: bool) -> None:
+    """Raise when megatron's parallel state is missing or disagrees with ``layout``."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        raise RuntimeError(
+            "megatron parallel state is not initialised; call megarl.platform.init_distributed() and "
+            "megarl.platform.initialize_model_parallel(tp=..., pp=..., ep=..., etp=..., vpp=...) first"
+        )
+    actual = {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "vpp": ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+    }
+    if is_moe:
+        actual["ep"] = ps.get_expert_model_parallel_world_size()
+        actual["etp"] = ps.get_expert_tensor_parallel_world_size()
+    wrong = {name: size for name, size in actual.items() if getattr(layout, name) != size}
+    if wrong:
+        raise ValueError(
+            f"layout {layout} disagrees with megatron's parallel state ({', '.join(f'{k}={v}' for k, v in wrong.items())}); "
+            "initialise model parallelism with the layout's sizes"
+        )
+
+
+def build_model(
+    hf_config_or_dir: PretrainedConfig | str | os.PathLike,
+    layout: ParallelLayout,
+    role: str = "actor",
+    *,
+    load_weights: bool = True,
+    params_dtype: torch.dtype | None = None,
+    transformer_impl: str | None = None,
+    moe_token_dispatcher: str = "alltoall",
+    config_overrides: dict | None = None,
+    value_head_seed: int = 0,
+) -> list:
+    """This rank's GPTModel chunks (one per VPP chunk, in chunk order).
+
+    ``hf_config_or_dir``: an HF config (random init) or a model directory; with a directory and
+    ``load_weights`` the weights are read from its safetensors (weight init is skipped). A critic
+    built from a causal-LM checkpoint keeps its freshly initialised value head.
+    ``params_dtype`` defaults to the platform's (bf16 on GPU, fp32 on CPU). ``config_overrides``
+    are TransformerConfig fields applied last (e.g. ``recompute_granularity``).
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
+
+    from megarl.models.loading import load_hf_weights
+    from megarl.platform import default_dtype, device, ensure_platform, transformer_config_overrides
+
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}; expected one of {ROLES}")
+    ensure_platform()  # the CPU compatibility layer (a no-op with CUDA)
+    config = load_hf_config(hf_config_or_dir)
+    family = family_for(config)
+    dims = family.read_dims(config)
+    check_layout(dims, layout)
+    check_parallel_state(layout, dims.is_moe)
+    checkpoint = None
+    if load_weights and not isinstance(hf_config_or_dir, PretrainedConfig):
+        checkpoint = Path(hf_config_or_dir)
+        checkpoint = checkpoint.parent if checkpoint.is_file() else checkpoint
+    impl = transformer_impl or default_transformer_impl()
+    params_dtype = params_dtype or default_dtype()
+
+    kwargs = transformer_config_kwargs(
+        dims, family, layout, params_dtype, moe_token_dispatcher, getattr(config, "initializer_range", 0.02)
+    )
+    overrides = {"perform_initialization": checkpoint is None, **(config_overrides or {})}
+    transformer_config = build_transformer_config(kwargs, transformer_config_overrides(), overrides)
+
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    models = []
+    for vpp_chunk in range(layout.vpp):
+        spec = get_gpt_decoder_block_spec(
+            transformer_config,
+            use_transformer_engine=impl == "transformer_engine",
+            normalization="RMSNorm",
+            vp_stage=vpp_chunk,
+            pp_rank=pp_rank,
+        )
+        pre, post = layout.is_first_chunk(pp_rank, vpp_chunk), layout.is_last_chunk(pp_rank, vpp_chunk)
+        model = GPTModel(
+            transformer_config,
+            spec,
+            pre_process=pre,
+            post_process=post,
+            vp_stage=vpp_chunk if layout.vpp > 1 else None,
+            **gpt_model_kwargs(dims, role),
+        )
+        if role == "critic" and post:
+            model.output_layer = ValueHead(
+                dims.hidden_size,
+                layout.sequence_parallel,
+                params_dtype,
+                device(),
+                transformer_config.init_method_std,
+                value_head_seed,
+            )
+        for param in model.parameters():
+            set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        models.append(model)
+
+    if checkpoint is not None:
+        load_hf_weights(models, checkpoint, layout, role, impl)
+    if role == "ref":
+        for model in models:
+            model.requires_grad_(False)
+            model.eval()
+    return models

@@ -1,0 +1,61 @@
+"""The registry of model families, keyed by HF architecture name.
+
+Adding a family (e.g. DeepSeek-V3: MLA attention, shared experts, group-limited routing) is one
+new module in this package defining a ``FamilySpec`` and one entry in ``_BUILTIN`` below (or a
+``register_family`` call from outside). Its ``layer_params`` names the megatron parameters of a
+decoder layer and the HF tensors they come from; ``extra_transformer_config`` sets the
+megatron-core fields it needs (``multi_latent_attention``, ``moe_shared_expert_intermediate_size``,
+``moe_router_num_groups``, ...).
+"""
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from megarl.models.families import llama, mixtral, qwen2, qwen3, qwen3_moe
+from megarl.models.families.base import FamilySpec, ParamMap
+
+_BUILTIN = (llama.SPEC, qwen2.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC)
+
+FAMILIES: dict[str, FamilySpec] = {}
+_BY_ARCHITECTURE: dict[str, FamilySpec] = {}
+_BY_MODEL_TYPE: dict[str, FamilySpec] = {}
+
+
+def register_family(spec: FamilySpec) -> None:
+    """Make a family known to the bridge (by name, architectures and model types)."""
+    if spec.name in FAMILIES:
+        raise ValueError(f"model family {spec.name!r} is already registered")
+    FAMILIES[spec.name] = spec
+    for architecture in spec.architectures:
+        _BY_ARCHITECTURE[architecture] = spec
+    for model_type in spec.model_types:
+        _BY_MODEL_TYPE[model_type] = spec
+
+
+for _spec in _BUILTIN:
+    register_family(_spec)
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_BY_ARCHITECTURE)
+
+
+def family_for(config: PretrainedConfig) -> FamilySpec:
+    """The family of an HF config: by ``architectures[0]``, else by ``model_type``.
+
+    The model_type fallback serves configs without architectures and other heads of the same
+    backbone (e.g. ``Qwen2ForTokenClassification`` for a critic).
+    """
+    for architecture in getattr(config, "architectures", None) or []:
+        if architecture in _BY_ARCHITECTURE:
+            return _BY_ARCHITECTURE[architecture]
+    model_type = getattr(config, "model_type", None)
+    if model_type in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[model_type]
+    raise ValueError(
+        f"no megatron bridge for architectures={getattr(config, 'architectures', None)} model_type={model_type!r}; "
+        f"supported: {', '.join(supported_architectures())} (add a module in megarl/models/families/)"
+    )
+
+
+__all__ = ["FAMILIES", "FamilySpec", "ParamMap", "family_for", "register_family", "supported_architectures"]

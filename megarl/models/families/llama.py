@@ -1,0 +1,18 @@
+"""Llama 3.x (LlamaForCausalLM): GQA, RMSNorm, SwiGLU, no biases, optional llama3 RoPE scaling."""
+from megarl.models.dims import common_dims
+from megarl.models.families.base import FamilySpec, llama_like_layer, reject_attention_bias
+
+
+def read_dims(config):
+    reject_attention_bias(config)
+    return common_dims(config, qkv_bias=False, qk_norm=False)
+
+
+SPEC = FamilySpec(
+    name="llama",
+    architectures=("LlamaForCausalLM",),
+    model_types=("llama",),
+    description="Llama 3.x: GQA, RMSNorm, SwiGLU, no biases",
+    read_dims=read_dims,
+    layer_params=llama_like_layer,
+)

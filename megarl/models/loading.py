@@ -1,0 +1,127 @@
+"""Load HF safetensors into this rank's megatron shards, reading only what the rank holds.
+
+Each rank asks the shard layout for its own specs, finds the files holding those HF tensors
+(``model.safetensors.index.json``), opens only those files, and reads only its rows/columns with
+``safe_open(...).get_slice(name)[hf_slice]``. No rank reads another stage's layers, another EP
+rank's experts, or the other TP ranks' rows, so no rank ever holds the whole model.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from megarl.models.dims import load_hf_config
+from megarl.models.layout import ParallelLayout
+from megarl.models.shards import HF_VALUE_BIAS, HF_VALUE_WEIGHT, ShardSpec, rank_shards
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+@dataclass
+class LoadReport:
+    """What a rank read: files opened, elements read, HF tensors absent and left as initialised."""
+
+    files: list[str] = field(default_factory=list)
+    elements_read: int = 0
+    left_initialised: list[str] = field(default_factory=list)
+
+
+def unwrap(model):
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def checkpoint_files(model_dir: str | os.PathLike) -> dict[str, str]:
+    """HF tensor name -> safetensors file name, from the index (or the single file's header)."""
+    model_dir = Path(model_dir)
+    if (model_dir / INDEX_FILE).is_file():
+        return dict(json.loads((model_dir / INDEX_FILE).read_text())["weight_map"])
+    if (model_dir / SINGLE_FILE).is_file():
+        with safe_open(str(model_dir / SINGLE_FILE), framework="pt") as f:
+            return {name: SINGLE_FILE for name in f.keys()}
+    raise FileNotFoundError(f"{model_dir} has neither {INDEX_FILE} nor {SINGLE_FILE}; pass an HF safetensors checkpoint")
+
+
+def this_rank_shards(hf_config, layout: ParallelLayout, role: str, transformer_impl: str) -> list[ShardSpec]:
+    """``rank_shards`` for the calling rank, its coordinates taken from megatron's parallel state."""
+    from megatron.core import parallel_state as ps
+
+    return rank_shards(
+        hf_config,
+        layout,
+        pp_stage=ps.get_pipeline_model_parallel_rank(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        ep_rank=ps.get_expert_model_parallel_rank() if layout.ep > 1 else 0,
+        etp_rank=ps.get_expert_tensor_parallel_rank() if layout.etp > 1 else 0,
+        role=role,
+        transformer_impl=transformer_impl,
+    )
+
+
+def chunk_parameters(models: list, specs: list[ShardSpec]) -> list[tuple[ShardSpec, torch.nn.Parameter]]:
+    """Pair every spec with its parameter; raise if the models and the layout disagree on any name."""
+    pairs = []
+    for chunk, model in enumerate(models):
+        params = dict(unwrap(model).named_parameters())
+        chunk_specs = {spec.name: spec for spec in specs if spec.vpp_chunk == chunk}
+        missing, extra = sorted(set(chunk_specs) - set(params)), sorted(set(params) - set(chunk_specs))
+        if missing or extra:
+            raise ValueError(
+                f"model chunk {chunk} does not match the shard layout: params the layout expects but the model "
+                f"lacks {missing[:5]}, params the layout does not know {extra[:5]}; build the model with the same "
+                "layout, role and transformer_impl"
+            )
+        for name, spec in chunk_specs.items():
+            if tuple(params[name].shape) != spec.local_shape:
+                raise ValueError(f"{name}: model shape {tuple(params[name].shape)} != layout shape {spec.local_shape}")
+            pairs.append((spec, params[name]))
+    return pairs
+
+
+@torch.no_grad()
+def load_hf_weights(
+    models: list,
+    model_dir: str | os.PathLike,
+    layout: ParallelLayout,
+    role: str = "actor",
+    transformer_impl: str = "local",
+) -> LoadReport:
+    """Fill this rank's model chunks from the HF checkpoint in ``model_dir``; returns what was read.
+
+    Every parameter must be found in the checkpoint, except a critic's value head (``score.*``)
+    when loading a causal-LM checkpoint: it keeps its initialisation.
+    """
+    model_dir = Path(model_dir)
+    hf_config = load_hf_config(model_dir)
+    pairs = chunk_parameters(models, this_rank_shards(hf_config, layout, role, transformer_impl))
+    files = checkpoint_files(model_dir)
+    report = LoadReport()
+    by_file: dict[str, list] = defaultdict(list)
+    for spec, param in pairs:
+        for piece in spec.pieces:
+            if piece.hf_name in files:
+                by_file[files[piece.hf_name]].append((piece, param))
+            elif role == "critic" and piece.hf_name in (HF_VALUE_WEIGHT, HF_VALUE_BIAS):
+                report.left_initialised.append(piece.hf_name)
+            else:
+                raise KeyError(f"{piece.hf_name} (for {spec.name}) is not in the checkpoint at {model_dir}")
+    for file_name in sorted(by_file):
+        report.files.append(file_name)
+        with safe_open(str(model_dir / file_name), framework="pt") as f:
+            for piece, param in by_file[file_name]:
+                shape = tuple(f.get_slice(piece.hf_name).get_shape())
+                if shape != piece.hf_shape:
+                    raise ValueError(f"{piece.hf_name}: checkpoint shape {shape} != config shape {piece.hf_shape}")
+                values = f.get_slice(piece.hf_name)[piece.hf_slice]
+                param.data[piece.megatron_slice].copy_(values)
+                report.elements_read += values.numel()
+    return report

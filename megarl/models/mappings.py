@@ -1,0 +1,117 @@
+"""How one megatron-core parameter is made of Hugging Face tensors, and how TP splits it.
+
+Each mapping kind answers one question: on TP rank ``r`` of ``parts``, which rows (or columns)
+of which HF tensors does the local megatron tensor hold, in what order? The answer is a list of
+``Block``s laid end to end along the split dimension. ``megarl.models.shards`` turns blocks into
+exact (hf_slice, megatron_slice) pieces.
+
+Kinds:
+  Replicated   the whole HF tensor on every TP rank (norms, router, value head).
+  Split        one HF tensor cut into ``parts`` equal ranges along ``dim``:
+               dim 0 = column-parallel linear or vocab-parallel embedding/output,
+               dim 1 = row-parallel linear.
+  FusedQKV     megatron's ``linear_qkv``: per query group g, [q rows of g's heads; k_g; v_g];
+               TP ranks hold whole groups.
+  FusedGateUp  megatron's ``linear_fc1`` with SwiGLU: each TP rank holds [its gate rows; its up rows].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HFTensor:
+    """A tensor of the HF checkpoint: its name and global shape."""
+
+    name: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows [start, stop) of ``tensor`` along the split dimension (all of the other dims)."""
+
+    tensor: HFTensor
+    start: int
+    stop: int
+
+
+def _part(size: int, parts: int, rank: int, what: str) -> tuple[int, int]:
+    if size % parts:
+        raise ValueError(f"{what}: size {size} is not divisible by {parts} tensor-parallel ranks; pick a TP size dividing it")
+    step = size // parts
+    return rank * step, (rank + 1) * step
+
+
+@dataclass(frozen=True)
+class Replicated:
+    tensor: HFTensor
+    split_dim = None
+
+    def tensors(self) -> tuple[HFTensor, ...]:
+        return (self.tensor,)
+
+    def blocks(self, parts: int, rank: int) -> list[Block]:
+        return [Block(self.tensor, 0, self.tensor.shape[0])]
+
+
+@dataclass(frozen=True)
+class Split:
+    tensor: HFTensor
+    dim: int
+
+    @property
+    def split_dim(self) -> int:
+        return self.dim
+
+    def tensors(self) -> tuple[HFTensor, ...]:
+        return (self.tensor,)
+
+    def blocks(self, parts: int, rank: int) -> list[Block]:
+        start, stop = _part(self.tensor.shape[self.dim], parts, rank, self.tensor.name)
+        return [Block(self.tensor, start, stop)]
+
+
+@dataclass(frozen=True)
+class FusedQKV:
+    """q [heads*head_dim, ...], k and v [groups*head_dim, ...] fused per query group along dim 0."""
+
+    q: HFTensor
+    k: HFTensor
+    v: HFTensor
+    num_groups: int
+    heads_per_group: int
+    head_dim: int
+    split_dim = 0
+
+    def tensors(self) -> tuple[HFTensor, ...]:
+        return (self.q, self.k, self.v)
+
+    def blocks(self, parts: int, rank: int) -> list[Block]:
+        first, last = _part(self.num_groups, parts, rank, f"query groups of {self.q.name}")
+        q_rows, kv_rows = self.heads_per_group * self.head_dim, self.head_dim
+        blocks = []
+        for g in range(first, last):
+            blocks.append(Block(self.q, g * q_rows, (g + 1) * q_rows))
+            blocks.append(Block(self.k, g * kv_rows, (g + 1) * kv_rows))
+            blocks.append(Block(self.v, g * kv_rows, (g + 1) * kv_rows))
+        return blocks
+
+
+@dataclass(frozen=True)
+class FusedGateUp:
+    """gate and up [ffn, hidden] fused along dim 0; each rank holds its gate part then its up part."""
+
+    gate: HFTensor
+    up: HFTensor
+    split_dim = 0
+
+    def tensors(self) -> tuple[HFTensor, ...]:
+        return (self.gate, self.up)
+
+    def blocks(self, parts: int, rank: int) -> list[Block]:
+        start, stop = _part(self.gate.shape[0], parts, rank, self.gate.name)
+        return [Block(self.gate, start, stop), Block(self.up, start, stop)]
+
+
+Mapping = Replicated | Split | FusedQKV | FusedGateUp

@@ -1,0 +1,52 @@
+"""Platform layer: the one place in megarl that knows whether CUDA is there.
+
+Device facts (``device()``, ``dist_backend()``, ``default_dtype()``, ...), process-group setup
+(``init_distributed``, ``initialize_model_parallel``, ``destroy``) and the CPU compatibility layer
+that lets megatron-core run on a machine without CUDA (``ensure_platform``, ``apply_cpu_compat``).
+"""
+
+from megarl.platform.cpu_compat import (
+    REDIRECTS,
+    Redirect,
+    applied_redirects,
+    apply_cpu_compat,
+    ensure_platform,
+    redirect_names,
+)
+from megarl.platform.hardware import (
+    default_dtype,
+    device,
+    dist_backend,
+    empty_cache,
+    has_cuda,
+    local_rank,
+    memory_stats,
+    set_device,
+    synchronize,
+)
+from megarl.platform.distributed import destroy, init_distributed, initialize_model_parallel, model_parallel_seed
+from megarl.platform.mcore_config import cpu_transformer_config_overrides, transformer_config_overrides
+
+__all__ = [
+    "REDIRECTS",
+    "Redirect",
+    "applied_redirects",
+    "apply_cpu_compat",
+    "cpu_transformer_config_overrides",
+    "default_dtype",
+    "destroy",
+    "device",
+    "dist_backend",
+    "empty_cache",
+    "ensure_platform",
+    "has_cuda",
+    "init_distributed",
+    "initialize_model_parallel",
+    "local_rank",
+    "memory_stats",
+    "model_parallel_seed",
+    "redirect_names",
+    "set_device",
+    "synchronize",
+    "transformer_config_overrides",
+]

@@ -1,0 +1,115 @@
+"""Process groups: torch.distributed from torchrun's environment, then megatron-core's parallel state.
+
+``init_distributed`` picks the backend for the machine (NCCL on GPU, gloo on CPU) and applies the
+CPU compatibility layer first, so megatron-core works on either. ``initialize_model_parallel``
+is a thin wrapper over megatron's, followed by the seeding megatron's training loop does.
+``destroy`` undoes both.
+"""
+
+import os
+import random
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megarl.platform import cpu_compat, hardware
+
+_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def init_distributed(timeout_minutes: int = 30) -> None:
+    """Initialise torch.distributed from torchrun's variables; a no-op if it is already initialised.
+
+    With none of RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, this is a single process
+    (world size 1, an in-memory store: no port is opened). The CPU compatibility layer is applied
+    first on a machine without CUDA.
+    """
+    present = [name for name in _TORCHRUN_VARIABLES if name in os.environ]
+    missing = [name for name in _TORCHRUN_VARIABLES if name not in os.environ]
+    if present and missing:
+        raise RuntimeError(
+            f"torch.distributed environment is incomplete: {', '.join(missing)} unset while {', '.join(present)} "
+            f"set; launch with torchrun, or set all of {', '.join(_TORCHRUN_VARIABLES)}"
+        )
+    cpu_compat.ensure_platform()
+    if dist.is_initialized():
+        return
+    timeout = timedelta(minutes=timeout_minutes)
+    if not present:
+        hardware.set_device(0)
+        dist.init_process_group(hardware.dist_backend(), store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return
+    hardware.set_device()
+    dist.init_process_group(
+        hardware.dist_backend(),
+        init_method="env://",
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
+
+
+def initialize_model_parallel(
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    vpp: int | None = None,
+    etp: int | None = None,
+    seed: int = 1234,
+) -> None:
+    """Create megatron-core's TP/PP/EP/CP/DP groups, then seed all RNGs for model parallelism.
+
+    ``vpp`` is the number of virtual pipeline stages per rank (None: no interleaving); ``etp`` is
+    the expert tensor-parallel size (None: same as ``tp``). Data parallelism takes the rest of the
+    world.
+    """
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialised; call megarl.platform.init_distributed() first")
+    for name, size in {"tp": tp, "pp": pp, "ep": ep, "cp": cp}.items():
+        if size < 1:
+            raise ValueError(f"{name}={size}: parallel sizes must be >= 1")
+    world_size = dist.get_world_size()
+    if world_size % (tp * pp * cp):
+        raise ValueError(
+            f"world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp}; "
+            "change the sizes or the number of processes"
+        )
+    if vpp is not None and pp < 2:
+        raise ValueError(f"vpp={vpp} needs pipeline parallelism (pp >= 2), got pp={pp}")
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        context_parallel_size=cp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
+    )
+    model_parallel_seed(seed)
+
+
+def model_parallel_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch, then megatron's RNG tracker (per-TP-rank and per-EP-rank states).
+
+    Every rank gets the same default generator seed, so ``use_cpu_initialization`` builds the same
+    full (master) weights everywhere and each TP rank keeps its slice.
+    """
+    from megatron.core import tensor_parallel
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy() -> None:
+    """Tear down megatron's parallel state and the default process group (each only if present)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

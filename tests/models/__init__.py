@@ -1,0 +1,1 @@
+"""Tests of the HF <-> megatron-core bridge (megarl.models)."""

@@ -1,0 +1,201 @@
+"""Bridge scenarios under torchrun (2 ranks, gloo); run by tests/models/test_bridge_distributed.py.
+
+    torchrun --nproc-per-node 2 _dist_worker.py WORK_DIR
+
+WORK_DIR holds the checkpoints and ``reference.pt`` (HF logits/values computed by the test
+process with transformers). For each scenario (family x layout) every rank builds the megatron
+model from the checkpoint, runs a forward through megatron's forward_backward_func
+(forward_only), and records the max |megatron - HF| over its vocab slice; some scenarios also
+gather the export on rank 0 and compare it with the original safetensors bit for bit, or
+record which files and how many elements the loader read. Rank 0 writes ``results.json``.
+This script measures; the test asserts.
+"""
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+
+from megarl import platform
+from megarl.models import ParallelLayout, build_model, gather_hf_tensors, save_hf_checkpoint
+from megarl.models import loading
+
+MOE = {"qwen3_moe", "mixtral"}
+SCENARIOS = []  # (name, checkpoint, layout, role, extra)
+for family in ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]:
+    SCENARIOS.append((f"{family}/tp2", family, ParallelLayout(tp=2), "actor", {"export": True}))
+    SCENARIOS.append((f"{family}/tp2_sp", family, ParallelLayout(tp=2, sequence_parallel=True), "actor", {}))
+    SCENARIOS.append((f"{family}/pp2", family, ParallelLayout(pp=2), "actor", {"export": True}))
+    if family in MOE:
+        SCENARIOS.append((f"{family}/ep2", family, ParallelLayout(ep=2), "actor", {"export": True}))
+        SCENARIOS.append((f"{family}/tp2_ep2_sp", family, ParallelLayout(tp=2, ep=2, sequence_parallel=True), "actor", {}))
+SCENARIOS += [
+    ("mixtral/ep2_allgather", "mixtral", ParallelLayout(ep=2), "actor", {"dispatcher": "allgather"}),
+    ("mixtral/tp2_etp2", "mixtral", ParallelLayout(tp=2, etp=2), "actor", {"export": True}),
+    ("llama_tied/tp2", "llama_tied", ParallelLayout(tp=2), "actor", {"export": True}),
+    ("llama_tied/pp2", "llama_tied", ParallelLayout(pp=2), "actor", {"export": True}),
+    ("llama_small/pp2_vpp2", "llama_small", ParallelLayout(pp=2, vpp=2), "actor", {"export": True}),
+    ("llama_sharded/pp2", "llama_sharded", ParallelLayout(pp=2), "actor", {"record_reads": True, "save": True}),
+    ("llama_sharded/tp2", "llama_sharded", ParallelLayout(tp=2), "actor", {"record_reads": True}),
+    ("llama_critic/tp2_sp", "llama_critic", ParallelLayout(tp=2, sequence_parallel=True), "critic", {"export": True}),
+    ("llama_critic/pp2", "llama_critic", ParallelLayout(pp=2), "critic", {}),
+]
+
+
+class ReadRecorder:
+    """Stands in for safetensors.safe_open in the loader: records files opened and elements read.
+
+    Only ``get_slice`` is offered, so a whole-tensor read (``get_tensor``) would fail loudly.
+    """
+
+    def __init__(self, log):
+        self.log = log
+
+    def __call__(self, path, framework):
+        log = self.log
+        log["files"].append(Path(path).name)
+
+        class Handle:
+            def __enter__(self):
+                self.inner = safe_open(path, framework=framework).__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return self.inner.__exit__(*exc)
+
+            def get_slice(self, name):
+                inner = self.inner.get_slice(name)
+
+                class Slice:
+                    def get_shape(self):
+                        return inner.get_shape()
+
+                    def __getitem__(self, index):
+                        values = inner[index]
+                        log["elements"] += values.numel()
+                        log["tensors"].append(name)
+                        return values
+
+                return Slice()
+
+        return Handle()
+
+
+def forward(models, layout, input_ids):
+    """Logits (or values) of the last stage via megatron's schedule; None on other stages.
+
+    One micro-batch per sequence (the interleaved schedule needs at least PP micro-batches).
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    batch, seq = input_ids.shape
+    position_ids = torch.arange(seq).unsqueeze(0)
+    outputs = []
+
+    def forward_step(data_iterator, model):
+        ids = next(data_iterator)
+        output = model(ids, position_ids, None)
+
+        def collect(output_tensor):
+            outputs.append(output_tensor.detach())
+            return output_tensor.sum() * 0, {}
+
+        return output, collect
+
+    micro_batches = list(input_ids.split(1))
+    iterators = [iter(micro_batches) for _ in models]
+    for model in models:
+        model.eval()
+    with torch.no_grad():
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(models) > 1 else iterators[0],
+            model=models if len(models) > 1 else models[0],
+            num_microbatches=batch,
+            seq_length=seq,
+            micro_batch_size=1,
+            forward_only=True,
+        )
+    return torch.cat(outputs) if outputs else None
+
+
+def compare_export(models, checkpoint, layout, role):
+    """On rank 0: names and tensors of the gathered export vs the original safetensors, bit for bit."""
+    original = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            original.update({name: path for name in f.keys()})
+    seen, mismatched = [], []
+    for name, tensor in gather_hf_tensors(models, checkpoint, layout, role):
+        seen.append(name)
+        with safe_open(str(original[name]), framework="pt") as f:
+            reference = f.get_tensor(name)
+        if reference.dtype != tensor.dtype or not torch.equal(reference, tensor):
+            mismatched.append(name)
+    if dist.get_rank() != 0:
+        return None
+    return {"missing": sorted(set(original) - set(seen)), "extra": sorted(set(seen) - set(original)), "mismatched": mismatched}
+
+
+def run(name, checkpoint, layout, role, extra, work):
+    from megatron.core import parallel_state as ps
+
+    platform.initialize_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp, vpp=layout.vpp if layout.vpp > 1 else None)
+    record = {"scenario": name, "rank": dist.get_rank(), "pp_rank": ps.get_pipeline_model_parallel_rank(), "tp_rank": ps.get_tensor_model_parallel_rank()}
+    started = time.perf_counter()
+    try:
+        reads = {"files": [], "elements": 0, "tensors": []}
+        real_safe_open = loading.safe_open
+        if extra.get("record_reads"):
+            loading.safe_open = ReadRecorder(reads)
+        try:
+            models = build_model(work / checkpoint, layout, role, moe_token_dispatcher=extra.get("dispatcher", "alltoall"))
+        finally:
+            loading.safe_open = real_safe_open
+        record["reads"] = reads
+        reference = torch.load(work / "reference.pt")[checkpoint]
+        output = forward(models, layout, reference["input_ids"])
+        if output is not None:
+            expected = reference["output"]
+            if role == "actor":
+                vocab = output.shape[-1]
+                start = ps.get_tensor_model_parallel_rank() * vocab
+                expected = expected[..., start : start + vocab]
+            record["max_diff"] = (output - expected).abs().max().item()
+            record["output_shape"] = list(output.shape)
+        if extra.get("export"):
+            record["export"] = compare_export(models, work / checkpoint, layout, role)
+        if extra.get("save"):
+            save_hf_checkpoint(models, work / checkpoint, layout, work / "saved" / name.replace("/", "_"), role, max_shard_bytes=300_000)
+    except Exception:
+        record["error"] = traceback.format_exc()
+    record["seconds"] = round(time.perf_counter() - started, 2)
+    ps.destroy_model_parallel()
+    return record
+
+
+def main():
+    work = Path(sys.argv[1])
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+    platform.init_distributed(timeout_minutes=3)
+    records = []
+    for name, checkpoint, layout, role, extra in SCENARIOS:
+        if only and name not in only:
+            continue
+        records.append(run(name, checkpoint, layout, role, extra, work))
+        dist.barrier()
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, records)
+    if dist.get_rank() == 0:
+        (work / "results.json").write_text(json.dumps([r for rank in gathered for r in rank], indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -1,0 +1,66 @@
+"""Shared fixtures for tests/models: tiny HF checkpoints of every family and HF reference outputs.
+
+``model_zoo`` (session scope) writes, under one temporary directory:
+  <family>        for llama, qwen2, qwen3, qwen3_moe, mixtral (tiny: 2 layers, hidden 128)
+  llama_tied      tied input/output embeddings
+  llama_small     4 layers (for PP=2 x VPP=2)
+  llama_sharded   the llama weights split over several safetensors files with an index
+  llama_critic    LlamaForTokenClassification(num_labels=1) on the llama backbone (value head)
+  reference.pt    {checkpoint: {"input_ids", "output"}}: HF transformers logits (values for the
+                  critic) in fp32 on a fixed random batch, the reference every test compares to.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
+BATCH, SEQ = 2, 16
+
+
+def _hf_output(checkpoint: Path, input_ids: torch.Tensor, critic: bool) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    auto = AutoModelForTokenClassification if critic else AutoModelForCausalLM
+    model = auto.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(input_ids).logits
+
+
+def _make_critic(backbone: Path, out_dir: Path) -> None:
+    """An HF critic checkpoint: the backbone plus a seeded score head with a non-zero bias."""
+    from transformers import AutoModelForTokenClassification
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        model = AutoModelForTokenClassification.from_pretrained(str(backbone), num_labels=1, dtype=torch.float32)
+        with torch.no_grad():
+            model.score.weight.normal_(0.0, 0.1)
+            model.score.bias.fill_(0.25)
+    model.save_pretrained(str(out_dir))
+
+
+def build_zoo(root: Path) -> Path:
+    """Write every checkpoint and reference.pt under ``root`` (see the module docstring)."""
+    from megarl.tools.tiny_model import make_tiny_model
+
+    for family in FAMILIES:
+        make_tiny_model(family, "tiny", root / family, seed=0)
+    make_tiny_model("llama", "tiny", root / "llama_tied", seed=1, tie_word_embeddings=True)
+    make_tiny_model("llama", "small", root / "llama_small", seed=2)
+    make_tiny_model("llama", "tiny", root / "llama_sharded", seed=0, shards=6)
+    _make_critic(root / "llama", root / "llama_critic")
+
+    generator = torch.Generator().manual_seed(0)
+    reference = {}
+    for name in FAMILIES + ["llama_tied", "llama_small", "llama_sharded", "llama_critic"]:
+        input_ids = torch.randint(0, 512, (BATCH, SEQ), generator=generator)
+        output = _hf_output(root / name, input_ids, critic=name == "llama_critic")
+        reference[name] = {"input_ids": input_ids, "output": output}
+    torch.save(reference, root / "reference.pt")
+    return root
+
+
+@pytest.fixture(scope="session")
+def model_zoo(tmp_path_factory) -> Path:
+    return build_zoo(tmp_path_factory.mktemp("model_zoo"))

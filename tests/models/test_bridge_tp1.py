@@ -1,0 +1,169 @@
+"""The bridge in this process at TP=PP=EP=1 (world size 1, gloo), against Hugging Face transformers."""
+import pytest
+import torch
+from safetensors import safe_open
+
+from megarl.models import (
+    ParallelLayout,
+    build_model,
+    export_hf_pieces,
+    gather_hf_tensors,
+    load_hf_weights,
+    save_hf_checkpoint,
+)
+
+TOLERANCE = 1e-5
+CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small"]
+
+
+@pytest.fixture(scope="module")
+def world():
+    """torch.distributed (world size 1) and megatron's parallel state at TP=PP=EP=1."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from megarl import platform
+
+    created = not dist.is_initialized()
+    platform.init_distributed()
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    platform.initialize_model_parallel()
+    yield
+    ps.destroy_model_parallel()
+    if created:
+        dist.destroy_process_group()
+
+
+def _reference(model_zoo, name):
+    return torch.load(model_zoo / "reference.pt")[name]
+
+
+def _forward(model, input_ids):
+    position_ids = torch.arange(input_ids.shape[1]).unsqueeze(0)
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids, position_ids, None)
+
+
+def _checkpoint_tensors(checkpoint):
+    tensors = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            tensors.update({name: f.get_tensor(name) for name in f.keys()})
+    return tensors
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_logits_match_hugging_face(world, model_zoo, name):
+    [model] = build_model(model_zoo / name, ParallelLayout())
+    reference = _reference(model_zoo, name)
+    logits = _forward(model, reference["input_ids"])
+    assert logits.shape == reference["output"].shape
+    assert (logits - reference["output"]).abs().max().item() <= TOLERANCE
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_moe_dispatchers_match_hugging_face(world, model_zoo, dispatcher):
+    [model] = build_model(model_zoo / "mixtral", ParallelLayout(), moe_token_dispatcher=dispatcher)
+    reference = _reference(model_zoo, "mixtral")
+    assert (_forward(model, reference["input_ids"]) - reference["output"]).abs().max().item() <= TOLERANCE
+
+
+def test_tied_embeddings_share_one_tensor(world, model_zoo):
+    [model] = build_model(model_zoo / "llama_tied", ParallelLayout())
+    names = [name for name, _ in model.named_parameters()]
+    assert "output_layer.weight" not in names
+    assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied"])
+def test_export_reproduces_the_checkpoint_bit_for_bit(world, model_zoo, name):
+    [model] = build_model(model_zoo / name, ParallelLayout())
+    original = _checkpoint_tensors(model_zoo / name)
+    exported = dict(gather_hf_tensors([model], model_zoo / name, ParallelLayout()))
+    assert list(exported) and sorted(exported) == sorted(original)
+    for tensor_name, tensor in exported.items():
+        assert tensor.dtype == original[tensor_name].dtype and torch.equal(tensor, original[tensor_name]), tensor_name
+
+
+def test_exported_pieces_tile_every_tensor_once(world, model_zoo):
+    """The weight-sync view: pieces from this rank's shards, assembled by hand, equal the checkpoint."""
+    [model] = build_model(model_zoo / "qwen2", ParallelLayout())
+    original = _checkpoint_tensors(model_zoo / "qwen2")
+    assembled = {name: torch.full_like(t, float("nan")) for name, t in original.items()}
+    counts = {name: torch.zeros(t.shape, dtype=torch.int32) for name, t in original.items()}
+    for piece in export_hf_pieces([model], model_zoo / "qwen2", ParallelLayout()):
+        assembled[piece.hf_name][piece.hf_slice] = piece.tensor
+        counts[piece.hf_name][piece.hf_slice] += 1
+    for name in original:
+        assert torch.all(counts[name] == 1), name
+        assert torch.equal(assembled[name], original[name]), name
+
+
+def test_saved_checkpoint_reloads_with_equal_logits(world, model_zoo, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    [model] = build_model(model_zoo / "qwen3_moe", ParallelLayout())
+    save_hf_checkpoint([model], model_zoo / "qwen3_moe", ParallelLayout(), tmp_path / "out", max_shard_bytes=400_000)
+    assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
+    reference = _reference(model_zoo, "qwen3_moe")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
+
+
+def test_critic_values_match_hf_token_classification(world, model_zoo, tmp_path):
+    from transformers import AutoModelForTokenClassification
+
+    [critic] = build_model(model_zoo / "llama_critic", ParallelLayout(), role="critic")
+    reference = _reference(model_zoo, "llama_critic")
+    values = _forward(critic, reference["input_ids"])
+    assert values.shape == (2, 16, 1)
+    assert (values - reference["output"]).abs().max().item() <= TOLERANCE
+    # Export writes an HF critic (ForTokenClassification, score.*) that transformers loads as is.
+    save_hf_checkpoint([critic], model_zoo / "llama_critic", ParallelLayout(), tmp_path / "critic", role="critic")
+    hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
+
+
+def test_critic_from_causal_lm_checkpoint_initialises_its_value_head(world, model_zoo):
+    [critic] = build_model(model_zoo / "llama", ParallelLayout(), role="critic", load_weights=False)
+    report = load_hf_weights([critic], model_zoo / "llama", ParallelLayout(), role="critic")
+    assert sorted(report.left_initialised) == ["score.bias", "score.weight"]
+    [again] = build_model(model_zoo / "llama", ParallelLayout(), role="critic")
+    assert torch.equal(again.output_layer.weight, critic.output_layer.weight)  # same seed, same head
+    assert torch.all(again.output_layer.bias == 0) and again.output_layer.weight.std() > 0
+    # The backbone is the LM's: the final-norm hidden states through the head give the values.
+    values = _forward(again, _reference(model_zoo, "llama")["input_ids"])
+    assert values.shape == (2, 16, 1) and torch.isfinite(values).all()
+
+
+def test_build_from_a_config_initialises_randomly(world):
+    from megarl.models import param_shards
+    from megarl.tools.tiny_model import build_config
+
+    config = build_config("qwen3_moe", "tiny")
+    [model] = build_model(config, ParallelLayout())
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert shapes == {s.name: s.local_shape for s in param_shards(config, ParallelLayout())}
+    assert model.decoder.layers[0].mlp.router.weight.std() > 0
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    assert _forward(model, ids).shape == (1, 8, 512)
+
+
+def test_ref_model_is_frozen(world, model_zoo):
+    [ref] = build_model(model_zoo / "llama", ParallelLayout(), role="ref")
+    assert not ref.training
+    assert not any(p.requires_grad for p in ref.parameters())
+
+
+def test_layout_must_match_parallel_state(world, model_zoo):
+    with pytest.raises(ValueError, match="disagrees with megatron's parallel state"):
+        build_model(model_zoo / "llama", ParallelLayout(tp=2))
+
+
+def test_unknown_role_is_rejected(world, model_zoo):
+    with pytest.raises(ValueError, match="role='reward'"):
+        build_model(model_zoo / "llama", ParallelLayout(), role="reward")

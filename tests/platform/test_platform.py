@@ -1,0 +1,159 @@
+"""Device facts, platform-dependent config flags, and the CPU layer's entry points.
+
+These run in the pytest process and never apply a redirect there; the one test that needs
+megatron-core imported and redirects possibly applied runs in a subprocess.
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megarl import platform
+from megarl.platform import hardware
+
+
+@pytest.fixture
+def cuda_present(monkeypatch):
+    """Pretend this machine has CUDA (only ``has_cuda`` is faked; nothing touches a GPU)."""
+    monkeypatch.setattr(hardware, "has_cuda", lambda: True)
+
+
+def test_cpu_machine_picks_gloo_fp32_and_cpu_device():
+    assert not torch.cuda.is_available(), "these tests describe the CPU machine"
+    assert platform.has_cuda() is False
+    assert platform.dist_backend() == "gloo"
+    assert platform.default_dtype() == torch.float32
+    assert platform.device() == torch.device("cpu")
+    assert platform.set_device(0) == torch.device("cpu")
+    platform.synchronize()
+    platform.empty_cache()
+
+
+def test_gpu_machine_picks_nccl_bf16_and_local_rank_device(cuda_present, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert platform.dist_backend() == "nccl"
+    assert platform.default_dtype() == torch.bfloat16
+    assert platform.device() == torch.device("cuda", 3)
+
+
+def test_bad_local_rank_is_named(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "first")
+    with pytest.raises(ValueError, match="LOCAL_RANK='first'"):
+        platform.local_rank()
+
+
+def test_memory_stats_reports_resident_memory_on_cpu():
+    stats = platform.memory_stats()
+    assert set(stats) == {"allocated_bytes", "reserved_bytes", "max_allocated_bytes"}
+    with open("/proc/self/status") as f:
+        vm_rss_kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    assert abs(stats["allocated_bytes"] - vm_rss_kib * 1024) < 64 * 2**20  # same figure, read a moment apart
+    assert stats["max_allocated_bytes"] >= stats["allocated_bytes"] > 0
+
+
+def test_cpu_config_overrides_are_transformer_config_fields():
+    from megatron.core.transformer import TransformerConfig
+
+    overrides = platform.cpu_transformer_config_overrides()
+    assert overrides == {
+        "use_cpu_initialization": True,
+        "masked_softmax_fusion": False,
+        "bias_dropout_fusion": False,
+        "bias_activation_fusion": False,
+        "apply_rope_fusion": False,
+        "gradient_accumulation_fusion": False,
+        "persist_layer_norm": False,
+        "moe_grouped_gemm": False,
+        "moe_permute_fusion": False,
+        "moe_router_fusion": False,
+    }  # megatron-core 0.16.1 has all of them
+    assert set(overrides) <= {field.name for field in dataclasses.fields(TransformerConfig)}
+    assert platform.transformer_config_overrides() == overrides
+
+
+def test_gpu_config_overrides_are_empty(cuda_present):
+    assert platform.transformer_config_overrides() == {}
+
+
+def test_redirect_registry_is_named_and_documented():
+    names = platform.redirect_names()
+    assert len(names) == len(set(names)) == len(platform.REDIRECTS)
+    for redirect in platform.REDIRECTS:
+        assert len(redirect.why) > 80 and callable(redirect.apply), redirect.name
+
+
+def test_unknown_redirect_name_is_rejected_before_anything_is_applied():
+    with pytest.raises(ValueError, match="unknown cpu_compat redirect.*'no_such_thing'.*known: \\['rng_tracker'"):
+        platform.apply_cpu_compat(skip=["no_such_thing"])
+    assert platform.applied_redirects() == []
+
+
+def test_incomplete_torchrun_environment_is_named(monkeypatch):
+    for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT unset while RANK set"):
+        platform.init_distributed()
+    assert platform.applied_redirects() == []
+
+
+# Runs in a subprocess: imports megatron-core, fakes CUDA, calls both entry points and compares every
+# attribute a redirect replaces before and after; then, without the fake, ensure_platform applies all.
+_CUDA_LEAVES_EVERYTHING_ALONE = r"""
+import torch
+import megatron.core.optimizer.clip_grads as clip_grads, megatron.core.optimizer.optimizer as optimizer
+import megatron.core.optimizer.distrib_optimizer as distrib_optimizer, megatron.core.utils as mcore_utils
+import megatron.core.pipeline_parallel.schedules as schedules
+import megatron.core.tensor_parallel.random as random
+import megatron.core.transformer.moe.moe_utils as moe_utils
+import megatron.core.transformer.moe.token_dispatcher as dispatcher
+import megatron.core.transformer.torch_norm as torch_norm
+from megarl import platform
+from megarl.platform import hardware
+
+def snapshot():
+    return {
+        **{f"torch.cuda.{n}": getattr(torch.cuda, n) for n in
+           ("current_device", "synchronize", "Stream", "Event", "current_stream", "default_stream", "stream")},
+        "Tensor.cuda": torch.Tensor.cuda, "Tensor.type": torch.Tensor.type,
+        "random._get_cuda_rng_state": random._get_cuda_rng_state,
+        "random._set_cuda_rng_state": random._set_cuda_rng_state,
+        "tracker.add": random.CudaRNGStatesTracker.add, "tracker.fork": random.CudaRNGStatesTracker.fork,
+        "schedules.torch": schedules.torch, "utils.torch": mcore_utils.torch,
+        "dispatcher.maybe_move_tensor_to_cpu": dispatcher.maybe_move_tensor_to_cpu,
+        "moe_utils.te_general_gemm": getattr(moe_utils, "te_general_gemm", "absent"),
+        "clip_grads.clip": clip_grads.clip_grad_by_total_norm_fp32,
+        "optimizer.clip": optimizer.clip_grad_by_total_norm_fp32,
+        "float16.__init__": optimizer.Float16OptimizerWithFloat16Params.__init__,
+        "distrib.build": distrib_optimizer.DistributedOptimizer.__dict__["_build_model_and_main_param_groups"],
+        "WrappedTorchNorm.__new__": torch_norm.WrappedTorchNorm.__dict__["__new__"],
+    }
+
+before = snapshot()
+real_has_cuda = hardware.has_cuda
+hardware.has_cuda = lambda: True
+assert platform.ensure_platform() == [] and platform.apply_cpu_compat() == []
+assert platform.applied_redirects() == []
+after = snapshot()
+changed = [name for name in before if before[name] is not after[name]]
+assert not changed, changed
+
+hardware.has_cuda = real_has_cuda
+assert platform.ensure_platform() == platform.redirect_names()
+unchanged = [name for name, value in snapshot().items() if value is before[name]]
+assert unchanged == ["Tensor.type"], unchanged  # cuda_type_names swaps it only inside the wrapped calls
+print("OK")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_with_cuda_ensure_platform_changes_nothing_and_without_it_applies_all():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    process = subprocess.run(
+        [sys.executable, "-c", _CUDA_LEAVES_EVERYTHING_ALONE], capture_output=True, text=True, timeout=110, env=env
+    )
+    assert process.returncode == 0 and "OK" in process.stdout, process.stdout + process.stderr[-4000:]
