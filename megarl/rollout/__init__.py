@@ -1,0 +1,12 @@
+"""The vLLM rollout fleet: engine replicas (each with its own TP size) as Ray actors.
+
+``RolloutFleet`` generates n samples per prompt with per-token rollout log-probs, scores given
+tokens (``compute_log_probs``), loads new weights (``update_weights``) and sleeps/wakes the engines
+in colocated GPU mode. Start Ray first with ``megarl.trainer.ray_cluster.init_ray``.
+"""
+from megarl.rollout.fleet import RolloutFleet, split_evenly
+from megarl.rollout.sample import RolloutSample
+from megarl.rollout.sampling import SAMPLING_KEYS, Sampling, request_seed, resolve_sampling
+
+__all__ = ["RolloutFleet", "RolloutSample", "SAMPLING_KEYS", "Sampling", "request_seed", "resolve_sampling",
+           "split_evenly"]

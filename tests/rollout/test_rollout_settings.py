@@ -1,0 +1,110 @@
+"""The rollout config -> sampling / engine mapping, checked against hand-written expectations (no engines)."""
+import pytest
+
+from megarl.config.schema import RolloutConfig, SamplingOverrides
+from megarl.rollout.engine_config import WORKER_EXTENSION, llm_kwargs, replica_env, replica_spec, resolve_dtype
+from megarl.rollout.fleet import split_evenly
+from megarl.rollout.sampling import request_seed, resolve_sampling
+
+
+def rollout_config(**changes) -> RolloutConfig:
+    values = dict(prompt_length=32, response_length=16)
+    values.update(changes)
+    return RolloutConfig(**values)
+
+
+def test_training_sampling_comes_from_the_rollout_keys():
+    config = rollout_config(n=4, temperature=0.7, top_p=0.9, top_k=20, stop=["</answer>"])
+    sampling = resolve_sampling(config)
+    assert (sampling.n, sampling.temperature, sampling.top_p, sampling.top_k) == (4, 0.7, 0.9, 20)
+    assert sampling.max_tokens == 16 and sampling.stop == ("</answer>",) and not sampling.greedy
+    kwargs = sampling.vllm_kwargs()
+    assert kwargs["max_tokens"] == 16 and kwargs["logprobs"] == 0 and kwargs["stop"] == ["</answer>"]
+    assert "seed" not in kwargs  # set per request by the replica
+
+
+def test_validation_sampling_uses_val_kwargs_and_is_greedy_by_default():
+    config = rollout_config(n=8, temperature=1.0)
+    sampling = resolve_sampling(config, validate=True)
+    assert sampling.greedy and sampling.n == 1 and sampling.top_k == -1 and sampling.top_p == 1.0
+    sampled = resolve_sampling(rollout_config(val_kwargs=SamplingOverrides(n=2, do_sample=True, temperature=0.6)),
+                               validate=True)
+    assert (sampled.n, sampled.temperature, sampled.greedy) == (2, 0.6, False)
+
+
+def test_overrides_and_n_win_and_do_sample_false_means_greedy():
+    config = rollout_config(n=2, temperature=1.0, top_k=5)
+    sampling = resolve_sampling(config, {"max_tokens": 3, "stop": "x", "do_sample": False}, n=5)
+    assert (sampling.n, sampling.max_tokens, sampling.stop, sampling.temperature, sampling.top_k) == (5, 3, ("x",), 0.0, -1)
+    assert resolve_sampling(config, {"response_length": 7}).max_tokens == 7
+
+
+def test_unknown_or_bad_sampling_values_are_rejected_with_the_fix():
+    with pytest.raises(ValueError, match=r"unknown sampling key 'temprature' \(did you mean 'temperature'\?\)"):
+        resolve_sampling(rollout_config(), {"temprature": 0.5})
+    with pytest.raises(ValueError, match="top_p=0 must be in"):
+        resolve_sampling(rollout_config(), {"top_p": 0})
+    with pytest.raises(ValueError, match="n=0 must be an integer >= 1"):
+        resolve_sampling(rollout_config(), n=0)
+    with pytest.raises(ValueError, match="must be a list of non-empty strings"):
+        resolve_sampling(rollout_config(), {"stop": [""]})
+
+
+def test_request_seeds_are_stable_distinct_and_in_range():
+    seeds = {request_seed(0, step, i) for step in range(5) for i in range(200)}
+    assert len(seeds) == 1000  # no collisions among 1000 (step, prompt) pairs
+    assert all(0 <= s < 2**31 for s in seeds)
+    assert request_seed(0, 3, 7) == request_seed(0, 3, 7) != request_seed(1, 3, 7)
+
+
+@pytest.mark.parametrize("count,parts,sizes", [(7, 3, [3, 2, 2]), (2, 2, [1, 1]), (1, 3, [1, 0, 0]), (6, 2, [3, 3])])
+def test_split_evenly_gives_contiguous_balanced_chunks(count, parts, sizes):
+    chunks = split_evenly(count, parts)
+    assert [len(c) for c in chunks] == sizes
+    assert [i for c in chunks for i in c] == list(range(count))
+
+
+def test_engine_arguments_on_cpu():
+    config = rollout_config(tensor_model_parallel_size=1, max_num_seqs=8, seed=3, enforce_eager=True)
+    spec = replica_spec(config, "/models/x", use_gpu=False, cpus_per_replica=2, cpu_kv_cache_gib=0.5)
+    kwargs = llm_kwargs(spec, on_gpu=False)
+    assert kwargs["model"] == kwargs["tokenizer"] == "/models/x"
+    assert kwargs["dtype"] == "float32" and kwargs["max_model_len"] == 32 + 16  # verl: prompt + response
+    assert kwargs["distributed_executor_backend"] == "uni" and kwargs["kv_cache_memory_bytes"] == 512 * 2**20
+    assert kwargs["worker_extension_cls"] == WORKER_EXTENSION and kwargs["seed"] == 3 and kwargs["max_num_seqs"] == 8
+    assert "gpu_memory_utilization" not in kwargs and "enable_sleep_mode" not in kwargs
+    env = replica_env(spec, on_gpu=False)
+    assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_engine_arguments_on_gpu_with_tp():
+    config = rollout_config(tensor_model_parallel_size=4, gpu_memory_utilization=0.6, max_model_len=4096)
+    spec = replica_spec(config, "/models/x", use_gpu=True, tokenizer_path="/tok")
+    kwargs = llm_kwargs(spec, on_gpu=True)
+    assert kwargs["tensor_parallel_size"] == 4 and kwargs["distributed_executor_backend"] == "mp"
+    assert kwargs["dtype"] == "bfloat16" and kwargs["max_model_len"] == 4096 and kwargs["tokenizer"] == "/tok"
+    assert kwargs["gpu_memory_utilization"] == 0.6 and kwargs["enable_sleep_mode"] is True  # free_cache_engine default
+    assert "kv_cache_memory_bytes" not in kwargs and "OMP_NUM_THREADS" not in replica_env(spec, on_gpu=True)
+    assert replica_spec(rollout_config(free_cache_engine=True), "m", use_gpu=False).enable_sleep_mode is False
+    assert resolve_dtype("float16", on_gpu=True) == "float16"
+
+
+def test_uninterpolated_lengths_give_a_clear_error():
+    with pytest.raises(ValueError, match="rollout.prompt_length='\\$\\{data.max_prompt_length\\}' is not an integer"):
+        replica_spec(RolloutConfig(), "m", use_gpu=False)
+
+
+def test_the_rollout_node_of_a_full_megarl_config_works_as_is():
+    from omegaconf import OmegaConf
+
+    from megarl.config.schema import MegaRLConfig
+
+    config = OmegaConf.structured(MegaRLConfig)
+    config.data.max_prompt_length, config.data.max_response_length = 100, 28
+    config.actor_rollout_ref.rollout.stop = ["</answer>"]
+    rollout = config.actor_rollout_ref.rollout
+    assert replica_spec(rollout, "m", use_gpu=False).max_model_len == 128
+    sampling = resolve_sampling(rollout, {"stop": OmegaConf.create(["a", "b"])})
+    assert sampling.max_tokens == 28 and sampling.stop == ("a", "b")
+    assert resolve_sampling(rollout).stop == ("</answer>",)
