@@ -34,6 +34,7 @@ class EngineReplica:
         self.llm = LLM(**llm_kwargs(spec, self.on_gpu))
         self.checkpoint_shapes = checkpoint_shapes(spec.model_path)
         self.start_seconds = time.perf_counter() - start - self.import_seconds
+        self.stale: str | None = None  # set while a weight sync runs or after one failed
         logger.info("replica %d: vLLM imported in %.1f s, engine started in %.1f s (pid %d)", index,
                     self.import_seconds, self.start_seconds, os.getpid())
 
@@ -53,6 +54,7 @@ class EngineReplica:
 
     def generate(self, requests: Sequence[tuple[int, list[int], int]], sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
         """Generate for ``(prompt_index, prompt_ids, request_seed)`` requests; n samples per prompt."""
+        self._check_fresh()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -88,6 +90,7 @@ class EngineReplica:
         (entry t scores token t given tokens < t), and the one decode step scores the last token
         through ``logprob_token_ids``. So a sequence may be as long as ``max_model_len``.
         """
+        self._check_fresh()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -116,6 +119,34 @@ class EngineReplica:
         logger.info("replica %d: loaded %d tensors (version %d) in %.2f s", self.index, len(named_tensors),
                     version, time.perf_counter() - start)
         return self._agreed(versions, "weights version")
+
+    def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
+                     transport: str, timeout_s: float) -> list[int]:
+        """Join the weight-sync world with every TP worker; return their sync ranks."""
+        return self.llm.collective_rpc("megarl_sync_connect", args=(plan, first_rank, self.index, world_size,
+                                                                    master_addr, master_port, transport, timeout_s))
+
+    def sync_receive(self, version: int) -> dict[str, float]:
+        """Receive one sharded weight sync into every TP worker (see the worker extension)."""
+        self.stale = f"weight sync to version {version} in progress"
+        try:
+            results = self.llm.collective_rpc("megarl_sync_receive", args=(version,))
+        except BaseException as exc:
+            self.stale = f"weight sync to version {version} failed: {exc}"
+            raise
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.stale = None
+        return {"seconds": max(r["seconds"] for r in results), "bytes": sum(r["bytes"] for r in results),
+                "version": self._agreed([r["version"] for r in results], "weights version")}
+
+    def sync_close(self) -> None:
+        if self.llm is not None:
+            self.llm.collective_rpc("megarl_sync_close")
+
+    def _check_fresh(self) -> None:
+        if self.stale:
+            raise RuntimeError(f"replica {self.index} refuses to generate: {self.stale}. The fleet never serves "
+                               "stale weights; a successful sync clears this.")
 
     def weights_version(self) -> int:
         return self._agreed(self.llm.collective_rpc("megarl_weights_version"), "weights version")

@@ -31,7 +31,13 @@ class MegaRLWorkerExtension:
         return self._megarl_weights_version
 
     def megarl_weights_version(self) -> int:
-        """The version of the weights this worker holds: 0 for the checkpoint it started from."""
+        """The version of the weights this worker holds: 0 for the checkpoint it started from.
+
+        Raises while the weights are stale (a sync is running or failed).
+        """
+        stale = getattr(self, "_megarl_stale", None)
+        if stale:
+            raise RuntimeError(f"this vLLM worker's weights are not usable: {stale}")
         return getattr(self, "_megarl_weights_version", 0)
 
     def megarl_weight_checksum(self) -> float:
@@ -39,3 +45,47 @@ class MegaRLWorkerExtension:
         model = self.model_runner.get_model()
         with torch.no_grad():
             return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+
+    # ------------------------------------------------------------------ sharded weight sync (receiver)
+    def megarl_sync_connect(self, plan, first_rank: int, replica: int, world_size: int, master_addr: str,
+                            master_port: int, transport: str, timeout_s: float) -> int:
+        """Join the weight-sync world as rank ``first_rank + replica * tp + tp_rank``; return that rank."""
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        from megarl.weight_sync.receiver import WeightReceiver
+        from megarl.weight_sync.transport import make_transport
+
+        rank = first_rank + replica * get_tensor_model_parallel_world_size() + get_tensor_model_parallel_rank()
+        self._megarl_transport = make_transport(transport)
+        self._megarl_transport.connect(rank, world_size, master_addr, master_port, plan, timeout_s)
+        self._megarl_receiver = WeightReceiver(plan, rank)
+        return rank
+
+    def megarl_sync_receive(self, version: int) -> dict:
+        """Receive one sync and stream the tensors into vLLM's ``reload_weights``.
+
+        On any failure the worker is marked stale (``megarl_weights_version`` raises) until a
+        later sync succeeds: the engine never silently serves half-updated weights.
+        """
+        import time
+
+        receiver = self._megarl_receiver
+        self._megarl_stale = f"weight sync to version {version} in progress"
+        start = time.perf_counter()
+        try:
+            self.reload_weights(weights_iterator=receiver.receive(self._megarl_transport, version),
+                                is_checkpoint_format=True)
+        except BaseException as exc:
+            self._megarl_stale = f"weight sync to version {version} failed: {exc}"
+            raise
+        self._megarl_stale = None
+        self._megarl_weights_version = int(version)
+        stats = receiver.last_stats
+        return {"version": int(version), "seconds": time.perf_counter() - start,
+                "bytes": stats.bytes_received if stats is not None else 0}
+
+    def megarl_sync_close(self) -> None:
+        transport = getattr(self, "_megarl_transport", None)
+        if transport is not None:
+            transport.close()
+        self._megarl_transport = self._megarl_receiver = None

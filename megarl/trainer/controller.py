@@ -260,3 +260,50 @@ def timer(timings: dict, name: str):
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+class TrainingLoop:
+    """Drives ``RLTrainer`` over steps: validation, metrics, checkpoints and resume."""
+
+    def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str):
+        self.trainer, self.metrics_logger, self.root = trainer, metrics_logger, checkpoint_root
+
+    def resume(self) -> int:
+        """Load the checkpoint ``trainer.resume_mode`` asks for; return the step it holds (0: none)."""
+        from megarl.trainer.checkpointing import find_resume_checkpoint
+
+        t = self.trainer
+        found = find_resume_checkpoint(t.cfg.trainer, self.root)
+        if found is None:
+            return 0
+        actor_path, critic_path = found
+        extras = t.workers.call("load_checkpoint", str(actor_path), critic_path and str(critic_path))
+        t.load_state_dict(extras[0])
+        t.version += 1
+        t.weight_sync.sync(t.version)  # the fleet must serve the resumed weights
+        logger.info("resumed from %s at step %d", actor_path, t.global_step)
+        return t.global_step
+
+    def save(self, step: int) -> None:
+        self.trainer.workers.call("save_checkpoint", self.root, step, self.trainer.state_dict())
+
+    def run(self) -> dict[str, float]:
+        t, cfg = self.trainer, self.trainer.cfg.trainer
+        start = self.resume()
+        last: dict[str, float] = {}
+        if start == 0 and cfg.val_before_train and t.val_dataset is not None:
+            last = t.validate()
+            t.history.append({"step": 0, **last})
+            self.metrics_logger.log(last, step=0)
+        for step in range(start + 1, t.total_steps + 1):
+            metrics = t.train_step(step)
+            t.global_step = step
+            if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == t.total_steps):
+                metrics.update(t.validate())
+            t.history.append({"step": step, **{k: v for k, v in metrics.items()
+                                               if k in ("critic/score/mean", "val/score", "critic/vf_loss")}})
+            self.metrics_logger.log(metrics, step=step)
+            if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or step == t.total_steps):
+                self.save(step)
+            last = metrics
+        return last

@@ -118,17 +118,48 @@ class MegatronWorker(DistributedWorker):
                             load_rng=False)
         return extra
 
-    # ------------------------------------------------------------------ weights for the rollout fleet
-    def export_full_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """Full HF tensors gathered on rank 0 (for the object-store sync path); None elsewhere."""
-        from megarl.models import gather_hf_tensors
+    # ------------------------------------------------------------------ weight sync (sender)
+    def _local_shards(self):
+        """This rank's HF-named pieces: views into the live parameters (no copy)."""
+        from megarl.models import export_hf_pieces
+        from megarl.weight_sync.sender import from_export
 
         chunks = [getattr(m, "module", m) for m in self.actor.model]
-        out = []
-        for name, tensor in gather_hf_tensors(chunks, self.cfg.actor_rollout_ref.model.path, self.layout):
-            if dist.get_rank() == 0:
-                out.append((name, tensor.detach().clone()))
-        return out if dist.get_rank() == 0 else None
+        pieces = export_hf_pieces(chunks, self.cfg.actor_rollout_ref.model.path, self.layout, replicas=True)
+        return from_export((p.hf_name, p.hf_slice, p.tensor) for p in pieces)
+
+    def sync_sources(self) -> dict:
+        """What this rank can send: {hf_name: [region, ...]} and each tensor's dtype."""
+        shards = self._local_shards()
+        return {"regions": {name: [region for region, _ in held] for name, held in shards.items()},
+                "dtypes": {name: str(held[0][1].dtype).removeprefix("torch.") for name, held in shards.items()}}
+
+    def sync_address(self) -> tuple[str, int]:
+        return self.address_and_port()
+
+    def sync_connect(self, plan, world_size: int, master_addr: str, master_port: int, transport: str,
+                     timeout_s: float) -> None:
+        from megarl.weight_sync.transport import make_transport
+
+        self.sync_plan = plan
+        self.sync_transport = make_transport(transport)
+        self.sync_transport.connect(self.rank, world_size, master_addr, master_port, plan, timeout_s)
+
+    def sync_send(self, version: int) -> dict:
+        from megarl.weight_sync.sender import region_reader
+
+        torch.set_grad_enabled(False)
+        try:
+            stats = self.sync_transport.run(self.sync_plan, self.rank, get_region=region_reader(self._local_shards()))
+        finally:
+            torch.set_grad_enabled(True)
+        return {"seconds": stats.seconds, "bytes": stats.bytes_sent, "version": version}
+
+    def sync_close(self) -> None:
+        transport = getattr(self, "sync_transport", None)
+        if transport is not None:
+            transport.close()
+            self.sync_transport = None
 
     def barrier(self) -> None:
         dist.barrier()
