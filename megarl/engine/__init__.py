@@ -1,0 +1,64 @@
+"""The Megatron engine: log-probs, entropy, values, the actor/critic updates and distributed checkpoints.
+
+Every rank of a megatron-core job builds its model chunks (``megarl.models.build_model``) and
+wraps them here:
+
+    actor = MegatronActor(build_model(path, layout, "actor"), actor_settings(cfg, dp_size))
+    old_log_probs, entropy = actor.compute_log_prob(batch, with_entropy=True)
+    metrics = actor.update_policy(batch.with_fields(old_log_probs=old_log_probs, advantages=...))
+
+Modules, one concept each:
+  batch          RLBatch: the padded RL batch (left-padded prompt + right-padded response)
+  batching       mini-batches, fixed and token-budget micro-batches, restoring the order
+  packing        left-aligning real tokens for the model; picking the response positions
+  vocab_parallel log-probs and entropy over a TP-split vocabulary
+  attention      torch's fused causal SDPA in place of megatron's unfused local-spec attention
+  schedule       megatron's pipeline schedule (forward_backward_func) and stage-to-stage sharing
+  runner         ModelRunner: micro-batching + packing + schedule, results on every rank
+  settings       the engine's settings and how verl's config keys map onto them
+  optimizer      mcore DDP, megatron's optimizer and LR schedule, the non-finite-skipping step
+  update         the mini-batch / optimizer-step loop and the loss scaling it relies on
+  actor, critic, reference   the three roles
+  checkpoint     dist_checkpointing save/load with resharding and atomic writes
+"""
+from megarl.engine.actor import MegatronActor
+from megarl.engine.batch import PER_TOKEN_FIELDS, RLBatch, data_parallel_shard
+from megarl.engine.batching import fixed_micro_batches, mini_batches, restore_order, token_budget_micro_batches
+from megarl.engine.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from megarl.engine.critic import MegatronCritic
+from megarl.engine.reference import MegatronReference
+from megarl.engine.settings import (
+    ActorSettings,
+    BatchSettings,
+    CriticSettings,
+    OptimizerSettings,
+    PolicyLossSettings,
+    actor_settings,
+    critic_settings,
+    reference_settings,
+)
+
+__all__ = [
+    "PER_TOKEN_FIELDS",
+    "ActorSettings",
+    "BatchSettings",
+    "CriticSettings",
+    "MegatronActor",
+    "MegatronCritic",
+    "MegatronReference",
+    "OptimizerSettings",
+    "PolicyLossSettings",
+    "RLBatch",
+    "actor_settings",
+    "checkpoint_dir",
+    "critic_settings",
+    "data_parallel_shard",
+    "fixed_micro_batches",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "mini_batches",
+    "reference_settings",
+    "restore_order",
+    "save_checkpoint",
+    "token_budget_micro_batches",
+]

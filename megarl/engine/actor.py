@@ -1,0 +1,108 @@
+"""The Megatron actor: log-probs of responses and the PPO/GRPO policy update.
+
+The loss of a micro-batch is the registered policy loss (``policy_loss.loss_mode``), minus
+``entropy_coeff`` times the aggregated entropy, plus ``kl_loss_coef`` times the KL loss to the
+reference (``use_kl_loss``, ``kl_loss_type``), all aggregated with ``loss_agg_mode`` over the
+whole mini-batch (see ``update`` for why the split into micro-batches does not matter).
+
+Metrics (verl's names), averaged over the mini-batches of one ``update_policy`` call:
+``actor/pg_loss``, ``actor/entropy`` and ``actor/kl_loss`` are the mini-batch losses
+(aggregated with ``loss_agg_mode``); ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower`` and
+``actor/ppo_kl`` are means over the mini-batch's response tokens; ``actor/grad_norm`` is the mean
+pre-clip norm of the steps taken; ``actor/lr`` the learning rate used; ``actor/skipped_steps``
+counts optimizer steps skipped for a non-finite gradient norm. ``actor/kl_loss`` and
+``actor/kl_coef`` appear when ``use_kl_loss`` is on.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from megarl.algorithms import agg_loss, compute_kl_loss, get_policy_loss
+from megarl.engine.batch import RLBatch
+from megarl.engine.optimizer import build_optimizer, wrap_for_training
+from megarl.engine.runner import MicroBatch, ModelRunner, response_log_probs, response_logits
+from megarl.engine.settings import ActorSettings
+from megarl.engine.update import run_update, set_recompute
+from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
+
+_TOKEN_MEANS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
+
+
+class MegatronActor:
+    """The policy: ``compute_log_prob`` and ``update_policy`` on megatron-core model chunks.
+
+    ``model_chunks`` are this rank's GPTModels (one per virtual pipeline stage) with weights
+    loaded (``megarl.models.build_model``); they are wrapped in mcore DDP here (``self.model``)
+    and get their own optimizer and LR schedule.
+    """
+
+    def __init__(self, model_chunks: Sequence[torch.nn.Module], settings: ActorSettings):
+        self.policy_loss = get_policy_loss(settings.loss.loss_mode)  # an unknown name fails here, early
+        set_recompute(model_chunks, settings.recompute)
+        self.settings = settings
+        self.model = wrap_for_training(model_chunks, settings.optim.use_distributed_optimizer)
+        self.runner = ModelRunner(self.model)
+        self.optimizer, self.scheduler = build_optimizer(self.model, settings.optim)
+
+    def compute_log_prob(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs ``[B, R]`` of ``batch.responses`` under the current policy, and their entropy
+        (None unless ``with_entropy``). The same tensors on every model-parallel rank; 0 at padding."""
+        names = ["log_probs", "entropy"] if with_entropy else ["log_probs"]
+
+        def compute(micro_batch: MicroBatch, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+            log_probs, entropy = response_log_probs(logits, micro_batch, self.settings.temperature, with_entropy)
+            return {"log_probs": log_probs, "entropy": entropy}
+
+        result = self.runner.infer(batch, self.settings.log_prob, compute, names)
+        return result["log_probs"], result.get("entropy")
+
+    def update_policy(self, batch: RLBatch) -> dict[str, float]:
+        """One PPO update over ``batch`` (``ppo_epochs`` passes of mini-batches). Returns metrics."""
+        use_kl = self.settings.loss.use_kl_loss
+        batch.require("old_log_probs", "advantages", *(["ref_log_probs"] if use_kl else []), purpose="update_policy")
+        sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else [])]
+        metrics = run_update(
+            "actor", self.runner, self.optimizer, self.scheduler, batch, self.settings.train, self._loss_fn, sums, _TOKEN_MEANS
+        )
+        if use_kl:
+            metrics["actor/kl_coef"] = self.settings.loss.kl_loss_coef
+        return metrics
+
+    def _loss_fn(self, info: dict):
+        """The loss of one micro-batch of a mini-batch whose global totals are ``info``."""
+        s, dp_size = self.settings.loss, self.runner.dp_size
+
+        def loss(micro_batch: MicroBatch, logits: torch.Tensor):
+            batch = micro_batch.batch
+            mask = batch.response_mask
+            response = response_logits(logits, micro_batch, self.settings.temperature)
+            valid = micro_batch.packed.response_valid
+            log_probs = vocab_parallel_log_probs(response, micro_batch.packed.targets) * valid
+            with torch.set_grad_enabled(s.entropy_coeff != 0):  # without the bonus it is only a metric
+                entropy = vocab_parallel_entropy(response) * valid
+            pg_loss, pg_metrics = self.policy_loss(
+                old_log_prob=batch.old_log_probs,
+                log_prob=log_probs,
+                advantages=batch.advantages,
+                response_mask=mask,
+                loss_agg_mode=s.loss_agg_mode,
+                clip_ratio=s.clip_ratio,
+                clip_ratio_low=s.clip_ratio_low,
+                clip_ratio_high=s.clip_ratio_high,
+                clip_ratio_c=s.clip_ratio_c,
+                global_batch_info=info,
+            )
+            entropy_loss = agg_loss(entropy, mask, s.loss_agg_mode, **info)
+            total = pg_loss - s.entropy_coeff * entropy_loss
+            tokens = mask.float().sum()
+            collected = {"pg_loss": pg_loss.detach() / dp_size, "entropy": entropy_loss.detach() / dp_size, "tokens": tokens}
+            collected.update({name: pg_metrics[name].detach() * tokens for name in _TOKEN_MEANS})
+            if s.use_kl_loss:
+                kl_loss = compute_kl_loss(log_probs, batch.ref_log_probs, mask, s.kl_loss_type, s.loss_agg_mode, info)
+                total = total + s.kl_loss_coef * kl_loss
+                collected["kl_loss"] = kl_loss.detach() / dp_size
+            return total * micro_batch.count, collected
+
+        return loss

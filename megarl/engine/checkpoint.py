@@ -1,0 +1,237 @@
+"""Distributed checkpoints of a model, its optimizer, LR schedule and RNG states (megatron-core
+``dist_checkpointing``, torch_dist format).
+
+Resharding: model weights are saved as global tensors with their shard offsets, and the
+distributed optimizer's state in megatron's ``fully_reshardable`` format (gathered over
+data-parallel ranks at save time and stored like its parameter: each Adam moment a tensor of the
+parameter's shape), so a checkpoint written under one TP/PP/EP/DP layout loads under another.
+megatron-core 0.16.1 offers no other format that reshards TP/PP: ``dp_reshardable`` reshards
+over DP only, and ``fully_sharded_model_space`` (flattened ranges) is no longer supported. The LR schedule and the caller's ``extra`` state are saved once, by rank 0.
+RNG states are per model-parallel rank; they are restored only when the layout is the same
+(under another layout there is no rank to take them from, and the fresh seeding stands).
+
+Atomic writes: a checkpoint is written to ``<root>/step_<N>.tmp``, renamed to
+``<root>/step_<N>`` when every rank has finished, and only then does ``<root>/latest`` (written
+to a temporary file and renamed) name it. A crash mid-save leaves a ``.tmp`` directory that is
+never loaded, and ``latest`` still names the previous complete checkpoint.
+
+Saving starts a helper process (multiprocessing spawn), so an entry script must guard its code
+with ``if __name__ == "__main__":``. It takes several seconds even for a tiny model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megarl.engine.optimizer import initialize_optimizer_state
+
+LATEST_FILE = "latest"
+META_FILE = "megarl_checkpoint.json"
+# Chained optimizers (dense + expert) keep their keys unprefixed, as fully reshardable formats allow.
+OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+
+
+def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"step_{step}"
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The checkpoint ``<root>/latest`` names, or None when there is none yet."""
+    marker = Path(root) / LATEST_FILE
+    if not marker.is_file():
+        return None
+    path = Path(root) / marker.read_text().strip()
+    if not (path / META_FILE).is_file():
+        raise FileNotFoundError(f"{marker} names {path}, which is not a complete checkpoint; remove {marker} or restore the directory")
+    return path
+
+
+def _layout() -> dict[str, int]:
+    from megatron.core import parallel_state as ps
+
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "vpp": ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+        "ep": ps.get_expert_model_parallel_world_size(),
+        "etp": ps.get_expert_tensor_parallel_world_size(),
+        "dp": ps.get_data_parallel_world_size(),
+    }
+
+
+def _rng_state() -> dict[str, Any]:
+    from megatron.core import tensor_parallel
+
+    from megarl.platform import has_cuda
+
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if has_cuda() else None,
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    from megatron.core import tensor_parallel
+
+    from megarl.platform import has_cuda
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if has_cuda() and state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _rng_sharded_object(state: dict[str, Any] | None):
+    """This rank's RNG state as one cell of a (pp, tp, ep) grid, replicated over data parallelism."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    layout = _layout()
+    shape = (layout["pp"], layout["tp"], layout["ep"])
+    offset = (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(), ps.get_expert_model_parallel_rank())
+    replica = ps.get_data_parallel_rank(with_context_parallel=True) // layout["ep"]
+    return ShardedObject("megarl.rng_state", state, shape, offset, replica_id=replica)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP: checkpoint keys are the model's own names, with or without DDP."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def _sharded_state(models: Sequence[torch.nn.Module], optimizer, scheduler, rng: bool, extra, is_loading: bool) -> dict:
+    state: dict[str, Any] = {f"model{i}": _unwrap(model).sharded_state_dict() for i, model in enumerate(models)}
+    if optimizer is not None:
+        initialize_optimizer_state(optimizer)
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=OPTIMIZER_SHARDING)
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    if rng:
+        state["rng"] = _rng_sharded_object(None if is_loading else _rng_state())
+    if extra is not None:
+        state["extra"] = extra
+    return state
+
+
+def save_checkpoint(
+    root: str | os.PathLike,
+    step: int,
+    models: Sequence[torch.nn.Module],
+    optimizer=None,
+    scheduler=None,
+    extra: dict | None = None,
+) -> Path:
+    """Save ``<root>/step_<step>`` on every rank (collective) and point ``<root>/latest`` at it.
+
+    ``models`` are this rank's model chunks (DDP-wrapped or not); ``extra`` is any picklable dict
+    (trainer step, data loader position, KL controller, ...), saved by rank 0.
+    """
+    from megatron.core import dist_checkpointing
+
+    final = checkpoint_dir(root, step)
+    staging = final.with_name(final.name + ".tmp")
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)  # a crashed earlier attempt
+        staging.mkdir(parents=True)
+    dist.barrier()
+    state = _sharded_state(models, optimizer, scheduler, rng=True, extra=extra, is_loading=False)
+    dist_checkpointing.save(state, str(staging))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        meta = {"step": step, "layout": _layout(), "contents": sorted(k for k in state if not k.startswith("model")) + ["model"]}
+        (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        _write_atomically(Path(root) / LATEST_FILE, final.name + "\n")
+    dist.barrier()
+    return final
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def _load_optimizer(optimizer, state) -> None:
+    """``optimizer.load_state_dict(state)``, around two megatron-core 0.16.1 defects of its
+    torch-Adam path (no apex / Transformer Engine; the path every CPU run takes):
+
+    * ``DistributedOptimizer.load_state_dict`` first gives every parameter's Adam state a
+      ``step`` entry, then copies the fully-reshardable parameter state into every entry,
+      ``step`` included, which that format does not carry (``KeyError: 'step'``). So the groups
+      and step are loaded first, and the parameters and moments are copied with ``step`` set aside.
+    * It gives all parameters one shared ``step`` tensor, which torch's Adam increments in place
+      once per parameter: after a resume the bias correction would use a step count hundreds of
+      times too large. Every parameter gets its own copy.
+    """
+    optimizers = getattr(optimizer, "chained_optimizers", [optimizer])
+    states = [state] if len(optimizers) == 1 else [value for _, value in sorted(state.items())]
+    for sub_optimizer, sub_state in zip(optimizers, states):
+        param_state = sub_state.pop("param_state", None)
+        kind = sub_state.pop("param_state_sharding_type", None)
+        sub_optimizer.load_state_dict(sub_state)
+        if param_state is None:
+            continue
+        if kind != OPTIMIZER_SHARDING["distrib_optim_sharding_type"]:
+            raise ValueError(f"the checkpoint's optimizer state is in the {kind!r} format; megarl writes and reads fully_reshardable")
+        inner = sub_optimizer.optimizer
+        steps = {param: entry.pop("step") for param, entry in inner.state.items() if "step" in entry}
+        try:
+            sub_optimizer.load_parameter_state_from_fully_reshardable(param_state)
+        finally:
+            for param, step in steps.items():
+                inner.state[param]["step"] = step.detach().clone()
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    models: Sequence[torch.nn.Module],
+    optimizer=None,
+    scheduler=None,
+    load_rng: bool = True,
+) -> dict | None:
+    """Load a checkpoint into this rank's models (and optimizer, scheduler); returns ``extra``.
+
+    ``path`` is a checkpoint directory or a root with a ``latest`` marker. Collective: every rank
+    calls it. The layout may differ from the one the checkpoint was saved under.
+    """
+    from megatron.core import dist_checkpointing
+
+    path = Path(path)
+    if (path / LATEST_FILE).is_file():
+        path = latest_checkpoint(path)
+    meta_file = path / META_FILE
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{path} is not a complete megarl checkpoint (no {META_FILE}); a '.tmp' directory is an interrupted save")
+    meta = json.loads(meta_file.read_text())
+    same_layout = meta["layout"] == _layout()
+    with_rng = load_rng and same_layout
+    if optimizer is not None and "optimizer" not in meta["contents"]:
+        raise ValueError(f"{path} holds no optimizer state; load it with optimizer=None")
+    state = _sharded_state(models, optimizer, scheduler, rng=with_rng, extra=None, is_loading=True)
+    loaded = dist_checkpointing.load(state, str(path))
+    for i, model in enumerate(models):
+        _unwrap(model).load_state_dict(loaded[f"model{i}"])
+    if optimizer is not None:
+        _load_optimizer(optimizer, loaded["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(loaded["scheduler"])
+    if with_rng:
+        _set_rng_state(loaded["rng"])
+    return loaded.get("extra")

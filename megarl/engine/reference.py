@@ -1,0 +1,34 @@
+"""The reference policy: a frozen copy of the initial model, used only for KL (log-probs).
+
+No DDP wrapper, no optimizer state, no gradients: its parameters are set to
+``requires_grad=False`` and every forward runs under ``torch.no_grad``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from megarl.engine.batch import RLBatch
+from megarl.engine.runner import MicroBatch, ModelRunner, response_log_probs
+from megarl.engine.settings import BatchSettings
+
+
+class MegatronReference:
+    """``compute_ref_log_prob`` on frozen megatron-core model chunks (e.g. ``build_model(..., role="ref")``)."""
+
+    def __init__(self, model_chunks: Sequence[torch.nn.Module], settings: BatchSettings, temperature: float = 1.0):
+        for chunk in model_chunks:
+            chunk.requires_grad_(False)
+            chunk.eval()
+        self.runner = ModelRunner(model_chunks)
+        self.settings = settings
+        self.temperature = temperature
+
+    def compute_ref_log_prob(self, batch: RLBatch) -> torch.Tensor:
+        """Reference log-probs ``[B, R]`` of ``batch.responses``; the same on every model-parallel rank."""
+
+        def compute(micro_batch: MicroBatch, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"log_probs": response_log_probs(logits, micro_batch, self.temperature)[0]}
+
+        return self.runner.infer(batch, self.settings, compute, ["log_probs"])["log_probs"]

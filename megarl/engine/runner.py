@@ -1,0 +1,198 @@
+"""Run megatron-core model chunks over an ``RLBatch``: micro-batching, packing, the pipeline
+schedule, and per-token outputs returned in the original sample order on every rank.
+
+The actor, critic and reference are thin layers over a ``ModelRunner``: they say what to
+compute from the last stage's output (log-probs, values, a loss) and the runner does the rest.
+
+Data parallelism: each rank passes the samples of its own data-parallel replica (the same
+samples on all ranks of one model-parallel group). All data-parallel ranks run the same number
+of micro-batches (MoE expert parallelism exchanges tokens in every forward, so a rank with fewer
+forwards would hang the others).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from megarl.engine.attention import use_sdpa_attention
+from megarl.engine.batch import RLBatch
+from megarl.engine.batching import fixed_micro_batches, restore_order, token_budget_micro_batches
+from megarl.engine.packing import PackedInputs, gather_response, pack, pad_to
+from megarl.engine.schedule import run_micro_batches, share_from_last_stage
+from megarl.engine.settings import BatchSettings
+from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
+
+
+@dataclass
+class MicroBatch:
+    batch: RLBatch  # the micro-batch's samples, padded layout
+    packed: PackedInputs  # what the model sees
+    count: int  # micro-batches in this schedule run (the schedule divides losses by it)
+
+
+class ModelRunner:
+    """Model chunks (one per virtual pipeline stage) of one rank, and how to run batches through them."""
+
+    def __init__(self, model_chunks: Sequence[torch.nn.Module]):
+        from megatron.core import parallel_state
+        from megatron.core.utils import get_model_config
+
+        if not model_chunks:
+            raise ValueError("no model chunks given; build the model first (megarl.models.build_model)")
+        if parallel_state.get_context_parallel_world_size() > 1:
+            raise ValueError("context parallelism (megatron.context_parallel_size > 1) is not supported by the engine; set it to 1")
+        self.chunks = list(model_chunks)
+        use_sdpa_attention(self.chunks)
+        self.config = get_model_config(self.chunks[0])
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.is_last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+
+    # ------------------------------------------------------------------ micro-batches
+    def split(self, batch: RLBatch, settings: BatchSettings) -> list[list[int]]:
+        """Micro-batches (sample indices of ``batch``), as many on every data-parallel rank."""
+        lengths = batch.sequence_lengths()
+        if settings.use_dynamic_bsz:
+            needed = len(token_budget_micro_batches(lengths, settings.max_token_len))
+        else:
+            needed = -(-len(batch) // settings.micro_batch_size)
+        count = self.dp_max(needed)
+        if len(self.chunks) > 1:  # the interleaved schedule runs micro-batches in groups of pp
+            count = -(-count // self.pp_size) * self.pp_size
+        if count > len(batch):
+            raise ValueError(
+                f"this rank has {len(batch)} samples but the step needs {count} micro-batches (the most of any "
+                "data-parallel rank, rounded to a multiple of pp with a virtual pipeline); give every rank more samples"
+            )
+        if settings.use_dynamic_bsz:
+            return token_budget_micro_batches(lengths, settings.max_token_len, count=count)
+        return fixed_micro_batches(len(batch), settings.micro_batch_size, count=count)
+
+    def dp_max(self, value: int) -> int:
+        if self.dp_size == 1:
+            return value
+        tensor = torch.tensor([value], dtype=torch.long)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.dp_group)
+        return int(tensor.item())
+
+    def dp_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.clone()
+        if self.dp_size > 1:
+            dist.all_reduce(tensor, group=self.dp_group)
+        return tensor
+
+    def reduce(self, collected: list[dict[str, torch.Tensor]], names: list[str], token_means: Sequence[str] = ()) -> dict[str, float]:
+        """Sum per-micro-batch values over micro-batches and data-parallel ranks, the same floats on
+        every rank; names in ``token_means`` are then divided by the summed ``tokens``."""
+        local = torch.zeros(len(names), dtype=torch.float64)
+        for values in collected:  # empty except on the last pipeline stage
+            local += torch.stack([values[name].double() for name in names])
+        totals = share_from_last_stage({"sums": self.dp_sum(local)}, {"sums": local})["sums"]
+        result = dict(zip(names, totals.tolist()))
+        tokens = max(result.pop("tokens", 1.0), 1.0)
+        for name in token_means:
+            result[name] /= tokens
+        return result
+
+    # ------------------------------------------------------------------ running
+    def forward(self, model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
+        """The model on one micro-batch: ``[b, S, V/tp]`` logits (or values) on the last stage."""
+        packed = micro_batch.packed
+        return model(input_ids=packed.tokens, position_ids=packed.position_ids, attention_mask=None)
+
+    def run(
+        self,
+        batch: RLBatch,
+        parts: list[list[int]],
+        loss: Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+        forward_only: bool,
+    ) -> list[dict[str, torch.Tensor]]:
+        """Run ``parts`` of ``batch`` through the schedule; the loss function's dicts on the last stage.
+
+        With a virtual pipeline every micro-batch is padded to one shape: megatron-core 0.16.1
+        exchanges the shapes of variable-size micro-batches with batched p2p, whose messages the
+        interleaved schedule mixes up when the previous and next stage are the same rank (pp=2).
+        """
+        multiple = self.tp_size if self.config.sequence_parallel else 1
+        micro_batches = []
+        for part in parts:
+            piece = batch.select(part)
+            micro_batches.append(MicroBatch(piece, pack(piece, multiple_of=multiple), len(parts)))
+        rows = max(len(mb.batch) for mb in micro_batches)
+        length = max(mb.packed.tokens.shape[1] for mb in micro_batches)
+        variable_shapes = len(self.chunks) == 1
+        if not variable_shapes:
+            for mb in micro_batches:
+                mb.packed = pad_to(mb.packed, rows, length)
+
+        def loss_on_real_rows(micro_batch: MicroBatch, output: torch.Tensor):
+            return loss(micro_batch, output[: len(micro_batch.batch)])
+
+        return run_micro_batches(
+            self.chunks,
+            micro_batches,
+            forward=self.forward,
+            loss=loss_on_real_rows,
+            forward_only=forward_only,
+            seq_length=length,
+            micro_batch_size=rows,
+            variable_shapes=variable_shapes,
+        )
+
+    @torch.no_grad()
+    def infer(
+        self,
+        batch: RLBatch,
+        settings: BatchSettings,
+        compute: Callable[[MicroBatch, torch.Tensor], dict[str, torch.Tensor]],
+        names: Sequence[str],
+    ) -> dict[str, torch.Tensor]:
+        """Per-token ``[B, R]`` fp32 outputs ``names`` of ``compute(micro_batch, output)``, on every rank.
+
+        Positions that are padding in the response (attention mask 0) hold 0.
+        """
+        for chunk in self.chunks:
+            chunk.eval()
+        parts = self.split(batch, settings)
+        zero = torch.zeros((), dtype=torch.float32)
+        collected = self.run(batch, parts, lambda mb, output: (zero.clone(), compute(mb, output)), forward_only=True)
+        result = None
+        if self.is_last_stage:
+            order = restore_order(parts)
+            result = {name: torch.cat([c[name] for c in collected])[order].float() for name in names}
+        like = {name: torch.empty(batch.response_mask.shape, dtype=torch.float32) for name in names}
+        return share_from_last_stage(result, like)
+
+
+def response_logits(output: torch.Tensor, micro_batch: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
+    """``[b, R, V/tp]``: the logits that score each response token, divided by the temperature."""
+    logits = gather_response(output, micro_batch.packed)
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def response_log_probs(
+    output: torch.Tensor, micro_batch: MicroBatch, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[b, R]`` of the response tokens (and their entropy) from ``[b, S, V/tp]`` logits.
+
+    Only the positions that score response tokens go through the softmax; padding gives 0.
+    """
+    logits = response_logits(output, micro_batch, temperature)
+    valid = micro_batch.packed.response_valid
+    log_probs = vocab_parallel_log_probs(logits, micro_batch.packed.targets) * valid
+    entropy = vocab_parallel_entropy(logits) * valid if with_entropy else None
+    return log_probs, entropy
+
+
+def response_values(output: torch.Tensor, micro_batch: MicroBatch) -> torch.Tensor:
+    """Values ``[b, R]`` of the states before each response token, from a ``[b, S, 1]`` value head."""
+    if output.dim() == 3:
+        if output.shape[-1] != 1:
+            raise ValueError(f"a critic must output one value per token, got a last dimension of {output.shape[-1]}")
+        output = output.squeeze(-1)
+    return gather_response(output.float(), micro_batch.packed) * micro_batch.packed.response_valid

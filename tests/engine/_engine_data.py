@@ -1,0 +1,103 @@
+"""Shared by the engine tests and their worker processes: the tiny checkpoints, the RL batch and
+the settings every scenario uses.
+
+The batch has prompts of 2..6 tokens (left-padded to 6) and responses of 1..6 tokens
+(right-padded to 6), so packing, trimming and per-row offsets are exercised. Its
+``old_log_probs`` and ``ref_log_probs`` are Hugging Face log-probs plus seeded noise (so PPO
+clipping and the KL term are active); they are computed once in the test process and saved, so
+every layout trains on identical tensors.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from megarl.engine.batch import RLBatch
+from megarl.engine.settings import ActorSettings, BatchSettings, OptimizerSettings, PolicyLossSettings
+
+DENSE = "qwen2_tied"  # Qwen2 (QKV bias) with tied embeddings: the PP path that all-reduces embedding grads
+DENSE_SMALL = "qwen2_small"  # 4 layers, for PP=2 x VPP=2
+MOE = "qwen3_moe"
+CRITIC = "qwen2_critic"  # HF Qwen2ForTokenClassification(num_labels=1) on the dense backbone
+BATCH, PROMPT, RESPONSE = 8, 6, 6
+LR = 1e-3
+
+
+def make_checkpoints(root: Path) -> None:
+    """Write the tiny HF checkpoints the engine tests use."""
+    from transformers import AutoModelForTokenClassification
+
+    from megarl.tools.tiny_model import make_tiny_model
+
+    make_tiny_model("qwen2", "tiny", root / DENSE, seed=0, tie_word_embeddings=True)
+    make_tiny_model("qwen2", "small", root / DENSE_SMALL, seed=0, tie_word_embeddings=True)
+    make_tiny_model("qwen3_moe", "tiny", root / MOE, seed=0)
+    make_tiny_model("qwen2", "tiny", root / "qwen2_untied", seed=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        critic = AutoModelForTokenClassification.from_pretrained(str(root / "qwen2_untied"), num_labels=1, dtype=torch.float32)
+        with torch.no_grad():
+            critic.score.weight.normal_(0.0, 0.1)
+            critic.score.bias.fill_(0.3)
+    critic.save_pretrained(str(root / CRITIC))
+
+
+def base_batch(seed: int = 0, batch_size: int = BATCH) -> RLBatch:
+    """Token ids with varied prompt and response lengths; advantages, returns and values drawn at random."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, 500, (batch_size, PROMPT), generator=generator)
+    responses = torch.randint(3, 500, (batch_size, RESPONSE), generator=generator)
+    prompt_lengths = torch.randint(2, PROMPT + 1, (batch_size,), generator=generator)
+    response_lengths = torch.randint(1, RESPONSE + 1, (batch_size,), generator=generator)
+    columns = torch.arange(PROMPT)
+    prompt_mask = (columns.unsqueeze(0) >= PROMPT - prompt_lengths.unsqueeze(1)).long()
+    response_mask = (torch.arange(RESPONSE).unsqueeze(0) < response_lengths.unsqueeze(1)).long()
+    prompts = prompts * prompt_mask  # padding id 0
+    responses = responses * response_mask
+    shape = (batch_size, RESPONSE)
+    return RLBatch.from_parts(
+        prompts,
+        prompt_mask,
+        responses,
+        response_mask,
+        advantages=torch.randn(shape, generator=generator) * response_mask,
+        returns=torch.randn(shape, generator=generator) * response_mask,
+        values=0.3 * torch.randn(shape, generator=generator) * response_mask,
+    )
+
+
+def with_behaviour_log_probs(batch: RLBatch, hf_log_probs: torch.Tensor, seed: int = 1) -> RLBatch:
+    """old/ref log-probs near the model's own, so some ratios clip and the KL term is not zero."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = batch.response_mask
+    old = (hf_log_probs + 0.15 * torch.randn(hf_log_probs.shape, generator=generator)) * mask
+    ref = (hf_log_probs + 0.1 * torch.randn(hf_log_probs.shape, generator=generator)) * mask
+    return batch.with_fields(old_log_probs=old, ref_log_probs=ref)
+
+
+LOSS = PolicyLossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl")
+SEQ_MEAN_LOSS = PolicyLossSettings(loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+# eps 1e-6: Adam divides by sqrt(v) + eps, so a parameter whose true gradient is 0 (the k_proj bias:
+# it shifts all scores of a query alike) moves by lr * noise / |noise| at eps 1e-8, amplifying fp32
+# rounding noise into differences of ~1e-5 between any two correct implementations.
+OPTIM = OptimizerSettings(lr=LR, weight_decay=0.0, clip_grad=1.0, betas=(0.9, 0.999), eps=1e-6)
+
+
+def actor_settings(
+    micro_batch_size: int | None = 2,
+    use_dynamic_bsz: bool = False,
+    max_token_len: int = 24,
+    mini_batch_size: int | None = None,
+    loss: PolicyLossSettings = LOSS,
+    optim: OptimizerSettings = OPTIM,
+    recompute: bool = False,
+) -> ActorSettings:
+    """One mini-batch of the whole (per-rank) batch by default, micro-batches of 2."""
+    train = BatchSettings(mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz, max_token_len=max_token_len)
+    log_prob = BatchSettings(micro_batch_size=3)
+    return ActorSettings(train=train, log_prob=log_prob, loss=loss, optim=optim, recompute=recompute)
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, weights_only=False)

@@ -1,0 +1,127 @@
+"""The engine in one process (TP=PP=DP=1) against Hugging Face transformers.
+
+One worker process runs every scenario (``_engine_worker.py single``); the tests compare its
+measurements with references computed here by HF transformers and the algorithms library on
+the whole batch at once (``_engine_hf``): log-probs, entropy, values, the loss, the
+gradient norm and the weights after AdamW steps.
+"""
+import math
+
+import pytest
+import torch
+
+import _engine_data as _data
+import _engine_hf as _hf_reference
+from _engine_launch import run_worker
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def single(engine_work):
+    return run_worker(engine_work, "single", processes=1, timeout=380)
+
+
+@pytest.fixture(scope="module")
+def dense_batch(data):
+    return data["batches"][_data.DENSE]
+
+
+@pytest.fixture(scope="module")
+def hf_step(engine_work, dense_batch):
+    return _hf_reference.hf_training_steps(engine_work / _data.DENSE, [dense_batch], _data.LOSS, _data.OPTIM)
+
+
+def max_weight_diff(engine: dict, reference: dict) -> float:
+    assert engine and set(engine) <= set(reference), sorted(set(engine) - set(reference))
+    return max((engine[name] - reference[name]).abs().max().item() for name in engine)
+
+
+def assert_same_step(update: dict, reference: dict, step_index: int = -1) -> None:
+    metrics = update["metrics"]
+    assert metrics["actor/pg_loss"] == pytest.approx(reference["pg_losses"][step_index], rel=1e-5, abs=1e-6)
+    assert metrics["actor/grad_norm"] == pytest.approx(reference["grad_norms"][step_index], rel=1e-4)
+    assert max_weight_diff(update["weights"], reference["weights"]) <= TOLERANCE
+
+
+def test_log_probs_and_entropy_match_hugging_face(single, engine_work, dense_batch):
+    log_probs, entropy = _hf_reference.hf_log_probs(engine_work / _data.DENSE, dense_batch)
+    assert single["log_probs"]["log_probs"].shape == dense_batch.response_mask.shape
+    assert (single["log_probs"]["log_probs"] - log_probs).abs().max() <= TOLERANCE
+    assert (single["log_probs"]["entropy"] - entropy).abs().max() <= TOLERANCE
+
+
+def test_reference_model_gives_the_same_log_probs_and_is_frozen(single, engine_work, dense_batch):
+    log_probs, _ = _hf_reference.hf_log_probs(engine_work / _data.DENSE, dense_batch)
+    assert (single["reference"]["log_probs"] - log_probs).abs().max() <= TOLERANCE
+    assert single["reference"]["trainable"] == 0
+
+
+@pytest.mark.parametrize("split", ["mbs1", "mbs2", "mbs4", "dynamic", "recompute"])
+def test_any_micro_batch_split_gives_the_full_mini_batch_loss_gradient_and_update(single, hf_step, split):
+    """token-mean loss with entropy bonus and KL loss: micro-batches of 1, 2, 4 samples, a token
+    budget, and activation recomputation all equal one HF step on the whole mini-batch."""
+    assert_same_step(single[f"update/{split}"], hf_step)
+
+
+def test_micro_batch_splits_agree_with_each_other(single):
+    reference = single["update/mbs1"]["weights"]
+    for split in ["mbs2", "mbs4", "dynamic", "recompute"]:
+        assert max_weight_diff(single[f"update/{split}"]["weights"], reference) <= TOLERANCE
+
+
+def test_two_mini_batches_are_two_sequential_optimizer_steps(single, engine_work, dense_batch):
+    halves = [dense_batch.select(list(range(4))), dense_batch.select(list(range(4, 8)))]
+    reference = _hf_reference.hf_training_steps(engine_work / _data.DENSE, halves, _data.LOSS, _data.OPTIM)
+    update = single["update/two_mini_batches"]
+    assert max_weight_diff(update["weights"], reference["weights"]) <= TOLERANCE
+    assert update["metrics"]["actor/pg_loss"] == pytest.approx(sum(reference["pg_losses"]) / 2, rel=1e-5)
+    assert update["metrics"]["actor/grad_norm"] == pytest.approx(sum(reference["grad_norms"]) / 2, rel=1e-4)
+
+
+def test_seq_mean_token_mean_loss_matches_the_full_batch(single, engine_work, dense_batch):
+    reference = _hf_reference.hf_training_steps(engine_work / _data.DENSE, [dense_batch], _data.SEQ_MEAN_LOSS, _data.OPTIM)
+    assert_same_step(single["update/seq_mean"], reference)
+
+
+def test_moe_log_probs_and_update_match_hugging_face(single, engine_work, data):
+    batch = data["batches"][_data.MOE]
+    log_probs, _ = _hf_reference.hf_log_probs(engine_work / _data.MOE, batch)
+    assert (single["moe/log_probs"] - log_probs).abs().max() <= TOLERANCE
+    reference = _hf_reference.hf_training_steps(engine_work / _data.MOE, [batch], _data.LOSS, _data.OPTIM)
+    assert_same_step(single["moe/update"], reference)
+
+
+def test_metrics_have_verl_names(single):
+    metrics = single["update/mbs2"]["metrics"]
+    expected = {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss", "kl_coef", "grad_norm", "lr", "skipped_steps"}
+    assert {f"actor/{name}" for name in expected} <= set(metrics)
+    assert metrics["actor/lr"] == _data.LR and metrics["actor/kl_coef"] == _data.LOSS.kl_loss_coef
+    assert 0 < metrics["actor/pg_clipfrac"] < 1  # the noisy old log-probs make some ratios clip
+
+
+def test_non_finite_grad_norm_skips_the_step(single):
+    result = single["nonfinite"]
+    assert result["bad"]["actor/skipped_steps"] == 1.0
+    assert math.isnan(result["bad"]["actor/grad_norm"])
+    assert all(torch.equal(result["after_bad"][name], result["before"][name]) for name in result["before"])
+    assert result["good"]["actor/skipped_steps"] == 0.0
+    changed = max((result["after_good"][name] - result["before"][name]).abs().max().item() for name in result["before"])
+    assert changed > 1e-4
+    assert all(torch.isfinite(value).all() for value in result["after_good"].values())
+
+
+def test_policy_learns_a_preferred_token(single):
+    """GRPO with reward 1 for one token id: its log-prob rises clearly within 20 steps."""
+    curve = single["learning"]["chosen_log_probs"]
+    assert curve[-1] - curve[0] > 2.0, curve
+    assert math.exp(curve[-1]) > 5 * math.exp(curve[0])
+
+
+def test_critic_values_match_hugging_face_and_the_value_loss_falls(single, engine_work, dense_batch):
+    values = _hf_reference.hf_values(engine_work / _data.CRITIC, dense_batch)
+    assert (single["critic"]["values"] - values).abs().max() <= TOLERANCE
+    losses = single["critic"]["vf_losses"]
+    assert losses[-1] < 0.2 * losses[0], losses
