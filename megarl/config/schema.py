@@ -176,6 +176,8 @@ class RolloutConfig:
     max_model_len: Optional[int] = None
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     calculate_log_probs: bool = True
     val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
