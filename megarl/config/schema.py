@@ -57,6 +57,15 @@ class MegatronConfig:
     override_transformer_config: Dict[str, Any] = field(default_factory=dict)
 
 
+def shared_layout(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronConfig:
+    """The reference and the critic run on the actor's ranks and megatron parallel state, so their
+    layout defaults to the actor's (as in verl's megatron config)."""
+    keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+            "context_parallel_size", "sequence_parallel", "expert_model_parallel_size",
+            "expert_tensor_parallel_size")
+    return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in keys})
+
+
 @dataclass
 class OptimConfig:
     optimizer: str = "adam"
@@ -129,7 +138,7 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    megatron: MegatronConfig = field(default_factory=shared_layout)
 
 
 @dataclass
@@ -221,7 +230,7 @@ class CriticConfig:
     cliprange_value: float = 0.5
     loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
     grad_clip: float = 1.0
-    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    megatron: MegatronConfig = field(default_factory=shared_layout)
 
 
 # -------------------------------------------------------------------------- rewards

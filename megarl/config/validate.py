@@ -57,6 +57,17 @@ def validate_config(cfg: DictConfig) -> None:
     if critic_enabled(cfg):
         _check_batches(add, "critic", cfg.critic, cfg.critic.megatron, trainer_devices,
                        d.train_batch_size, rollout.n)
+    layout_keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                   "virtual_pipeline_model_parallel_size", "context_parallel_size")
+    actor_layout = {k: actor.megatron[k] for k in layout_keys}
+    for section, megatron in (("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref.megatron), ("critic", cfg.critic.megatron)):
+        if section == "critic" and not critic_enabled(cfg):
+            continue
+        other = {k: megatron[k] for k in layout_keys}
+        if other != actor_layout:
+            diff = ", ".join(f"{k}: {other[k]} vs {actor_layout[k]}" for k in layout_keys if other[k] != actor_layout[k])
+            add(f"{section}.megatron must use the actor's parallel layout (they share one megatron parallel "
+                f"state on the same ranks); differs in {diff}. Set the same sizes as actor_rollout_ref.actor.megatron.")
     if cfg.critic.enable is False and a.adv_estimator in VALUE_ESTIMATORS:
         add(f"critic.enable=False but algorithm.adv_estimator={a.adv_estimator!r} needs values; "
             "enable the critic or pick a critic-free estimator such as 'grpo'.")

@@ -72,11 +72,14 @@ def gsm8k_rows(path: Path, split: str) -> list[dict[str, Any]]:
     return rows
 
 
-def arithmetic_rows(num: int, split: str, rng: random.Random, max_operand: int, ops: list[str]) -> list[dict[str, Any]]:
-    """Random ``a <op> b`` questions with operands in ``0..max_operand``; differences are never negative."""
+def arithmetic_rows(num: int, split: str, rng: random.Random, max_operand: int, ops: list[str],
+                    second_operand: int | None = None) -> list[dict[str, Any]]:
+    """Random ``a <op> b`` questions with operands in ``0..max_operand`` (``b`` fixed to
+    ``second_operand`` when given, e.g. 1 for "what comes next"); differences are never negative."""
     rows = []
     for index in range(num):
-        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        a = rng.randint(0, max_operand)
+        b = rng.randint(0, max_operand) if second_operand is None else second_operand
         op = rng.choice(ops)
         if op == "-" and a < b:
             a, b = b, a
@@ -108,18 +111,21 @@ def prepare_gsm8k(input_dir: Path, output_dir: Path) -> dict[str, int]:
     return counts
 
 
-def prepare_arithmetic(output_dir: Path, num_train: int, num_test: int, seed: int, max_operand: int, ops: list[str]) -> dict[str, int]:
+def prepare_arithmetic(output_dir: Path, num_train: int, num_test: int, seed: int, max_operand: int, ops: list[str],
+                       second_operand: int | None = None) -> dict[str, int]:
     unknown = [op for op in ops if op not in ARITHMETIC_OPS]
     if unknown or not ops:
         raise ValueError(f"--ops {ops} has unknown operators {unknown}; choose from {list(ARITHMETIC_OPS)}")
     if max_operand < 0:
         raise ValueError(f"--max-operand must be >= 0, got {max_operand}")
+    if second_operand is not None and second_operand < 0:
+        raise ValueError(f"--second-operand must be >= 0, got {second_operand}")
     rng = random.Random(seed)
     counts = {}
     for split, num in (("train", num_train), ("test", num_test)):
         if num <= 0:
             raise ValueError(f"--num-{split} must be positive, got {num}")
-        write_parquet(arithmetic_rows(num, split, rng, max_operand, ops), output_dir / f"{split}.parquet")
+        write_parquet(arithmetic_rows(num, split, rng, max_operand, ops, second_operand), output_dir / f"{split}.parquet")
         counts[split] = num
     return counts
 
@@ -139,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     arith.add_argument("--seed", type=int, default=0)
     arith.add_argument("--max-operand", type=int, default=9, help="operands are drawn from 0..K (default 9)")
     arith.add_argument("--ops", default="+", help="comma-separated operators from + - * (default +)")
+    arith.add_argument("--second-operand", type=int, default=None,
+                       help="fix the second operand (e.g. 1: 'What is 6 + 1?'); default: random like the first")
 
     args = parser.parse_args(argv)
     output_dir = Path(os.path.expanduser(args.output_dir))
@@ -146,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         counts = prepare_gsm8k(Path(os.path.expanduser(args.input_dir)), output_dir)
     else:
         ops = [op.strip() for op in args.ops.split(",") if op.strip()]
-        counts = prepare_arithmetic(output_dir, args.num_train, args.num_test, args.seed, args.max_operand, ops)
+        counts = prepare_arithmetic(output_dir, args.num_train, args.num_test, args.seed, args.max_operand, ops,
+                                    args.second_operand)
     print(f"{args.task}: " + ", ".join(f"{split}={n}" for split, n in counts.items()) + f" in {output_dir}", flush=True)
 
 

@@ -166,3 +166,15 @@ def test_cli_config_show_prints_resolved_yaml_and_errors():
     bad = subprocess.run(cmd[:-1] + ["actor_rollout_ref.rollout.nn=4"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "Did you mean 'actor_rollout_ref.rollout.n'" in bad.stderr
+
+
+def test_reference_and_critic_share_the_actor_layout():
+    msg = error_of("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4")
+    assert "actor_rollout_ref.ref.megatron must use the actor's parallel layout" in msg
+    assert "tensor_model_parallel_size: 4 vs 2" in msg
+    cfg = load()  # by default both follow the actor's layout, as in verl
+    assert cfg.actor_rollout_ref.ref.megatron.tensor_model_parallel_size == 2
+    assert cfg.critic.megatron.pipeline_model_parallel_size == 2
+    msg = error_of("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4",
+                   "critic.megatron.pipeline_model_parallel_size=1")
+    assert "critic.megatron must use the actor's parallel layout" in msg

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# GRPO on a 70B dense model (Llama-3.1-70B-Instruct by default) across H100 nodes.
+#
+#   MODEL_PATH=/models/Llama-3.1-70B-Instruct TRAIN_FILES=/data/gsm8k/train.parquet \
+#   VAL_FILES=/data/gsm8k/test.parquet CKPT_DIR=/ckpt/grpo70b sbatch launch/grpo_70b.sh [key=value ...]
+#
+# Layout and memory plan: configs/grpo_70b.yaml. Submit from the repository root (or set MEGARL_REPO).
+#SBATCH --job-name=megarl-grpo-70b
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=96
+#SBATCH --mem=0
+#SBATCH --exclusive
+#SBATCH --time=48:00:00
+#SBATCH --output=megarl-%x-%j.out
+set -euo pipefail
+exec bash "${MEGARL_REPO:-${SLURM_SUBMIT_DIR:-.}}/slurm/launch.sh" grpo_70b "$@"
