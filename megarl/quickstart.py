@@ -33,7 +33,8 @@ def build_model(model_dir: Path, seed: int = 0) -> Path:
     return model_dir
 
 
-def format_warmup(model_dir: Path, out_dir: Path, train_file: Path, steps: int = 150, seed: int = 0) -> Path:
+def format_warmup(model_dir: Path, out_dir: Path, train_file: Path, steps: int = 60, lr: float = 1e-3,
+                  seed: int = 0) -> Path:
     """Teach the answer *format* (one digit, then end of turn) with random digits as targets."""
     import pyarrow.parquet as pq
     import torch
@@ -46,7 +47,7 @@ def format_warmup(model_dir: Path, out_dir: Path, train_file: Path, steps: int =
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     prompts = [row["prompt"] for row in pq.read_table(train_file).to_pylist()]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     eot = tokenizer.eos_token_id
     start = time.perf_counter()
     for step in range(steps):
@@ -67,7 +68,7 @@ def format_warmup(model_dir: Path, out_dir: Path, train_file: Path, steps: int =
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        if step % 50 == 0 or step == steps - 1:
+        if step % 20 == 0 or step == steps - 1:
             print(f"[quickstart] format warm-up step {step + 1}/{steps}: loss {loss.item():.3f} "
                   f"({(step + 1) / (time.perf_counter() - start):.1f} steps/s)", flush=True)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
