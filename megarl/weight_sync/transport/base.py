@@ -1,0 +1,135 @@
+"""The transport interface: move a plan's buckets from source ranks to destination ranks.
+
+Pluggable, as NeMo-RL's refit transports are: ``gloo`` (CPU, or GPU tensors staged on the host),
+``nccl`` (GPU to GPU) and ``cuda_ipc`` (colocated trainer and rollout on one node) share this
+interface, so the trainer and the rollout workers never depend on which one carries the bytes.
+
+The sync world is its own: the trainer ranks (sync ranks ``0..T-1``, rank 0 = the first trainer
+rank, which hosts the rendezvous store) plus the rollout workers (the following ranks, see
+``RolloutLayout.first_rank``). They live in different processes and jobs and never join each
+other's training process groups; they meet through a ``TCPStore`` on ``master_addr:master_port``.
+
+Life cycle, on every participant, in the same sequence::
+
+    transport.connect(rank, world_size, master_addr, master_port, plan, timeout_s)
+    stats = transport.run(plan, rank, get_region=..., on_bucket=...)   # once per RL step
+    transport.close()
+
+``run`` sends the buckets whose source is ``rank`` (packing them with ``get_region``) and
+receives those it is a destination of (handing each, unpacked, to ``on_bucket``; ``recv_into``
+may offer the final memory of a bucket so that it lands in place). Every wait is
+bounded by ``timeout_s``; a failure raises ``SyncError`` naming the bucket, route and peers.
+"""
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from megarl.weight_sync.errors import SyncError
+from megarl.weight_sync.packing import GetRegion
+from megarl.weight_sync.planner import Bucket, SyncPlan, Transfer
+from megarl.weight_sync.schedule import Route, routes_of
+
+OnBucket = Callable[[Bucket, list[tuple[Transfer, torch.Tensor]]], None]
+"""Called on a destination with each received bucket and its per-transfer tensors (views into a
+reused buffer: copy what you keep before returning)."""
+
+RecvInto = Callable[[Bucket], "torch.Tensor | None"]
+"""Optional, on a destination: a flat ``uint8`` tensor of ``bucket.nbytes`` to receive the bucket
+straight into (its final place, so no unpacking copy is needed), or None for the transport's own
+buffer. ``on_bucket`` is still called, with views of that memory."""
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one ``run`` moved on one rank."""
+
+    bytes_sent: int  # bytes of buckets this rank was the source of (each once, whatever the fan-out)
+    bytes_received: int
+    seconds: float
+    buckets: int  # buckets this rank took part in
+
+    @property
+    def bytes_per_second(self) -> float:
+        return (self.bytes_sent + self.bytes_received) / self.seconds if self.seconds > 0 else 0.0
+
+
+class Transport(abc.ABC):
+    """Moves buckets between the ranks of a sync world; see the module docstring."""
+
+    name = "transport"
+
+    @abc.abstractmethod
+    def connect(self, rank: int, world_size: int, master_addr: str, master_port: int, plan: SyncPlan,
+                timeout_s: float = 300.0) -> None:
+        """Join the sync world and set up what ``plan``'s buckets involving ``rank`` need."""
+
+    @abc.abstractmethod
+    def run(self, plan: SyncPlan, rank: int, get_region: GetRegion | None = None,
+            on_bucket: OnBucket | None = None, recv_into: RecvInto | None = None) -> SyncStats:
+        """Send and receive every bucket of ``plan`` that ``rank`` takes part in."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release communicators, buffers and the store connection; safe to call twice."""
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def rendezvous(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> dist.TCPStore:
+    """The sync world's store: rank 0 hosts it, the others connect (retrying until ``timeout_s``)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"sync rank {rank} is outside the sync world of {world_size} ranks")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    try:
+        return dist.TCPStore(master_addr, int(master_port), world_size, rank == 0,
+                             timedelta(seconds=timeout_s), wait_for_workers=False)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the address and role
+        role = "host" if rank == 0 else "reach"
+        raise SyncError(f"sync rank {rank} could not {role} the weight-sync store at {master_addr}:{master_port} "
+                        f"within {timeout_s:g}s: {exc}") from exc
+
+
+def check_run(plan: SyncPlan, rank: int, connected_rank: int | None, connected_routes: set[Route],
+              get_region: GetRegion | None, failed: str | None) -> None:
+    """Reject a ``run`` that cannot work, before any byte moves."""
+    if failed:
+        raise SyncError(f"this transport failed in an earlier sync ({failed}); close() it and connect() again")
+    if connected_rank is None:
+        raise SyncError("run() before connect(): connect every participant with the plan first")
+    if rank != connected_rank:
+        raise SyncError(f"run(rank={rank}) on a transport connected as rank {connected_rank}")
+    missing = [r for r in routes_of(plan, rank) if r not in connected_routes]
+    if missing:
+        raise SyncError(f"rank {rank}: the plan uses routes {missing[:4]} that connect() did not set up; "
+                        f"connect again with this plan")
+    if get_region is None and any(b.src == rank for b in plan.buckets):
+        raise SyncError(f"rank {rank} is the source of buckets in this plan but run() got no get_region")
+
+
+def leave(store: dist.Store | None, rank: int, world_size: int, wait_s: float) -> None:
+    """Announce that ``rank`` is done with the store; rank 0, its host, keeps it up until all have left.
+
+    Without this, rank 0 finishing early would take the store away from ranks still connecting,
+    exchanging handles (cuda_ipc) or diagnosing a failure. Rank 0 waits at most ``wait_s``.
+    """
+    if store is None:
+        return
+    try:
+        store.add("left", 1)
+        deadline = time.monotonic() + wait_s
+        while rank == 0 and store.add("left", 0) < world_size and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - the store is already gone: nothing left to keep up
+        return
