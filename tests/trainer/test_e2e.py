@@ -102,8 +102,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 @pytest.mark.timeout(1200)
 def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tmp_path):
-    """PPO with GAE and a critic, rewards +1 / -1 (as DAPO's math reward): the critic must learn the
-    baseline (the value loss falls from its start) while the policy's reward rises."""
+    """PPO with GAE and a critic, rewards +1 / -1 (as DAPO's math reward). The critic must learn: its
+    value loss falls from the start (the baseline), and its explained variance of the returns rises
+    (per-prompt values) while the policy's reward rises. The raw value loss later grows again with the
+    variance of the rewards as the policy improves, so it is judged against that."""
     from megarl.train import run
 
     reward_file = tmp_path / "pm1.py"
@@ -117,9 +119,12 @@ def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tm
     run(cfg)
     logged = scalars(out)
     vf = [v for _, v in logged["critic/vf_loss"]]
+    explained = [v for _, v in logged["critic/vf_explained_var"]]
     score = [v for _, v in logged["critic/score/mean"]]
-    assert sum(vf[-10:]) / 10 < 0.5 * sum(vf[:3]) / 3, vf
-    assert sum(score[-10:]) / 10 > sum(score[:10]) / 10 + 0.2, score
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert min(vf[1:10]) < 0.6 * vf[0], vf
+    assert mean(explained[-10:]) > mean(explained[:10]) + 0.1, explained
+    assert mean(score[-10:]) > mean(score[:10]) + 0.2, score
 
 
 def test_bad_inputs_fail_before_any_process(quickstart_inputs, tmp_path):
