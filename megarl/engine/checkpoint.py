@@ -70,13 +70,13 @@ def _layout() -> dict[str, int]:
 def _rng_state() -> dict[str, Any]:
     from megatron.core import tensor_parallel
 
-    from megarl.platform import has_cuda
+    from megarl.platform import device_rng_state
 
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if has_cuda() else None,
+        "cuda": device_rng_state(),
         "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
     }
 
@@ -84,13 +84,12 @@ def _rng_state() -> dict[str, Any]:
 def _set_rng_state(state: dict[str, Any]) -> None:
     from megatron.core import tensor_parallel
 
-    from megarl.platform import has_cuda
+    from megarl.platform import set_device_rng_state
 
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if has_cuda() and state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"])
+    set_device_rng_state(state["cuda"])
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
 

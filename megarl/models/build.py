@@ -27,7 +27,9 @@ from megarl.models.value_head import ValueHead
 
 def default_transformer_impl() -> str:
     """``transformer_engine`` where TE imports and CUDA is available, else ``local``."""
-    if not torch.cuda.is_available():
+    from megarl.platform import has_cuda
+
+    if not has_cuda():
         return "local"
     try:
         import transformer_engine  # noqa: F401

@@ -16,12 +16,14 @@ from megarl.platform.cpu_compat import (
 from megarl.platform.hardware import (
     default_dtype,
     device,
+    device_rng_state,
     dist_backend,
     empty_cache,
     has_cuda,
     local_rank,
     memory_stats,
     set_device,
+    set_device_rng_state,
     synchronize,
 )
 from megarl.platform.distributed import destroy, init_distributed, initialize_model_parallel, model_parallel_seed
@@ -36,6 +38,7 @@ __all__ = [
     "default_dtype",
     "destroy",
     "device",
+    "device_rng_state",
     "dist_backend",
     "empty_cache",
     "ensure_platform",
@@ -47,6 +50,7 @@ __all__ = [
     "model_parallel_seed",
     "redirect_names",
     "set_device",
+    "set_device_rng_state",
     "synchronize",
     "transformer_config_overrides",
 ]

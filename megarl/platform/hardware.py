@@ -86,3 +86,14 @@ def memory_stats() -> dict[str, int]:
     # Linux reports the peak in KiB, and updates it lazily: it can trail the current size.
     peak_bytes = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, rss_bytes)
     return {"allocated_bytes": rss_bytes, "reserved_bytes": rss_bytes, "max_allocated_bytes": peak_bytes}
+
+
+def device_rng_state() -> torch.Tensor | None:
+    """The accelerator's RNG state (for checkpoints); None on CPU, where torch's default generator is all."""
+    return torch.cuda.get_rng_state() if has_cuda() else None
+
+
+def set_device_rng_state(state: torch.Tensor | None) -> None:
+    """Restore ``device_rng_state()``'s result; a no-op on CPU or for a state saved on CPU."""
+    if has_cuda() and state is not None:
+        torch.cuda.set_rng_state(state)

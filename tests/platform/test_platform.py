@@ -157,3 +157,20 @@ def test_with_cuda_ensure_platform_changes_nothing_and_without_it_applies_all():
         [sys.executable, "-c", _CUDA_LEAVES_EVERYTHING_ALONE], capture_output=True, text=True, timeout=110, env=env
     )
     assert process.returncode == 0 and "OK" in process.stdout, process.stdout + process.stderr[-4000:]
+
+
+def test_nothing_outside_the_platform_layer_touches_torch_cuda():
+    """One place knows whether CUDA is there: every other module asks megarl.platform."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for path in list((root / "megarl").rglob("*.py")) + list((root / "conversion").rglob("*.py")):
+        if "platform" in path.relative_to(root).parts[:2]:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if re.search(r"\btorch\.cuda\b", code):
+                offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not offenders, "torch.cuda used outside megarl/platform:\n" + "\n".join(offenders)
