@@ -3,6 +3,7 @@
     megarl config show <yaml> [key=value ...]   print the resolved, validated config
     megarl train --config-name <yaml> [key=value ...]
     megarl make-tiny-model --family llama --out DIR
+    megarl convert <hf-to-megatron|megatron-to-hf|verify> ...
 """
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from megarl.train import main as train_main
 
         return train_main(argv[1:])
+    if argv[:1] == ["convert"]:
+        from conversion.__main__ import main as convert_main
+
+        return convert_main(argv[1:])
     if argv[:1] == ["make-tiny-model"]:
         from megarl.tools.make_tiny_model import main as tiny_main
 
@@ -44,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     show.set_defaults(func=_config_show)
     sub.add_parser("train", help="run RL training (see: megarl train --help)")
     sub.add_parser("make-tiny-model", help="write a random tiny HF checkpoint + tokenizer")
+    sub.add_parser("convert", help="convert checkpoints HF <-> megatron (see: megarl convert --help)")
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,200 @@
+"""megatron-core distributed checkpoint (a training checkpoint or an ``hf-to-megatron`` output)
+-> HF safetensors checkpoint loadable by transformers and vLLM.
+
+    python -m conversion megatron-to-hf --checkpoint RUN/actor[/step_N] --hf-config HF_DIR --out DIR
+
+The checkpoint may have been saved under any TP/PP/EP layout; it is loaded at ``--tp/--pp/...``
+(default 1: one process, the whole model in memory; larger layouts split it over
+``pp * lcm(tp, ep * etp)`` torchrun processes). ``--hf-config`` is the HF directory the model came
+from: its config.json says how to build the model and name the tensors, and its tokenizer files
+and generation_config.json are copied. Before loading, every model tensor's global shape is
+checked against the checkpoint, so a wrong ``--hf-config`` is named rather than failing deep in
+megatron. Tensors are gathered one at a time to rank 0 and written as shards of at most
+``--max-shard-size`` with ``model.safetensors.index.json``, under ``<out>.tmp`` renamed when done.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from conversion.common import (
+    DTYPES,
+    ConversionError,
+    Progress,
+    add_layout_args,
+    describe,
+    check_hf_dir,
+    check_world_size,
+    clean_up_on_failure,
+    finish_output,
+    is_rank0,
+    layout_from_args,
+    prepare_output,
+    start_model_parallel,
+    stop_model_parallel,
+)
+
+# Files copied from --hf-config besides config.json (which is written from the loaded config).
+TOKENIZER_PATTERNS = (
+    "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+    "vocab*", "merges.txt", "chat_template*", "preprocessor_config.json",
+)
+MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True,
+                        help="a checkpoint directory (e.g. RUN/actor/step_100) or a root holding a 'latest' marker")
+    parser.add_argument("--hf-config", required=True, help="the original HF model directory (config + tokenizer)")
+    parser.add_argument("--out", required=True, help="output HF model directory")
+    add_layout_args(parser)
+    parser.add_argument("--max-shard-size", default="2GB", help="largest safetensors file, e.g. 500MB, 5GB or bytes")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="dtype of the written tensors (auto: the checkpoint's)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output")
+
+
+def parse_size(text: str) -> int:
+    """'2GB' / '500MB' / '1.5GiB' / '123456' -> bytes."""
+    units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    value = text.strip().lower()
+    for unit, factor in units.items():
+        if value.endswith(unit):
+            value, scale = value[: -len(unit)], factor
+            break
+    else:
+        scale = 1
+    try:
+        size = int(float(value) * scale)
+    except ValueError:
+        raise ConversionError(f"--max-shard-size {text!r} is not a size; use e.g. 500MB, 2GB or a byte count") from None
+    if size <= 0:
+        raise ConversionError(f"--max-shard-size {text!r} must be positive")
+    return size
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint directory: ``path`` itself, or the one its ``latest`` marker names."""
+    from megarl.engine.checkpoint import LATEST_FILE, META_FILE, latest_checkpoint
+
+    path = Path(path)
+    if not path.exists():
+        raise ConversionError(f"checkpoint {path} does not exist")
+    if (path / LATEST_FILE).is_file():
+        try:
+            path = latest_checkpoint(path)
+        except FileNotFoundError as exc:
+            raise ConversionError(str(exc)) from exc
+    if not (path / META_FILE).is_file():
+        hint = " (a '.tmp' directory is an interrupted save)" if path.name.endswith(".tmp") else ""
+        raise ConversionError(
+            f"{path} is not a complete megarl checkpoint: no {META_FILE}{hint}; pass RUN/actor/step_N or RUN/actor"
+        )
+    return path
+
+
+def stored_tensors(checkpoint: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Model tensor key -> (global shape, dtype), from the checkpoint's metadata (no tensor data read)."""
+    from megatron.core import dist_checkpointing
+
+    metadata = dist_checkpointing.load_tensors_metadata(str(checkpoint))
+    return {
+        key: (tuple(tensor.global_shape), tensor.dtype)
+        for key, tensor in metadata.items()
+        if key.startswith(MODEL_KEY_PREFIXES)
+    }
+
+
+def expected_tensors(models: list) -> dict[str, tuple[int, ...]]:
+    """Model tensor key -> global shape, as the freshly built models would load them."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    pending = [value for model in models for value in nested_values(model.sharded_state_dict())]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, ShardedTensorFactory):
+            pending.extend(nested_values(value.build()))
+        elif isinstance(value, ShardedTensor):
+            shapes[value.key] = tuple(value.global_shape)
+    return shapes
+
+
+def check_matches(models: list, stored: dict, checkpoint: Path, hf_config: Path) -> None:
+    """Raise naming the first tensors whose presence or shape differs between checkpoint and config."""
+    expected = expected_tensors(models)
+    missing = sorted(set(expected) - set(stored))
+    wrong = sorted(f"{k}: checkpoint {stored[k][0]} vs config {expected[k]}" for k in expected if k in stored and stored[k][0] != expected[k])
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} tensor(s) the config needs are not in the checkpoint, e.g. {missing[:3]}")
+    if wrong:
+        problems.append(f"{len(wrong)} tensor(s) have other shapes, e.g. {wrong[:3]}")
+    if problems:
+        raise ConversionError(
+            f"checkpoint {checkpoint} does not match --hf-config {hf_config}: " + "; ".join(problems)
+            + ". Pass the HF directory of the model this checkpoint was trained from."
+        )
+
+
+def checkpoint_dtype(stored: dict, checkpoint: Path) -> torch.dtype:
+    for key, (_, dtype) in stored.items():
+        if key.startswith("embedding.") or key.startswith("decoder."):
+            return dtype
+    raise ConversionError(f"{checkpoint} holds no model tensors; is it a megarl model checkpoint?")
+
+
+def copy_tokenizer_files(hf_config: Path, out: Path) -> list[str]:
+    copied = []
+    for pattern in TOKENIZER_PATTERNS:
+        for source in sorted(hf_config.glob(pattern)):
+            if source.is_file():
+                shutil.copy2(source, out / source.name)
+                copied.append(source.name)
+    return copied
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> Path:
+    """Convert (collective over all ranks); returns the output directory."""
+    from megarl.engine import load_checkpoint
+    from megarl.models import build_model, default_transformer_impl, save_hf_checkpoint
+
+    layout = layout_from_args(args)
+    check_world_size(layout, "megatron-to-hf", argv)
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    hf_config = check_hf_dir(args.hf_config, need_weights=False)
+    final, staging = prepare_output(args.out, args.overwrite)
+    max_shard_bytes = parse_size(args.max_shard_size)
+    stored = stored_tensors(checkpoint)
+    params_dtype = checkpoint_dtype(stored, checkpoint)
+    out_dtype = params_dtype if args.dtype == "auto" else DTYPES[args.dtype]
+    progress = Progress(4)
+    start_model_parallel(layout)
+    try:
+        progress.step(f"reading {checkpoint} at {describe(layout)} on {dist.get_world_size()} rank(s)")
+        models = build_model(hf_config, layout, "actor", load_weights=False, params_dtype=params_dtype)
+        check_matches(models, stored, checkpoint, hf_config)
+        load_checkpoint(checkpoint, models, load_rng=False)
+        progress.step(f"loaded the model state ({params_dtype})")
+        with clean_up_on_failure(staging):
+            if is_rank0():
+                shutil.rmtree(staging, ignore_errors=True)  # an interrupted earlier run
+            dist.barrier()
+            save_hf_checkpoint(models, hf_config, layout, staging, "actor", default_transformer_impl(),
+                               max_shard_bytes=max_shard_bytes, dtype=out_dtype)
+            progress.step(f"gathered and wrote safetensors ({out_dtype}, shards <= {max_shard_bytes:,} bytes)")
+            if is_rank0():
+                copied = copy_tokenizer_files(hf_config, staging)
+                finish_output(staging, final)
+                print(f"copied {', '.join(copied) or 'no tokenizer files'} from {hf_config}", flush=True)
+            dist.barrier()
+            progress.step(f"wrote {final}")
+    finally:
+        stop_model_parallel()
+    return final
+

@@ -1,0 +1,159 @@
+"""Compare megatron-core logits with Hugging Face transformers on sample text.
+
+    python -m conversion verify --hf HF_DIR [--megatron CHECKPOINT] [--tp 2 ...] [--text "..."]
+
+The megatron side is the ``--megatron`` distributed checkpoint (a converted or training
+checkpoint) or, without it, the HF directory itself loaded through the bridge, at the given
+layout (``pp * lcm(tp, ep * etp)`` torchrun processes). Both sides run in fp32 on the same token
+ids (the HF tokenizer's, right-padded into one batch, causal attention). The last pipeline stage
+gathers the vocab slices of its TP ranks and one rank compares them with
+``AutoModelForCausalLM``'s logits. Prints the max abs difference; exits 1 when it exceeds
+``--tolerance``.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+
+from conversion.common import (
+    Progress,
+    add_layout_args,
+    describe,
+    check_hf_dir,
+    check_world_size,
+    layout_from_args,
+    start_model_parallel,
+    stop_model_parallel,
+)
+
+SAMPLE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "What is 12 times 7? Let me think step by step.",
+    "Megatron splits a model over tensor, pipeline and expert parallel ranks.",
+    "def add(a, b):\n    return a + b",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hf", required=True, help="Hugging Face model directory: the reference model and tokenizer")
+    parser.add_argument("--megatron", help="megatron checkpoint (dir or root with 'latest'); default: --hf via the bridge")
+    add_layout_args(parser)
+    parser.add_argument("--text", action="append", help="a sample text (repeatable); default: 4 built-in sentences")
+    parser.add_argument("--tolerance", type=float, default=1e-5, help="largest accepted max |megatron - HF| (fp32)")
+
+
+def tokenize(hf_dir, texts) -> torch.Tensor:
+    """[len(texts), longest] token ids, right-padded (pads only follow real tokens: causal attention)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    if not all(rows):
+        raise ValueError("every --text must produce at least one token")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    longest = max(len(row) for row in rows)
+    return torch.tensor([row + [pad] * (longest - len(row)) for row in rows])
+
+
+def megatron_logits(models: list, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """This rank's logits [batch, seq, vocab / tp] on the last pipeline stage, else None."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    batch, seq = input_ids.shape
+    position_ids = torch.arange(seq).unsqueeze(0)
+    outputs = []
+
+    def forward_step(data_iterator, model):
+        output = model(next(data_iterator), position_ids, None)
+
+        def collect(output_tensor):
+            outputs.append(output_tensor.detach())
+            return output_tensor.sum() * 0, {}
+
+        return output, collect
+
+    micro_batches = list(input_ids.split(1))
+    iterators = [iter(micro_batches) for _ in models]
+    for model in models:
+        model.eval()
+    with torch.no_grad():
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(models) > 1 else iterators[0],
+            model=models if len(models) > 1 else models[0],
+            num_microbatches=batch,
+            seq_length=seq,
+            micro_batch_size=1,
+            forward_only=True,
+        )
+    return torch.cat(outputs) if outputs else None
+
+
+def full_vocab(logits: torch.Tensor) -> torch.Tensor:
+    """Concatenate the TP ranks' vocab slices (collective over the TP group)."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    parts = [torch.empty_like(logits) for _ in range(ps.get_tensor_model_parallel_world_size())]
+    dist.all_gather(parts, logits.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+def hf_logits(hf_dir, input_ids: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(input_ids).logits
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """Compare (collective); returns the exit code: 0 within tolerance, 1 above it."""
+    from megatron.core import parallel_state as ps
+
+    from megarl.engine import load_checkpoint
+    from megarl.models import build_model
+
+    layout = layout_from_args(args)
+    check_world_size(layout, "verify", argv)
+    hf_dir = check_hf_dir(args.hf, need_weights=True)
+    checkpoint = stored = None
+    if args.megatron:
+        from conversion.megatron_to_hf import resolve_checkpoint, stored_tensors
+
+        checkpoint = resolve_checkpoint(args.megatron)
+        stored = stored_tensors(checkpoint)
+    input_ids = tokenize(hf_dir, args.text or SAMPLE_TEXTS)
+    if layout.vpp > 1 and input_ids.shape[0] % layout.pp:
+        raise ValueError(f"the interleaved schedule needs a multiple of pp={layout.pp} texts, got {input_ids.shape[0]}")
+    progress = Progress(3)
+    start_model_parallel(layout)
+    try:
+        if checkpoint is None:
+            models = build_model(hf_dir, layout, "actor", params_dtype=torch.float32)
+        else:
+            from conversion.megatron_to_hf import check_matches
+
+            models = build_model(hf_dir, layout, "actor", load_weights=False, params_dtype=torch.float32)
+            check_matches(models, stored, checkpoint, hf_dir)
+            load_checkpoint(checkpoint, models, load_rng=False)
+        progress.step(f"megatron model ready ({checkpoint or hf_dir}, {describe(layout)})")
+        logits = megatron_logits(models, input_ids)
+        difference = torch.zeros(1, dtype=torch.float64)
+        if logits is not None:
+            logits = full_vocab(logits)
+            if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+                reference = hf_logits(hf_dir, input_ids)
+                if reference.shape != logits.shape:
+                    raise ValueError(f"logit shapes differ: megatron {tuple(logits.shape)} vs HF {tuple(reference.shape)}")
+                difference[0] = (logits.double() - reference.double()).abs().max()
+        progress.step(f"ran both models on {input_ids.shape[0]} text(s) x {input_ids.shape[1]} tokens")
+        dist.all_reduce(difference, op=dist.ReduceOp.MAX)
+        max_diff = difference.item()
+        ok = max_diff <= args.tolerance
+        progress.step(f"max |megatron - HF| logits = {max_diff:.3e} (tolerance {args.tolerance:.1e}): {'OK' if ok else 'FAILED'}")
+    finally:
+        stop_model_parallel()
+    return 0 if ok else 1

@@ -1,0 +1,61 @@
+"""Fixtures for the conversion tests: tiny HF checkpoints and a runner for the conversion CLI.
+
+``run_cli(args, nproc)`` runs ``python -m conversion ...`` (nproc 1) or the same under torchrun
+(gloo, CPU), with OMP_NUM_THREADS=1 and a timeout, and returns the CompletedProcess.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+
+
+def cli_command(args: list[str], nproc: int = 1) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, "-m", "conversion", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            "-m", "conversion", *args]
+
+
+def run_cli(args: list[str], nproc: int = 1, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command([str(a) for a in args], nproc), env=cli_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_ok(done: subprocess.CompletedProcess) -> None:
+    assert done.returncode == 0, f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> Path:
+    """llama, qwen3, qwen3_moe and mixtral tiny checkpoints (2 layers, hidden 128, noisy norms/biases)."""
+    from megarl.tools.tiny_model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    for family in ("llama", "qwen3", "qwen3_moe", "mixtral"):
+        make_tiny_model(family, "tiny", root / family, seed=0)
+    return root
+
+
+@pytest.fixture(scope="session")
+def to_megatron(tiny_models, tmp_path_factory):
+    """``to_megatron(family, flags, nproc)``: the family's ``hf-to-megatron`` output at that layout,
+    converted once per session and shared by the tests that only read it."""
+    done: dict = {}
+
+    def convert(family: str, flags: tuple[str, ...] = (), nproc: int = 1) -> Path:
+        key = (family, tuple(flags))
+        if key not in done:
+            out = tmp_path_factory.mktemp(f"{family}_mcore") / "mcore"
+            assert_ok(run_cli(["hf-to-megatron", "--hf", tiny_models / family, "--out", out, *flags], nproc))
+            done[key] = out
+        return done[key]
+
+    return convert

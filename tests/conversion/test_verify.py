@@ -1,0 +1,38 @@
+"""``verify`` passes (max diff < 1e-5, exit 0) on a faithful conversion and fails (exit 1) on a perturbed one."""
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.conversion.conftest import assert_ok, run_cli
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+
+def max_diff(stdout: str) -> float:
+    found = re.search(r"max \|megatron - HF\| logits = (\S+)", stdout)
+    assert found, stdout
+    return float(found.group(1))
+
+
+def test_verify_accepts_a_faithful_tp2_checkpoint(tiny_models, to_megatron):
+    source = tiny_models / "llama"
+    done = run_cli(["verify", "--hf", source, "--megatron", to_megatron("llama", ("--tp", "2"), 2)])
+    assert_ok(done)
+    assert max_diff(done.stdout) < 1e-5
+
+
+def test_verify_rejects_a_perturbed_checkpoint(tiny_models, tmp_path):
+    source = tiny_models / "llama"
+    perturbed = tmp_path / "perturbed"
+    shutil.copytree(source, perturbed)
+    tensors = load_file(str(perturbed / "model.safetensors"))
+    tensors["model.layers.1.post_attention_layernorm.weight"] += 0.01
+    save_file(tensors, str(perturbed / "model.safetensors"), metadata={"format": "pt"})
+    assert_ok(run_cli(["hf-to-megatron", "--hf", perturbed, "--out", tmp_path / "mcore"]))
+    done = run_cli(["verify", "--hf", source, "--megatron", tmp_path / "mcore"])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert max_diff(done.stdout) > 1e-5
+    assert "FAILED" in done.stdout
