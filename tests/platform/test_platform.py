@@ -86,19 +86,46 @@ def test_redirect_registry_is_named_and_documented():
         assert len(redirect.why) > 80 and callable(redirect.apply), redirect.name
 
 
+# In a fresh process each: earlier tests in this pytest process may have applied the layer or
+# initialised torch.distributed, and both checks are about a process where nothing happened yet.
+_UNKNOWN_REDIRECT = r"""
+import pytest
+from megarl import platform
+with pytest.raises(ValueError, match="unknown cpu_compat redirect.*'no_such_thing'.*known: \\['rng_tracker'"):
+    platform.apply_cpu_compat(skip=["no_such_thing"])
+assert platform.applied_redirects() == []
+print("OK")
+"""
+
+_INCOMPLETE_TORCHRUN_ENV = r"""
+import os, pytest
+from megarl import platform
+for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    os.environ.pop(name, None)
+os.environ["RANK"] = "0"
+with pytest.raises(RuntimeError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT unset while RANK set"):
+    platform.init_distributed()
+assert platform.applied_redirects() == []
+print("OK")
+"""
+
+
+def _run_fresh(script: str) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stdout + result.stderr
+
+
+@pytest.mark.timeout(300)
 def test_unknown_redirect_name_is_rejected_before_anything_is_applied():
-    with pytest.raises(ValueError, match="unknown cpu_compat redirect.*'no_such_thing'.*known: \\['rng_tracker'"):
-        platform.apply_cpu_compat(skip=["no_such_thing"])
-    assert platform.applied_redirects() == []
+    _run_fresh(_UNKNOWN_REDIRECT)
 
 
-def test_incomplete_torchrun_environment_is_named(monkeypatch):
-    for name in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RANK", "0")
-    with pytest.raises(RuntimeError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT unset while RANK set"):
-        platform.init_distributed()
-    assert platform.applied_redirects() == []
+@pytest.mark.timeout(300)
+def test_incomplete_torchrun_environment_is_named():
+    _run_fresh(_INCOMPLETE_TORCHRUN_ENV)
 
 
 # Runs in a subprocess: imports megatron-core, fakes CUDA, calls both entry points and compares every
