@@ -61,11 +61,9 @@ class RLTrainer:
     # ------------------------------------------------------------------ worker calls
     def _gather(self, method: str, batch_ref) -> Any:
         """Call ``method`` on every rank; concatenate the data-parallel leaders' results."""
-        results = ray.get([getattr(a, method).remote(batch_ref) for a in self.workers.actors])
-        picked = [results[i] for i in self.leaders]
-        if isinstance(picked[0], tuple):
-            return tuple(None if parts[0] is None else torch.cat(parts) for parts in zip(*picked))
-        return torch.cat(picked)
+        from megarl.trainer.megatron_worker import gather_data_parallel
+
+        return gather_data_parallel(self.workers, self.leaders, method, batch_ref)
 
     def _update(self, method: str, batch_ref) -> dict[str, float]:
         results = ray.get([getattr(a, method).remote(batch_ref) for a in self.workers.actors])

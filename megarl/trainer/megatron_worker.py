@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from megarl.trainer.worker_group import DistributedWorker
 
@@ -161,9 +160,6 @@ class MegatronWorker(DistributedWorker):
             transport.close()
             self.sync_transport = None
 
-    def barrier(self) -> None:
-        dist.barrier()
-
 
 def dp_leaders(coords: list[dict[str, Any]]) -> list[int]:
     """For each data-parallel rank (in order), the index of one worker holding its results."""
@@ -171,3 +167,18 @@ def dp_leaders(coords: list[dict[str, Any]]) -> list[int]:
     for index, c in enumerate(coords):
         leaders.setdefault(c["dp"], index)
     return [leaders[dp] for dp in sorted(leaders)]
+
+
+def gather_data_parallel(workers, leaders: list[int], method: str, *args) -> Any:
+    """Call ``method`` on every rank; concatenate the data-parallel leaders' results in DP order.
+
+    Every rank must take part (model-parallel collectives); a tuple result is concatenated field
+    by field, with None fields kept as None.
+    """
+    import ray
+
+    results = ray.get([getattr(a, method).remote(*args) for a in workers.actors])
+    picked = [results[i] for i in leaders]
+    if isinstance(picked[0], tuple):
+        return tuple(None if parts[0] is None else torch.cat(parts) for parts in zip(*picked))
+    return torch.cat(picked)
