@@ -3,7 +3,8 @@
 Order of events, each step logged:
   1. load and validate the config (no process starts before it is valid);
   2. join the Ray cluster ($RAY_ADDRESS / trainer.ray_address) or start a local one on 127.0.0.1;
-  3. start the Megatron workers (one Ray actor per rank) and the vLLM rollout fleet;
+  3. reserve the devices (one placement group per node, ``trainer/placement.py``), then start the
+     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them;
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
 """
@@ -33,12 +34,12 @@ def run(cfg) -> dict[str, float]:
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
-    from megarl.config import devices_for
     from megarl.data import build_dataset, build_train_loader
     from megarl.logging import MetricsLogger
     from megarl.rollout import RolloutFleet
     from megarl.trainer.controller import RLTrainer, TrainingLoop
     from megarl.trainer.megatron_worker import MegatronWorker
+    from megarl.trainer.placement import ClusterPlacement, plan_from_config
     from megarl.trainer.ray_cluster import init_ray, shutdown_ray
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
@@ -52,20 +53,24 @@ def run(cfg) -> dict[str, float]:
     train_loader = build_train_loader(cfg.data, tokenizer)  # data errors surface before any process starts
     val_dataset = build_dataset(cfg.data, tokenizer, "val") if cfg.data.val_files else None
 
-    trainer_devices, _ = devices_for(cfg)
+    plan = plan_from_config(cfg)
     rollout = cfg.actor_rollout_ref.rollout
-    replicas = rollout.num_replicas or 1
     resources = init_ray(address=cfg.trainer.ray_address,
-                         num_cpus=max(os.cpu_count() or 1, trainer_devices + replicas * rollout.tensor_model_parallel_size))
+                         num_cpus=max(os.cpu_count() or 1, plan.nnodes * plan.per_node))
     use_gpu = resources.get("GPU", 0) > 0
-    logger.info("Ray cluster: %d node(s), resources %s", len(__import__("ray").nodes()), resources)
+    logger.info("Ray cluster: %d node(s), resources %s; placement %s: %d trainer ranks, %d rollout replica(s) "
+                "x TP=%d", len(__import__("ray").nodes()), resources, plan.mode, plan.trainer_world,
+                len(plan.replicas), rollout.tensor_model_parallel_size)
     log_dir = Path(cfg.trainer.default_local_dir)
-    metrics_logger = workers = fleet = sync = None
+    metrics_logger = workers = fleet = sync = placement = None
     try:
-        workers = WorkerGroup(MegatronWorker, trainer_devices, init_args=(OmegaConf.to_container(cfg, resolve=True),),
-                              num_cpus_per_worker=1, num_gpus_per_worker=(0.5 if cfg.trainer.placement == "colocated" else 1)
-                              if use_gpu else 0, env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-        fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path)
+        placement = ClusterPlacement(plan, use_gpu)
+        workers = WorkerGroup(MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
+                              slots=placement.trainer_slots(),
+                              env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
+                             slots=placement.replica_slots(),
+                             sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine)
         sync = WeightSyncSession(cfg, workers, fleet)
         metrics_logger = MetricsLogger(cfg.trainer.logger, log_dir, cfg.trainer.project_name,
                                        cfg.trainer.experiment_name, OmegaConf.to_container(cfg, resolve=True))
@@ -79,7 +84,7 @@ def run(cfg) -> dict[str, float]:
         last["_history"] = trainer.history
         return last
     finally:
-        for closer in (sync, fleet, workers, metrics_logger):
+        for closer in (sync, fleet, workers, metrics_logger, placement):
             if closer is not None:
                 try:
                     (getattr(closer, "close", None) or closer.shutdown)()

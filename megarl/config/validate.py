@@ -49,7 +49,7 @@ def validate_config(cfg: DictConfig) -> None:
             f"nnodes*n_gpus_per_node={world}; set trainer.rollout_gpus.")
     if problems:
         raise ConfigError(_format(problems))
-    trainer_devices, rollout_devices = devices_for(cfg)
+    trainer_devices, _ = devices_for(cfg)
 
     # trainer layout and batch arithmetic
     _check_batches(add, "actor_rollout_ref.actor", actor, actor.megatron, trainer_devices,
@@ -73,10 +73,12 @@ def validate_config(cfg: DictConfig) -> None:
             "enable the critic or pick a critic-free estimator such as 'grpo'.")
 
     # rollout
-    rtp = rollout.tensor_model_parallel_size
-    if rtp < 1 or rollout_devices % rtp:
-        add(f"actor_rollout_ref.rollout.tensor_model_parallel_size={rtp} must divide the {rollout_devices} "
-            f"devices given to rollout ({t.placement} placement); pick a divisor of {rollout_devices}.")
+    from megarl.trainer.placement import plan_from_config
+
+    try:  # rollout TP divides the rollout devices, replicas fit, no replica spans two nodes
+        plan_from_config(cfg)
+    except ValueError as exc:
+        add(f"{exc}.")
     if rollout.n < 1:
         add(f"actor_rollout_ref.rollout.n={rollout.n}: must be >= 1.")
     elif a.adv_estimator in GROUP_ESTIMATORS_NEEDING_N and rollout.n < 2:

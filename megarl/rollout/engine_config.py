@@ -4,8 +4,8 @@ Kept free of Ray and vLLM imports so the mapping can be read and tested on its o
 one ``vllm.LLM`` whose engine core runs inside the replica's Ray actor
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); with ``tensor_model_parallel_size=k > 1`` vLLM's "mp"
 executor spawns its k TP workers as child processes of that actor, on the k GPUs (or CPU cores)
-of the actor's placement-group bundle. TP therefore stays within one node, which is where TP
-belongs; replicas scale out across nodes.
+given to the actor. A TP group that covers whole nodes (TP 16-32 for the largest models) uses
+vLLM's Ray executor instead, one worker per placement bundle (``ReplicaSpec.ray_executor``).
 """
 from __future__ import annotations
 
@@ -35,12 +35,18 @@ class ReplicaSpec:
     cpu_kv_cache_bytes: int  # CPU only: KV cache size (gpu_memory_utilization would take host RAM)
     trust_remote_code: bool = False
     logprobs_mode: str = "raw_logprobs"
+    ray_executor: bool = False  # TP spans nodes: vLLM's Ray executor instead of local "mp" workers
 
 
 def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path: str | None = None,
                  cpus_per_replica: int = 1, cpu_kv_cache_gib: float = 1.0,
-                 trust_remote_code: bool = False, logprobs_mode: str = "raw_logprobs") -> ReplicaSpec:
-    """Read the rollout config; ``max_model_len=None`` means prompt_length + response_length (as verl)."""
+                 trust_remote_code: bool = False, logprobs_mode: str = "raw_logprobs",
+                 sleep_mode: bool | None = None, ray_executor: bool = False) -> ReplicaSpec:
+    """Read the rollout config; ``max_model_len=None`` means prompt_length + response_length (as verl).
+
+    ``sleep_mode`` (GPU only) defaults to ``rollout.free_cache_engine``; the trainer turns it off
+    for split placement, where the engines keep their GPUs to themselves.
+    """
     tp = int(config.tensor_model_parallel_size)
     if tp < 1:
         raise ValueError(f"rollout.tensor_model_parallel_size={tp} must be >= 1")
@@ -66,12 +72,13 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         enable_chunked_prefill=bool(config.enable_chunked_prefill),
         enforce_eager=bool(config.enforce_eager),
         gpu_memory_utilization=float(config.gpu_memory_utilization),
-        enable_sleep_mode=bool(use_gpu and config.free_cache_engine),
+        enable_sleep_mode=bool(use_gpu and (config.free_cache_engine if sleep_mode is None else sleep_mode)),
         seed=int(config.seed),
         cpu_threads=max(1, cpus_per_replica // tp),
         cpu_kv_cache_bytes=int(cpu_kv_cache_gib * (1 << 30)),
         trust_remote_code=trust_remote_code,
         logprobs_mode=logprobs_mode,
+        ray_executor=ray_executor,
     )
 
 
@@ -88,7 +95,8 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
         model=spec.model_path,
         tokenizer=spec.tokenizer_path or spec.model_path,
         tensor_parallel_size=spec.tensor_parallel_size,
-        distributed_executor_backend="uni" if spec.tensor_parallel_size == 1 else "mp",
+        distributed_executor_backend=("ray" if spec.ray_executor else
+                                      "uni" if spec.tensor_parallel_size == 1 else "mp"),
         dtype=resolve_dtype(spec.dtype, on_gpu),
         max_model_len=spec.max_model_len,
         max_num_seqs=spec.max_num_seqs,

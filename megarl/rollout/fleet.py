@@ -6,10 +6,12 @@
     fleet.compute_log_probs(prompt_ids, response_ids)     # engine log-probs of given tokens
     fleet.shutdown()
 
-Placement: one placement group per replica with one bundle, ``{"CPU": c}`` on CPU and
-``{"CPU": c, "GPU": tp}`` on GPU. The replica actor takes the whole bundle, so on GPU Ray hands it
-exactly its tp GPUs and vLLM's "mp" executor runs the TP workers on them (see engine_config).
-A bundle lives on one node, so a replica's TP fits one node; replicas spread over nodes.
+Placement: the trainer passes ``slots`` (``megarl.trainer.placement``): replica ``i`` starts in
+the bundle of its first device slot, and on GPU it makes exactly its slots' GPUs visible to vLLM,
+whose "mp" executor runs the TP workers on them (see engine_config); a replica whose TP covers
+whole nodes runs them with vLLM's Ray executor in its slots' bundles. Standalone (no slots), the
+fleet reserves one placement group per replica with one bundle, ``{"CPU": c}`` on CPU and
+``{"CPU": c, "GPU": tp}`` on GPU (TP within one node), which the replica actor takes whole.
 
 Requests: prompts are split into contiguous, equal-count chunks, one per replica; all n samples
 of a prompt go to the same replica (they share its prefix cache). Results come back in prompt
@@ -55,7 +57,8 @@ class RolloutFleet:
                  tokenizer_path: str | None = None, use_gpu: bool | None = None,
                  cpus_per_replica: int | None = None, cpu_kv_cache_gib: float = 1.0,
                  trust_remote_code: bool = False, logprobs_mode: str = "raw_logprobs",
-                 start_timeout_s: float = 600.0):
+                 start_timeout_s: float = 600.0, slots: Sequence[Any] | None = None,
+                 sleep_mode: bool | None = None):
         import ray
 
         if not ray.is_initialized():
@@ -69,10 +72,18 @@ class RolloutFleet:
         self.spec: ReplicaSpec = replica_spec(
             config, model_path, use_gpu=self.use_gpu, tokenizer_path=tokenizer_path,
             cpus_per_replica=cpus_per_replica, cpu_kv_cache_gib=cpu_kv_cache_gib,
-            trust_remote_code=trust_remote_code, logprobs_mode=logprobs_mode)
-        self.num_replicas = self._count_replicas(num_replicas, resources, tp)
+            trust_remote_code=trust_remote_code, logprobs_mode=logprobs_mode, sleep_mode=sleep_mode,
+            ray_executor=any(getattr(slot, "spans_nodes", False) for slot in slots or ()))
+        self.slots = list(slots) if slots is not None else None
+        if self.slots is not None:
+            if num_replicas is not None and num_replicas != len(self.slots):
+                raise ValueError(f"num_replicas={num_replicas} but {len(self.slots)} placement slots were given")
+            self.num_replicas = len(self.slots)
+        else:
+            self.num_replicas = self._count_replicas(num_replicas, resources, tp)
         self.bundle = {"CPU": cpus_per_replica, **({"GPU": tp} if self.use_gpu else {})}
-        self._check_fits(resources)
+        if self.slots is None:
+            self._check_fits(resources)
 
         self._groups: list = []
         self._replicas: list = []
@@ -116,20 +127,23 @@ class RolloutFleet:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         start = time.perf_counter()
-        self._groups = [placement_group([dict(self.bundle)], strategy="PACK") for _ in range(self.num_replicas)]
-        ready, _ = ray.wait([g.ready() for g in self._groups], num_returns=len(self._groups), timeout=timeout_s)
-        if len(ready) < len(self._groups):
-            raise TimeoutError(f"the Ray cluster could not place {self.num_replicas} rollout bundles of "
-                               f"{self.bundle} within {timeout_s:.0f} s: {ray.cluster_resources()}")
+        if self.slots is None:  # standalone: one placement group per replica
+            self._groups = [placement_group([dict(self.bundle)], strategy="PACK") for _ in range(self.num_replicas)]
+            ready, _ = ray.wait([g.ready() for g in self._groups], num_returns=len(self._groups), timeout=timeout_s)
+            if len(ready) < len(self._groups):
+                raise TimeoutError(f"the Ray cluster could not place {self.num_replicas} rollout bundles of "
+                                   f"{self.bundle} within {timeout_s:.0f} s: {ray.cluster_resources()}")
+            placements = [(dict(num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0),
+                                scheduling_strategy=PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=0)),
+                           (), {}) for g in self._groups]
+        else:
+            placements = [(slot.options(), () if slot.spans_nodes else tuple(slot.device_ids), slot.vllm_env())
+                          for slot in self.slots]
         actor_class = ray.remote(EngineReplica)
         env = replica_env(self.spec, self.use_gpu)
-        for i, group in enumerate(self._groups):
-            self._replicas.append(actor_class.options(
-                num_cpus=self.bundle["CPU"],
-                num_gpus=self.bundle.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
-                runtime_env={"env_vars": env},
-            ).remote(i, self.spec))
+        for i, (options, device_ids, extra_env) in enumerate(placements):
+            self._replicas.append(actor_class.options(**options, runtime_env={"env_vars": {**env, **extra_env}})
+                                  .remote(i, self.spec, device_ids))
         infos = []
         for i, replica in enumerate(self._replicas):  # engines start in parallel; wait for each
             try:
@@ -305,6 +319,11 @@ class RolloutFleet:
         return ray.get([r.weight_checksum.remote() for r in self._live_replicas()])
 
     # ------------------------------------------------------------------ colocated mode
+    @property
+    def sleep_mode(self) -> bool:
+        """True when the engines can sleep (GPU with ``free_cache_engine`` in colocated placement)."""
+        return bool(self.use_gpu and self.spec.enable_sleep_mode)
+
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory for training: drop the KV cache, offload (1) or discard (2) the weights.
 

@@ -21,10 +21,20 @@ logger = logging.getLogger(__name__)
 
 
 class EngineReplica:
-    """Hosts one vLLM engine; ``index`` is the replica's position in the fleet."""
+    """Hosts one vLLM engine; ``index`` is the replica's position in the fleet.
 
-    def __init__(self, index: int, spec: ReplicaSpec):
+    ``device_ids`` (GPU, from the trainer's placement) are the GPUs of the replica's device slots:
+    they become ``CUDA_VISIBLE_DEVICES`` before anything asks CUDA for its devices, so vLLM's TP
+    workers run on exactly those GPUs even though Ray gave this actor a share of only the first.
+    """
+
+    def __init__(self, index: int, spec: ReplicaSpec, device_ids: Sequence[str] = ()):
         start = time.perf_counter()
+        if device_ids:
+            if len(device_ids) != spec.tensor_parallel_size:
+                raise ValueError(f"replica {index}: {len(device_ids)} GPUs {list(device_ids)} for "
+                                 f"TP={spec.tensor_parallel_size}")
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, device_ids))
         from megarl.platform import has_cuda
         from vllm import LLM
 

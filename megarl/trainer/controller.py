@@ -8,7 +8,8 @@ One step (``RLTrainer.train_step``):
   4. the Megatron workers compute old log-probs, reference log-probs and values;
   5. advantages: KL-in-reward if enabled, then the registered estimator;
   6. update: critic, then actor (after ``trainer.critic_warmup`` steps);
-  7. weight sync: the trainer's shards go to the fleet, versioned;
+  7. weight sync: the trainer's shards go to the fleet, versioned (with colocated GPUs the engines
+     sleep from after generation until the sync: ``rollout_memory``);
   8. metrics to TensorBoard/console; validation every ``test_freq``; checkpoint every ``save_freq``.
 
 ``rollout/logprob_diff`` compares the fleet's log-probs of the sampled tokens with the trainer's
@@ -33,6 +34,7 @@ from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.metrics import data_metrics, throughput_metrics, timing_metrics
 from megarl.trainer.rollout_batch import StepData, build_step_data
+from megarl.trainer.rollout_memory import RolloutMemory
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ class RLTrainer:
 
         self.leaders = dp_leaders(self.coords)
         self.num_devices = devices_for(cfg)[0]
+        self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False))
         per_epoch = len(train_loader)
         self.total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
 
@@ -117,6 +120,12 @@ class RLTrainer:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         data, metrics = self.collect_batch(step, timings)
+        will_sync = step > self.cfg.trainer.critic_warmup
+        baselines = None
+        if self.cfg.algorithm.adv_estimator == "remax":  # greedy generations, while the engines are awake
+            with timer(timings, "gen"):
+                baselines = self._greedy_baselines(data, step)
+        self.rollout_memory.release(will_sync)
         batch = data.batch
         mask = batch.response_mask
         scores = scores_to_token_level(data.fields["score"], mask)
@@ -136,7 +145,6 @@ class RLTrainer:
         with timer(timings, "adv"):
             rewards, kl_metrics = token_level_rewards(self.cfg, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
-            baselines = self._greedy_baselines(data, step) if self.cfg.algorithm.adv_estimator == "remax" else None
             advantages, returns = compute_advantages(self.cfg, rewards, mask, data.uid, values, baselines)
         fields = dict(old_log_probs=old_log_probs, advantages=advantages, returns=returns)
         if ref_log_probs is not None:
@@ -147,12 +155,15 @@ class RLTrainer:
         if self.use_critic:
             with timer(timings, "update_critic"):
                 metrics.update(self._update("update_critic", train_ref))
-        if step > self.cfg.trainer.critic_warmup:
+        if will_sync:
             with timer(timings, "update_actor"):
                 metrics.update(self._update("update_actor", train_ref))
             with timer(timings, "sync"):
+                self.rollout_memory.wake_for_sync()
                 self.version += 1
                 metrics.update(self.weight_sync.sync(self.version))
+        with timer(timings, "wake"):
+            self.rollout_memory.wake_for_rollout()
         timings["step"] = time.perf_counter() - t0
         metrics.update(data_metrics(
             token_level_scores=scores, token_level_rewards=rewards, advantages=advantages, returns=returns,

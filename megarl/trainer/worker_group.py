@@ -7,7 +7,7 @@ Rank 0 reports its address and a free port; every actor then gets torchrun's var
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and initialises
 torch.distributed through ``megarl.platform`` (NCCL on GPU, gloo on CPU), so code written for
 torchrun runs unchanged inside Ray. Actors are placed into a placement group's bundles, one
-rank per bundle, in rank order.
+rank per bundle (``megarl.trainer.placement``).
 """
 from __future__ import annotations
 
@@ -48,25 +48,29 @@ class DistributedWorker:
 
 
 class WorkerGroup:
+    """``world_size`` ranks of ``worker_cls`` as Ray actors, with torch.distributed set up between them.
+
+    ``slots`` (one ``placement.ActorSlot`` per rank, from ``ClusterPlacement.trainer_slots()``)
+    puts rank ``r`` into its placement-group bundle with that bundle's share of CPU and GPU;
+    without slots every rank asks Ray for ``num_cpus_per_worker`` / ``num_gpus_per_worker``.
+    """
+
     def __init__(self, worker_cls: type, world_size: int, *, init_args: Sequence[Any] = (),
                  init_kwargs: dict | None = None, num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
-                 placement_group=None, bundle_offset: int = 0, env: dict[str, str] | None = None,
-                 name: str = "trainer"):
+                 slots: Sequence[Any] | None = None, env: dict[str, str] | None = None, name: str = "trainer"):
         import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if world_size < 1:
             raise ValueError(f"a worker group needs world_size >= 1, got {world_size}")
+        if slots is not None and len(slots) != world_size:
+            raise ValueError(f"{len(slots)} placement slots for {world_size} ranks: give one slot per rank")
         remote_cls = ray.remote(worker_cls)
         self.world_size, self.name = world_size, name
         self.actors = []
         for rank in range(world_size):
-            options: dict[str, Any] = dict(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker,
-                                           name=None, max_concurrency=2)
-            if placement_group is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    placement_group=placement_group, placement_group_bundle_index=bundle_offset + rank)
-            self.actors.append(remote_cls.options(**options).remote(rank, world_size, env))
+            options: dict[str, Any] = (slots[rank].options() if slots is not None else
+                                       dict(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker))
+            self.actors.append(remote_cls.options(**options, max_concurrency=2).remote(rank, world_size, env))
         master_addr, master_port = ray.get(self.actors[0].address_and_port.remote())
         ray.get([a.init_distributed.remote(master_addr, master_port, self._local_rank(rank))
                  for rank, a in enumerate(self.actors)])

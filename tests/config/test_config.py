@@ -100,12 +100,12 @@ def test_mini_batch_samples_must_split_over_data_parallel():
 
 def test_rollout_tp_must_divide_rollout_gpus():
     msg = error_of("actor_rollout_ref.rollout.tensor_model_parallel_size=3")
-    assert "rollout.tensor_model_parallel_size=3 must divide the 16 devices" in msg
+    assert "rollout.tensor_model_parallel_size=3 must divide the 16 rollout devices (colocated placement)" in msg
     msg = error_of("trainer.placement=split", "trainer.rollout_gpus=6",
                    "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
                    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2")
-    assert "must divide the 6 devices given to rollout (split placement)" in msg
+    assert "must divide the 6 rollout devices (split placement)" in msg
 
 
 def test_unknown_key_suggests_close_match():

@@ -90,6 +90,13 @@ def test_engine_arguments_on_gpu_with_tp():
     assert resolve_dtype("float16", on_gpu=True) == "float16"
 
 
+def test_split_placement_turns_sleep_off_and_node_spanning_tp_uses_the_ray_executor():
+    config = rollout_config(tensor_model_parallel_size=32)
+    assert replica_spec(config, "m", use_gpu=True, sleep_mode=False).enable_sleep_mode is False
+    spec = replica_spec(config, "m", use_gpu=True, ray_executor=True)
+    assert llm_kwargs(spec, on_gpu=True)["distributed_executor_backend"] == "ray"
+
+
 def test_uninterpolated_lengths_give_a_clear_error():
     with pytest.raises(ValueError, match="rollout.prompt_length='\\$\\{data.max_prompt_length\\}' is not an integer"):
         replica_spec(RolloutConfig(), "m", use_gpu=False)
