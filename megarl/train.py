@@ -38,7 +38,8 @@ def run(cfg) -> dict[str, float]:
     from megarl.logging import MetricsLogger
     from megarl.rollout import RolloutFleet
     from megarl.trainer.controller import RLTrainer, TrainingLoop
-    from megarl.trainer.megatron_worker import MegatronWorker
+    from megarl.engine import resolve_checkpoint
+    from megarl.trainer.megatron_worker import MegatronWorker, initial_checkpoints
     from megarl.trainer.placement import ClusterPlacement, plan_from_config
     from megarl.trainer.ray_cluster import init_ray, shutdown_ray
     from megarl.trainer.worker_group import WorkerGroup
@@ -49,6 +50,10 @@ def run(cfg) -> dict[str, float]:
     if not (Path(model_path) / "config.json").is_file():
         raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path} has no config.json: give a Hugging "
                                 "Face checkpoint directory (megarl make-tiny-model writes one)")
+    for role, checkpoint in initial_checkpoints(cfg).items():
+        if checkpoint is not None:
+            resolve_checkpoint(checkpoint)  # a missing or incomplete one fails here, before any process starts
+            logger.info("%s starts from the megatron checkpoint %s", role, checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path or model_path)
     train_loader = build_train_loader(cfg.data, tokenizer)  # data errors surface before any process starts
     val_dataset = build_dataset(cfg.data, tokenizer, "val") if cfg.data.val_files else None

@@ -24,7 +24,8 @@ Modules, one concept each:
 from megarl.engine.actor import MegatronActor
 from megarl.engine.batch import PER_TOKEN_FIELDS, RLBatch, data_parallel_shard
 from megarl.engine.batching import fixed_micro_batches, mini_batches, restore_order, token_budget_micro_batches
-from megarl.engine.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from megarl.engine.checkpoint import (checkpoint_dir, checkpoint_extra, latest_checkpoint, load_checkpoint,
+                                     resolve_checkpoint, save_checkpoint)
 from megarl.engine.critic import MegatronCritic
 from megarl.engine.reference import MegatronReference
 from megarl.engine.settings import (
@@ -55,7 +56,9 @@ __all__ = [
     "data_parallel_shard",
     "fixed_micro_batches",
     "latest_checkpoint",
+    "checkpoint_extra",
     "load_checkpoint",
+    "resolve_checkpoint",
     "mini_batches",
     "reference_settings",
     "restore_order",

@@ -198,6 +198,23 @@ def _load_optimizer(optimizer, state) -> None:
                 inner.state[param]["step"] = step.detach().clone()
 
 
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint directory, or the one a root's ``latest`` marker names; FileNotFoundError if incomplete."""
+    path = Path(path)
+    if (path / LATEST_FILE).is_file():
+        path = latest_checkpoint(path)
+    if not (path / META_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a complete megarl checkpoint (no {META_FILE}); a '.tmp' directory is an interrupted save")
+    return path
+
+
+def checkpoint_extra(path: str | os.PathLike) -> dict | None:
+    """The ``extra`` dict a checkpoint was saved with, read without loading any tensor."""
+    from megatron.core import dist_checkpointing
+
+    return dist_checkpointing.load_common_state_dict(str(resolve_checkpoint(path))).get("extra")
+
+
 def load_checkpoint(
     path: str | os.PathLike,
     models: Sequence[torch.nn.Module],
@@ -212,13 +229,8 @@ def load_checkpoint(
     """
     from megatron.core import dist_checkpointing
 
-    path = Path(path)
-    if (path / LATEST_FILE).is_file():
-        path = latest_checkpoint(path)
-    meta_file = path / META_FILE
-    if not meta_file.is_file():
-        raise FileNotFoundError(f"{path} is not a complete megarl checkpoint (no {META_FILE}); a '.tmp' directory is an interrupted save")
-    meta = json.loads(meta_file.read_text())
+    path = resolve_checkpoint(path)
+    meta = json.loads((path / META_FILE).read_text())
     same_layout = meta["layout"] == _layout()
     with_rng = load_rng and same_layout
     if optimizer is not None and "optimizer" not in meta["contents"]:

@@ -32,6 +32,7 @@ from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_m
 from megarl.config import critic_enabled, devices_for
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
+from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
 from megarl.trainer.metrics import data_metrics, throughput_metrics, timing_metrics
 from megarl.trainer.rollout_batch import StepData, build_step_data
 from megarl.trainer.rollout_memory import RolloutMemory
@@ -53,8 +54,6 @@ class RLTrainer:
         self.version = 0
         self.history: list[dict[str, float]] = []
         self.coords = workers.call("coords")
-        from megarl.trainer.megatron_worker import dp_leaders
-
         self.leaders = dp_leaders(self.coords)
         self.num_devices = devices_for(cfg)[0]
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False))
@@ -64,8 +63,6 @@ class RLTrainer:
     # ------------------------------------------------------------------ worker calls
     def _gather(self, method: str, batch_ref) -> Any:
         """Call ``method`` on every rank; concatenate the data-parallel leaders' results."""
-        from megarl.trainer.megatron_worker import gather_data_parallel
-
         return gather_data_parallel(self.workers, self.leaders, method, batch_ref)
 
     def _update(self, method: str, batch_ref) -> dict[str, float]:
@@ -284,6 +281,10 @@ class TrainingLoop:
         t = self.trainer
         found = find_resume_checkpoint(t.cfg.trainer, self.root)
         if found is None:
+            if initial_checkpoints(t.cfg)["actor"] is not None:
+                t.version += 1  # the actor starts from a megatron checkpoint, the fleet from the HF one
+                t.weight_sync.sync(t.version)
+                logger.info("actor started from %s; fleet synced to it", initial_checkpoints(t.cfg)["actor"])
             return 0
         actor_path, critic_path = found
         extras = t.workers.call("load_checkpoint", str(actor_path), critic_path and str(critic_path))

@@ -31,6 +31,41 @@ def needs_reference(cfg) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
+def initial_checkpoints(cfg) -> dict[str, str | None]:
+    """The megatron dist checkpoint each model starts from (None: its HF checkpoint).
+
+    ``actor_rollout_ref.actor.megatron.dist_checkpointing_path`` (e.g. written by ``conversion
+    hf-to-megatron`` under any layout) starts the actor, and the reference unless
+    ``actor_rollout_ref.ref.megatron.dist_checkpointing_path`` names its own; the critic only
+    loads ``critic.megatron.dist_checkpointing_path`` (a value model has its own head).
+    """
+    def path_of(megatron) -> str | None:
+        return megatron.dist_checkpointing_path if megatron.use_dist_checkpointing else None
+
+    actor = path_of(cfg.actor_rollout_ref.actor.megatron)
+    return {"actor": actor, "ref": path_of(cfg.actor_rollout_ref.ref.megatron) or actor,
+            "critic": path_of(cfg.critic.megatron)}
+
+
+ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "vocab_size", "num_experts", "num_local_experts", "moe_intermediate_size")
+
+
+def check_same_architecture(checkpoint: str, saved_hf_config: dict | None, hf_path: str) -> None:
+    """A converted checkpoint records its HF config: it must describe the model at ``model.path``."""
+    if not saved_hf_config:
+        return  # a trainer checkpoint: its shapes are checked by the load itself
+    from megarl.models import load_hf_config
+
+    current = load_hf_config(hf_path).to_dict()
+    differ = [f"{k}: {saved_hf_config.get(k)} vs {current.get(k)}" for k in ARCHITECTURE_KEYS
+              if saved_hf_config.get(k) != current.get(k)]
+    if differ:
+        raise ValueError(f"dist_checkpointing_path={checkpoint} was converted from a different model than "
+                         f"actor_rollout_ref.model.path={hf_path} ({'; '.join(differ)}); point model.path at the "
+                         f"HF checkpoint it was converted from (its config and tokenizer are used)")
+
+
 class MegatronWorker(DistributedWorker):
     def setup(self, cfg_container: dict) -> None:
         from omegaconf import OmegaConf
@@ -39,7 +74,6 @@ class MegatronWorker(DistributedWorker):
         from megarl.config import critic_enabled
         from megarl.engine import (MegatronActor, MegatronCritic, MegatronReference, actor_settings,
                                    critic_settings, reference_settings)
-        from megarl.models import build_model
 
         torch.set_num_threads(1)
         cfg = OmegaConf.create(cfg_container)
@@ -54,15 +88,32 @@ class MegatronWorker(DistributedWorker):
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         path = cfg.actor_rollout_ref.model.path
-        self.actor = MegatronActor(build_model(path, self.layout, "actor"), actor_settings(cfg, self.dp_size))
+        start = initial_checkpoints(cfg)
+        self.actor = MegatronActor(self._build(path, "actor", start["actor"]), actor_settings(cfg, self.dp_size))
         self.ref = None
         if needs_reference(cfg):
             temperature = self.actor.settings.temperature
-            self.ref = MegatronReference(build_model(path, self.layout, "ref"), reference_settings(cfg), temperature)
+            self.ref = MegatronReference(self._build(path, "ref", start["ref"]), reference_settings(cfg), temperature)
         self.critic = None
         if critic_enabled(cfg):
-            self.critic = MegatronCritic(build_model(cfg.critic.model.path, self.layout, "critic"),
+            self.critic = MegatronCritic(self._build(cfg.critic.model.path, "critic", start["critic"]),
                                          critic_settings(cfg, self.dp_size))
+
+    def _build(self, hf_path: str, role: str, dist_checkpoint: str | None) -> list:
+        """This rank's model chunks: the HF weights, or a megatron dist checkpoint (any layout) when given.
+
+        The checkpoint is loaded before the engine wraps the model, so optimizer master weights
+        start from it.
+        """
+        from megarl.engine import checkpoint_extra, load_checkpoint
+        from megarl.models import build_model
+
+        if dist_checkpoint is None:
+            return build_model(hf_path, self.layout, role)
+        check_same_architecture(dist_checkpoint, (checkpoint_extra(dist_checkpoint) or {}).get("hf_config"), hf_path)
+        chunks = build_model(hf_path, self.layout, role, load_weights=False)
+        load_checkpoint(dist_checkpoint, chunks, load_rng=False)
+        return chunks
 
     # ------------------------------------------------------------------ placement facts
     def coords(self) -> dict[str, int]:
