@@ -102,6 +102,35 @@ def pack_bucket(bucket: Bucket, meta: Mapping[str, TensorMeta], get_region: GetR
     return out[:bucket.nbytes]
 
 
+def region_view(buffer: torch.Tensor, offset: int, transfer: Transfer, meta: Mapping[str, TensorMeta]) -> torch.Tensor:
+    """The transfer's bytes at ``buffer[offset:]`` as a tensor of its region's shape and dtype.
+
+    A view when aligned (valid until the buffer is reused), else a copy.
+    """
+    dtype = torch_dtype(meta[transfer.name], transfer.name)
+    typed = _typed(buffer, offset, transfer, dtype)
+    if typed is None:
+        raw = buffer[offset:offset + transfer.nbytes].clone()
+        typed = raw.view(dtype).view(region_shape(transfer.region))
+    return typed
+
+
+def piece_bytes(transfer: Transfer, meta: Mapping[str, TensorMeta], piece: torch.Tensor,
+                staging: torch.Tensor, offset: int) -> torch.Tensor:
+    """The bytes to send for one region: the piece's own memory if contiguous (on the staging
+    buffer's device type), else a copy written into ``staging[offset:]``."""
+    piece = check_piece(transfer, meta, piece)
+    direct = as_bytes(piece) if piece.device.type == staging.device.type else None
+    if direct is not None:
+        return direct
+    typed = _typed(staging, offset, transfer, piece.dtype)
+    if typed is not None:
+        typed.copy_(piece)
+    else:
+        staging[offset:offset + transfer.nbytes].copy_(piece.contiguous().view(-1).view(torch.uint8))
+    return staging[offset:offset + transfer.nbytes]
+
+
 def unpack_bucket(bucket: Bucket, meta: Mapping[str, TensorMeta],
                   buffer: torch.Tensor) -> list[tuple[Transfer, torch.Tensor]]:
     """Split a received buffer into one tensor per transfer (region shape, tensor dtype).
@@ -111,12 +140,5 @@ def unpack_bucket(bucket: Bucket, meta: Mapping[str, TensorMeta],
     """
     if buffer.numel() < bucket.nbytes:
         raise ValueError(f"received buffer has {buffer.numel()} bytes, bucket needs {bucket.nbytes}")
-    out = []
-    for transfer, offset in zip(bucket.transfers, offsets(bucket)):
-        dtype = torch_dtype(meta[transfer.name], transfer.name)
-        typed = _typed(buffer, offset, transfer, dtype)
-        if typed is None:
-            raw = buffer[offset:offset + transfer.nbytes].clone()
-            typed = raw.view(dtype).view(region_shape(transfer.region))
-        out.append((transfer, typed))
-    return out
+    return [(transfer, region_view(buffer, offset, transfer, meta))
+            for transfer, offset in zip(bucket.transfers, offsets(bucket))]

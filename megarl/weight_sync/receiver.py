@@ -7,9 +7,10 @@ straight into ``model_runner.reload_weights(weights_iterator=...)``.
   dtype) and copies each arriving region into place. In full mode the whole tensor is needed; in
   shard mode only this worker's region is written (vLLM's loader reads only its shard; the rest
   stays uninitialised).
-* A bucket holding one contiguous block of a tensor (the row chunks large tensors are split into)
-  is received straight into place (``recv_into``); only buckets packing several regions are
-  copied out of the transport's buffer.
+* A region that is one contiguous block of its tensor (whole tensors, row-split TP shards, the row
+  chunks large tensors are split into) is received straight into place (``recv_into``) where the
+  transport can (gloo sends region by region; nccl only for one-region buckets); only the other
+  regions (column-split TP shards) are copied out of the transport's buffer.
 * A tensor is handed out (``take_ready`` / yielded by ``receive``) as soon as all of it that this
   rank needs has arrived, and the receiver drops its reference, so memory holds only tensors in
   progress.
@@ -117,11 +118,10 @@ class WeightReceiver:
             if self._filled[transfer.name] == self._need_numel(transfer.name):
                 self._ready.append(transfer.name)
 
-    def recv_into(self, bucket: Bucket) -> torch.Tensor | None:
-        """For a one-region bucket that is a contiguous block of its tensor: that block's bytes, to receive in place."""
-        if self._pending is None or len(bucket.transfers) != 1:
+    def recv_into(self, transfer: Transfer) -> torch.Tensor | None:
+        """For a region that is a contiguous block of its tensor: that block's bytes, to receive in place."""
+        if self._pending is None:
             return None
-        transfer = bucket.transfers[0]
         key = (transfer.name, transfer.region)
         if key not in self._expected or key in self._arrived:
             return None  # on_bucket reports the problem

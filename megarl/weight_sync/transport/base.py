@@ -17,7 +17,7 @@ Life cycle, on every participant, in the same sequence::
 
 ``run`` sends the buckets whose source is ``rank`` (packing them with ``get_region``) and
 receives those it is a destination of (handing each, unpacked, to ``on_bucket``; ``recv_into``
-may offer the final memory of a bucket so that it lands in place). Every wait is
+may offer the final memory of a region so that it lands in place). Every wait is
 bounded by ``timeout_s``; a failure raises ``SyncError`` naming the bucket, route and peers.
 """
 from __future__ import annotations
@@ -40,10 +40,10 @@ OnBucket = Callable[[Bucket, list[tuple[Transfer, torch.Tensor]]], None]
 """Called on a destination with each received bucket and its per-transfer tensors (views into a
 reused buffer: copy what you keep before returning)."""
 
-RecvInto = Callable[[Bucket], "torch.Tensor | None"]
-"""Optional, on a destination: a flat ``uint8`` tensor of ``bucket.nbytes`` to receive the bucket
-straight into (its final place, so no unpacking copy is needed), or None for the transport's own
-buffer. ``on_bucket`` is still called, with views of that memory."""
+RecvInto = Callable[[Transfer], "torch.Tensor | None"]
+"""Optional, on a destination: a flat ``uint8`` tensor of ``transfer.nbytes`` to receive that
+region straight into (its final place, so no unpacking copy is needed), or None for the
+transport's own buffer. ``on_bucket`` is still called, with typed views of wherever it landed."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The gloo transport: buckets through host memory over TCP; the CPU path and the fallback on GPUs.
 
-Bucket buffers live on the CPU. A trainer on GPUs still works: packing copies its regions to the
-host buffer, and the receiver copies the unpacked regions to wherever its tensors live.
+Regions travel one p2p message each (``per_region``), straight from and into host tensors where
+they are contiguous. A trainer on GPUs still works: its regions are staged in the host buffer,
+and the receiver copies them to wherever its tensors live.
 
 All of a rank's route groups share one gloo device (one network event loop) and have one worker
 thread each, which keeps the thread count low when a rank is on many routes. The interface is
@@ -21,6 +22,7 @@ from megarl.weight_sync.transport.collective import CollectiveTransport
 
 class GlooTransport(CollectiveTransport):
     name = "gloo"
+    per_region = True  # zero-copy p2p per region: see collective.py
 
     def __init__(self, window: int = 2) -> None:
         super().__init__(window)
@@ -33,7 +35,7 @@ class GlooTransport(CollectiveTransport):
                                  else dist.ProcessGroupGloo.create_default_device())
         options = dist.ProcessGroupGloo._Options()
         options._devices = [self._gloo_device]
-        options._threads = 1  # a route's ops are ordered anyway; one worker thread per route suffices
+        options._threads = 1  # p2p ops bypass the worker threads; one per route serves the rest
         options._timeout = timeout
         return dist.ProcessGroupGloo(store, group_rank, group_size, options)
 
