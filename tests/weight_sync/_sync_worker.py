@@ -33,6 +33,8 @@ def run_phase(rank: int, phase: dict) -> dict:
     if phase.get("drop_bucket") is not None:  # every participant runs a plan that lacks one bucket
         run_plan = SyncPlan([b for i, b in enumerate(plan.buckets) if i != phase["drop_bucket"]], plan.meta, plan.needs)
     transport = make_transport(phase["transport"], window=phase["window"])
+    if "per_region" in phase:  # gloo carrying nccl's protocol (one packed broadcast per bucket)
+        transport.per_region = phase["per_region"]
     result: dict = {"syncs": []}
     start = time.perf_counter()
     try:

@@ -1,8 +1,9 @@
 """Transports with real processes: 4 trainer ranks (TP=2 x DP=2) -> 4 rollout workers (2 replicas x TP=2).
 
-One spawned world runs several phases in sequence (full and shard mode, gloo and the colocated
-transport over host shared memory, windows 1-3, many small buckets and one big one, a partial
-plan, and finally a receiver killed mid-sync); each test checks one phase's saved results
+One spawned world runs several phases in sequence (full and shard mode, gloo's per-region
+protocol and nccl's one-broadcast-per-bucket protocol (run over gloo), the colocated transport
+over host shared memory, windows 1-3, many small buckets and one big one, a partial plan, and
+finally a receiver killed mid-sync); each test checks one phase's saved results
 against reference tensors rebuilt here from the seed. Plus the schedule's deadlock freedom,
 simulated on random plans.
 """
@@ -29,6 +30,9 @@ PHASES = [
     dict(name="shard_w1", transport="gloo", mode="shard", bucket_bytes=1000, window=1, seeds=[3]),
     dict(name="shard_one_bucket", transport="gloo", mode="shard", bucket_bytes=1 << 20, window=3, seeds=[4]),
     dict(name="ipc", transport="cuda_ipc", mode="full", bucket_bytes=2048, window=2, seeds=[5]),
+    dict(name="broadcast", transport="gloo", per_region=False, mode="full", bucket_bytes=4096, window=2, seeds=[8]),
+    dict(name="broadcast_shard", transport="gloo", per_region=False, mode="shard", bucket_bytes=1000, window=1,
+         seeds=[9]),
     dict(name="partial", transport="gloo", mode="full", bucket_bytes=4096, window=2, seeds=[6], drop_bucket=0),
     dict(name="kill", transport="gloo", mode="full", bucket_bytes=1024, window=2, seeds=[7], die_rank=5),
 ]
@@ -59,7 +63,7 @@ def _clean(results, phase):
 
 @pytest.mark.distributed
 @pytest.mark.timeout(480)
-@pytest.mark.parametrize("phase", ["full", "shard_w1", "shard_one_bucket", "ipc"])
+@pytest.mark.parametrize("phase", ["full", "shard_w1", "shard_one_bucket", "ipc", "broadcast", "broadcast_shard"])
 def test_receivers_assemble_bit_exact_tensors(world, phase):
     _, _, results = world
     spec = next(p for p in PHASES if p["name"] == phase)

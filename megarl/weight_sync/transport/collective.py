@@ -44,8 +44,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.weight_sync.errors import SyncError
-from megarl.weight_sync.packing import (GetRegion, as_bytes, check_piece, offsets, pack_bucket, piece_bytes,
-                                        region_view, unpack_bucket)
+from megarl.weight_sync.packing import GetRegion, offsets, pack_bucket, piece_bytes, region_view, unpack_bucket
 from megarl.weight_sync.planner import Bucket, SyncPlan, Transfer
 from megarl.weight_sync.schedule import Route, members, rank_schedule, route_of, routes_of
 from megarl.weight_sync.transport.base import OnBucket, RecvInto, SyncStats, Transport, check_run, leave, rendezvous
@@ -187,18 +186,13 @@ class CollectiveTransport(Transport):
         """The bytes to send: the region's own memory for a one-region contiguous bucket, else packed into ``slot``."""
         if len(bucket.transfers) == 1:
             transfer = bucket.transfers[0]
-            piece = check_piece(transfer, plan.meta, get_region(transfer.name, transfer.region))
-            direct = as_bytes(piece) if piece.device.type == slot.device.type else None
-            if direct is not None:
-                return direct
-            return pack_bucket(bucket, plan.meta, lambda name, region: piece, slot)
+            return piece_bytes(transfer, plan.meta, get_region(transfer.name, transfer.region), slot, 0)
         return pack_bucket(bucket, plan.meta, get_region, slot)
 
     def _landing(self, bucket: Bucket, recv_into: RecvInto | None, slot: torch.Tensor) -> torch.Tensor:
         """Where to receive a broadcast: the memory ``recv_into`` offers for a one-region bucket, else ``slot``."""
-        if len(bucket.transfers) == 1:
-            return self._offered(bucket.transfers[0], recv_into, slot) or slot
-        return slot
+        offered = self._offered(bucket.transfers[0], recv_into, slot) if len(bucket.transfers) == 1 else None
+        return slot if offered is None else offered
 
     @staticmethod
     def _offered(transfer: Transfer, recv_into: RecvInto | None, slot: torch.Tensor) -> torch.Tensor | None:
