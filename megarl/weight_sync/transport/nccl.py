@@ -7,8 +7,10 @@ different sources overlap on the wire; ``work.wait(timeout)`` blocks the host un
 broadcast is done or the timeout passes (then the communicator is aborted and a ``SyncError``
 names the route).
 
-Untested on the CPU-only development machines (it needs CUDA and NCCL); the logic it runs is
-the gloo transport's, which is tested with real processes.
+NCCL gets the packed protocol (``per_region = False``: one broadcast per bucket; packing and
+unpacking run on the GPU at memory bandwidth). Untested on the CPU-only development machines (it
+needs CUDA and NCCL); the protocol it runs is tested over gloo with real processes (the
+``broadcast`` phases of ``tests/weight_sync/test_transport.py``).
 """
 from __future__ import annotations
 
