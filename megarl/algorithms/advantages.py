@@ -91,19 +91,24 @@ class Groups:
     def sizes(self, like: torch.Tensor) -> torch.Tensor:
         return self.sum(torch.ones_like(like))
 
+    # Group statistics are computed in float64 and returned in the scores' dtype: in float32 the
+    # mean of equal scores can miss them by one ulp, and divided by a std of the same ulp order a
+    # group of identical rewards got advantages of 0.3 instead of 0 (found by hypothesis).
     def mean(self, scores: torch.Tensor) -> torch.Tensor:
         """Per-group means; 0 for a group of one (verl's convention)."""
-        sizes = self.sizes(scores)
-        mean = self.sum(scores) / sizes
-        return torch.where(sizes == 1, torch.zeros_like(mean), mean)
+        wide = scores.double()
+        sizes = self.sizes(wide)
+        mean = self.sum(wide) / sizes
+        return torch.where(sizes == 1, torch.zeros_like(mean), mean).to(scores.dtype)
 
     def std(self, scores: torch.Tensor) -> torch.Tensor:
         """Per-group unbiased std (as torch.std); 1 for a group of one (verl's convention)."""
-        sizes = self.sizes(scores)
-        mean = self.sum(scores) / sizes
-        squares = self.sum((scores - mean[self.ids]) ** 2)
+        wide = scores.double()
+        sizes = self.sizes(wide)
+        mean = self.sum(wide) / sizes
+        squares = self.sum((wide - mean[self.ids]) ** 2)
         std = torch.sqrt(squares / torch.clamp(sizes - 1, min=1))
-        return torch.where(sizes == 1, torch.ones_like(std), std)
+        return torch.where(sizes == 1, torch.ones_like(std), std).to(scores.dtype)
 
 
 def _outcome_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -274,6 +274,17 @@ def test_grpo_and_rloo_advantages_sum_to_zero_per_group(sizes, data, norm):
             assert abs(adv[members, 0].double().sum().item()) < 1e-3
 
 
+@pytest.mark.parametrize("value", [5.6102133420806375, 0.1, -7.3, 1.0 / 3.0])
+@pytest.mark.parametrize("size", [3, 5, 16])
+def test_a_group_of_identical_rewards_gets_exactly_zero_advantage(value, size):
+    # float32 group means could miss identical scores by one ulp; divided by a std of that order,
+    # [5.6102133420806375] * 3 once gave advantages of 0.301 (found by hypothesis in CI)
+    rewards, mask = outcome_batch([value] * size, [2] * size, 2)
+    adv, _ = algos.compute_grpo_outcome_advantage(token_level_rewards=rewards, response_mask=mask,
+                                                  index=[0] * size)
+    assert torch.count_nonzero(adv) == 0
+
+
 @settings(max_examples=30, deadline=None)
 @given(group_sizes, st.data())
 def test_grpo_advantages_have_unit_sample_std_per_group(sizes, data):
