@@ -281,10 +281,11 @@ class TrainingLoop:
         t = self.trainer
         found = find_resume_checkpoint(t.cfg.trainer, self.root)
         if found is None:
-            if initial_checkpoints(t.cfg)["actor"] is not None:
+            start = initial_checkpoints(t.cfg)["actor"]
+            if start is not None:
                 t.version += 1  # the actor starts from a megatron checkpoint, the fleet from the HF one
                 t.weight_sync.sync(t.version)
-                logger.info("actor started from %s; fleet synced to it", initial_checkpoints(t.cfg)["actor"])
+                logger.info("actor started from %s; fleet synced to it", start)
             return 0
         actor_path, critic_path = found
         extras = t.workers.call("load_checkpoint", str(actor_path), critic_path and str(critic_path))
