@@ -101,9 +101,10 @@ class Progress:
             print(f"[{self.done}/{self.steps}] {message} (t={time.perf_counter() - self.started:.1f}s)", flush=True)
 
 
-def check_hf_dir(path: str | os.PathLike, need_weights: bool) -> Path:
-    """An HF model directory with config.json (and readable safetensors when ``need_weights``)."""
-    from megarl.models import family_for, load_hf_config
+def check_hf_dir(path: str | os.PathLike, need_weights: bool, layout: ParallelLayout | None = None) -> Path:
+    """An HF model directory with config.json (and readable safetensors when ``need_weights``)
+    whose model ``layout`` can split (checked before any process group starts)."""
+    from megarl.models import check_layout, family_for, load_hf_config
 
     path = Path(path)
     if not path.is_dir():
@@ -111,7 +112,10 @@ def check_hf_dir(path: str | os.PathLike, need_weights: bool) -> Path:
     if not (path / "config.json").is_file():
         raise ConversionError(f"{path} has no config.json; pass a Hugging Face model directory")
     try:
-        family_for(load_hf_config(path))
+        config = load_hf_config(path)
+        dims = family_for(config).read_dims(config)
+        if layout is not None:
+            check_layout(dims, layout)
     except ValueError as exc:
         raise ConversionError(f"{path}: {exc}") from exc
     if need_weights:

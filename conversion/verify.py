@@ -117,8 +117,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from megarl.models import build_model
 
     layout = layout_from_args(args)
+    hf_dir = check_hf_dir(args.hf, need_weights=True, layout=layout)
     check_world_size(layout, "verify", argv)
-    hf_dir = check_hf_dir(args.hf, need_weights=True)
     checkpoint = stored = None
     if args.megatron:
         from conversion.megatron_to_hf import resolve_checkpoint, stored_tensors
