@@ -105,6 +105,7 @@ def check_hf_dir(path: str | os.PathLike, need_weights: bool, layout: ParallelLa
     """An HF model directory with config.json (and readable safetensors when ``need_weights``)
     whose model ``layout`` can split (checked before any process group starts)."""
     from megarl.models import check_layout, family_for, load_hf_config
+    from megarl.models.fp8 import block_fp8
 
     path = Path(path)
     if not path.is_dir():
@@ -114,6 +115,7 @@ def check_hf_dir(path: str | os.PathLike, need_weights: bool, layout: ParallelLa
     try:
         config = load_hf_config(path)
         dims = family_for(config).read_dims(config)
+        block_fp8(config)  # FP8 block quantisation is dequantised on the way in; others are refused
         if layout is not None:
             check_layout(dims, layout)
     except ValueError as exc:
