@@ -104,7 +104,7 @@ class Progress:
 def check_hf_dir(path: str | os.PathLike, need_weights: bool, layout: ParallelLayout | None = None) -> Path:
     """An HF model directory with config.json (and readable safetensors when ``need_weights``)
     whose model ``layout`` can split (checked before any process group starts)."""
-    from megarl.models import check_layout, family_for, load_hf_config
+    from megarl.models import check_layout, load_hf_config, model_dims
     from megarl.models.fp8 import block_fp8
 
     path = Path(path)
@@ -114,7 +114,7 @@ def check_hf_dir(path: str | os.PathLike, need_weights: bool, layout: ParallelLa
         raise ConversionError(f"{path} has no config.json; pass a Hugging Face model directory")
     try:
         config = load_hf_config(path)
-        dims = family_for(config).read_dims(config)
+        dims = model_dims(config)
         block_fp8(config)  # FP8 block quantisation is dequantised on the way in; others are refused
         if layout is not None:
             check_layout(dims, layout)

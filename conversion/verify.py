@@ -7,8 +7,8 @@ checkpoint) or, without it, the HF directory itself loaded through the bridge, a
 layout (``pp * lcm(tp, ep * etp)`` torchrun processes). Both sides run in fp32 on the same token
 ids (the HF tokenizer's, right-padded into one batch, causal attention). The last pipeline stage
 gathers the vocab slices of its TP ranks and one rank compares them with
-``AutoModelForCausalLM``'s logits. Prints the max abs difference; exits 1 when it exceeds
-``--tolerance``.
+``AutoModelForCausalLM``'s logits (for an FP8 block-quantised checkpoint: transformers' model on
+the dequantised weights). Prints the max abs difference; exits 1 when it exceeds ``--tolerance``.
 """
 from __future__ import annotations
 

