@@ -27,7 +27,10 @@ from safetensors import safe_open
 
 SCALE_SUFFIX = "_scale_inv"
 BLOCK = (128, 128)
-FP8_DTYPES = (torch.float8_e4m3fn,)
+FP8_DTYPE = torch.float8_e4m3fn
+# every 8-bit float torch knows: a weight stored in any of them must be dequantised or refused
+FLOAT8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                                         "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, name))
 _SUPPORTED = ("quant_method 'fp8' with weight_block_size [128, 128], fmt 'e4m3' and activation_scheme "
               "'dynamic' (DeepSeek-V3's format)")
 
@@ -99,12 +102,13 @@ class Dequantizer:
         self._open: dict[str, object] = {}
 
     def __call__(self, name: str, hf_slice: tuple[slice, ...], values: torch.Tensor) -> torch.Tensor:
-        if values.dtype not in FP8_DTYPES:
+        if values.dtype not in FLOAT8_DTYPES:
             return values
-        if self.quantization is None:
+        if self.quantization is None or values.dtype != FP8_DTYPE:
+            declared = "declares no quantization_config" if self.quantization is None else "declares fmt e4m3"
             raise ValueError(
-                f"{name} is stored as {values.dtype} but {self.model_dir / 'config.json'} declares no "
-                f"quantization_config; an FP8 checkpoint must declare {_SUPPORTED}"
+                f"{name} is stored as {values.dtype} but {self.model_dir / 'config.json'} {declared}; megarl reads "
+                f"FP8 checkpoints that declare {_SUPPORTED} and store float8_e4m3fn weights"
             )
         if len(hf_slice) != 2:
             raise ValueError(f"{name}: FP8 block quantisation covers 2-D weights, this tensor has {len(hf_slice)} dims")

@@ -166,6 +166,13 @@ def test_fp8_tensor_without_quantization_config_is_refused(checkpoints):
         plain(GATE, (slice(0, 320), slice(0, 192)), values)
 
 
+def test_fp8_tensor_of_another_format_is_refused(checkpoints):
+    root, _ = checkpoints
+    values = _stored_slice(root / "fp8", GATE, (slice(0, 320), slice(0, 192))).to(torch.float8_e5m2)
+    with pytest.raises(ValueError, match="stored as torch.float8_e5m2 but .*config.json declares fmt e4m3"):
+        _dequantizer(root / "fp8")(GATE, (slice(0, 320), slice(0, 192)), values)
+
+
 def test_missing_or_misshapen_scale_is_refused(tmp_path):
     from safetensors.torch import save_file
 
