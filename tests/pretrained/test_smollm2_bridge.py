@@ -105,3 +105,18 @@ def test_tp2_is_refused_naming_the_heads(two_ranks):
         assert error.startswith("ValueError"), error or "TP=2 was accepted"
         assert "num_attention_heads=9 is not divisible by tp=2" in error
         assert "num_key_value_heads (query groups)=3 is not divisible by tp=2" in error
+
+
+def test_training_at_tp2_is_refused_before_any_process_starts(smollm2):
+    import ray
+
+    from megarl.config import load_config
+    from megarl.train import run
+
+    cfg = load_config(None, ["data.train_files=unused.parquet", f"actor_rollout_ref.model.path={smollm2}",
+                             "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=2",
+                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"])
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.megatron.* num_attention_heads=9 is not divisible by tp=2"):
+        run(cfg)
+    assert not ray.is_initialized()
