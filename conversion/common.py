@@ -101,9 +101,11 @@ class Progress:
             print(f"[{self.done}/{self.steps}] {message} (t={time.perf_counter() - self.started:.1f}s)", flush=True)
 
 
-def check_hf_dir(path: str | os.PathLike, need_weights: bool) -> Path:
-    """An HF model directory with config.json (and readable safetensors when ``need_weights``)."""
-    from megarl.models import family_for, load_hf_config
+def check_hf_dir(path: str | os.PathLike, need_weights: bool, layout: ParallelLayout | None = None) -> Path:
+    """An HF model directory with config.json (and readable safetensors when ``need_weights``)
+    whose model ``layout`` can split (checked before any process group starts)."""
+    from megarl.models import check_layout, load_hf_config, model_dims
+    from megarl.models.fp8 import block_fp8
 
     path = Path(path)
     if not path.is_dir():
@@ -111,7 +113,11 @@ def check_hf_dir(path: str | os.PathLike, need_weights: bool) -> Path:
     if not (path / "config.json").is_file():
         raise ConversionError(f"{path} has no config.json; pass a Hugging Face model directory")
     try:
-        family_for(load_hf_config(path))
+        config = load_hf_config(path)
+        dims = model_dims(config)
+        block_fp8(config)  # FP8 block quantisation is dequantised on the way in; others are refused
+        if layout is not None:
+            check_layout(dims, layout)
     except ValueError as exc:
         raise ConversionError(f"{path}: {exc}") from exc
     if need_weights:

@@ -70,8 +70,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> Path:
     from megarl.models import build_model, load_hf_config
 
     layout = layout_from_args(args)
+    hf_dir = check_hf_dir(args.hf, need_weights=True, layout=layout)
     check_world_size(layout, "hf-to-megatron", argv)
-    hf_dir = check_hf_dir(args.hf, need_weights=True)
     final, staging = prepare_output(args.out, args.overwrite)
     dtype = checkpoint_dtype(hf_dir) if args.dtype == "auto" else DTYPES[args.dtype]
     progress = Progress(3)

@@ -165,9 +165,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> Path:
     from megarl.models import build_model, default_transformer_impl, save_hf_checkpoint
 
     layout = layout_from_args(args)
+    hf_config = check_hf_dir(args.hf_config, need_weights=False, layout=layout)
     check_world_size(layout, "megatron-to-hf", argv)
     checkpoint = resolve_checkpoint(args.checkpoint)
-    hf_config = check_hf_dir(args.hf_config, need_weights=False)
     final, staging = prepare_output(args.out, args.overwrite)
     max_shard_bytes = parse_size(args.max_shard_size)
     stored = stored_tensors(checkpoint)

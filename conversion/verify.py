@@ -7,8 +7,8 @@ checkpoint) or, without it, the HF directory itself loaded through the bridge, a
 layout (``pp * lcm(tp, ep * etp)`` torchrun processes). Both sides run in fp32 on the same token
 ids (the HF tokenizer's, right-padded into one batch, causal attention). The last pipeline stage
 gathers the vocab slices of its TP ranks and one rank compares them with
-``AutoModelForCausalLM``'s logits. Prints the max abs difference; exits 1 when it exceeds
-``--tolerance``.
+``AutoModelForCausalLM``'s logits (for an FP8 block-quantised checkpoint: transformers' model on
+the dequantised weights). Prints the max abs difference; exits 1 when it exceeds ``--tolerance``.
 """
 from __future__ import annotations
 
@@ -102,11 +102,30 @@ def full_vocab(logits: torch.Tensor) -> torch.Tensor:
 
 
 def hf_logits(hf_dir, input_ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(hf_dir).eval()(input_ids).logits
+
+
+def hf_model(hf_dir):
+    """transformers' model of ``hf_dir`` in fp32. An FP8 block-quantised checkpoint is built from its
+    config without ``quantization_config`` and given the dequantised weights (transformers' own FP8
+    loader cannot dequantise a ragged last block, e.g. DeepSeek-V3's 576-row kv_a_proj_with_mqa)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(input_ids).logits
+    from megarl.models import load_hf_config
+    from megarl.models.fp8 import block_fp8, dequantized_tensors
+
+    config = load_hf_config(hf_dir)
+    if block_fp8(config) is None:
+        return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(dict(dequantized_tensors(hf_dir)), strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{hf_dir}: tensors the model lacks {unexpected[:5]}, tensors missing {sorted(set(missing) - tied)[:5]}")
+    model.tie_weights()
+    return model
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -117,8 +136,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from megarl.models import build_model
 
     layout = layout_from_args(args)
+    hf_dir = check_hf_dir(args.hf, need_weights=True, layout=layout)
     check_world_size(layout, "verify", argv)
-    hf_dir = check_hf_dir(args.hf, need_weights=True)
     checkpoint = stored = None
     if args.megatron:
         from conversion.megatron_to_hf import resolve_checkpoint, stored_tensors

