@@ -26,10 +26,12 @@ class Problem:
         return self.message
 
 
-def refusal(key: str, feature: str, instead: str, issue: int | None = None) -> Problem:
-    """``key`` asks for ``feature``, which megarl does not have; ``instead`` says what it does."""
+def refusal(setting: str, feature: str, instead: str, issue: int | None = None) -> Problem:
+    """``setting`` (``key=value``, or several) asks for ``feature``, which megarl does not have;
+    ``instead`` says what it does."""
     planned = f" (planned: issue {issue})" if issue is not None else " (not planned yet)"
-    return Problem(f"{key}: {feature} is not supported{planned}; {instead}", key=key, feature=feature, issue=issue)
+    return Problem(f"{setting}: {feature} is not supported{planned}; {instead}", key=setting.split("=")[0],
+                   feature=feature, issue=issue)
 
 
 class ConfigError(ValueError):

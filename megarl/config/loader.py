@@ -16,6 +16,7 @@ here starts a process or builds a model: a bad launch fails in seconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -52,6 +53,7 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
     """
     problems: list[Problem] = []
     notes = [] if notes is None else notes
+    spellings: dict[str, str] = {}  # megarl key -> the verl spelling the user wrote
     defaults = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(MegaRLConfig)))
     tree = defaults.copy()
     if name_or_path is not None or config_path is not None:
@@ -62,10 +64,10 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
             raise ConfigError(str(exc)) from None
         except Exception as exc:  # YAML syntax, a defaults entry that is not found, ...
             raise ConfigError(f"{name_or_path}: cannot compose the config: {_first_line(exc)}") from None
-        notes += screen_keys(layer, str(path), problems, defaults)
+        notes += screen_keys(layer, str(path), problems, defaults, spellings)
         tree = OmegaConf.merge(tree, layer)
     apply_overrides(tree, overrides, problems)
-    notes += screen_keys(tree, "command line", problems, defaults)
+    notes += screen_keys(tree, "command line", problems, defaults, spellings)
 
     cfg = _typed(tree, problems)
     missing = sorted(_missing_keys(cfg))
@@ -88,9 +90,17 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
 
             problems += preflight_problems(cfg)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError([_as_given(p, spellings) for p in problems])
     notes[:] = list(dict.fromkeys(notes))
     return cfg
+
+
+def _as_given(problem: Problem, spellings: dict[str, str]) -> Problem:
+    """Name the spelling the user wrote in a problem about the megarl key it maps onto."""
+    given = spellings.get(problem.key or "")
+    if given is None:
+        return problem
+    return dataclasses.replace(problem, message=f"{problem.message} (given as {given})")
 
 
 def _typed(tree: DictConfig, problems: list[Problem]) -> DictConfig:

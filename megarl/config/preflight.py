@@ -132,7 +132,7 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
     import pyarrow.parquet as pq
 
     from megarl.data import column_problems
-    from megarl.rewards.registry import find_rule_reward, UnknownDataSourceError
+    from megarl.rewards.registry import VERL_ONLY_REWARDS, UnknownDataSourceError, find_rule_reward
 
     d = cfg.data
     custom = bool(cfg.custom_reward_function.path)
@@ -169,11 +169,16 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
             problems.append(Problem(f"data.train_files hold {rows} rows, fewer than data.train_batch_size="
                                     f"{d.train_batch_size}: no batch could be drawn; lower the batch size"))
     unknown = []
+    instead = "write compute_score in a file and set custom_reward_function.path"
     for source in sorted(sources):
         try:
             find_rule_reward(source)
         except UnknownDataSourceError:
-            unknown.append(source)
+            if source in VERL_ONLY_REWARDS:
+                problems.append(refusal(f"data source {source!r} (column {d.reward_fn_key!r})",
+                                        f"verl's built-in reward for {source} ({VERL_ONLY_REWARDS[source]})", instead))
+            else:
+                unknown.append(source)
     if unknown:
         problems.append(Problem(f"no built-in reward for the data source(s) {unknown} (column {d.reward_fn_key!r}); "
                                 "set custom_reward_function.path to a file with your compute_score"))

@@ -55,8 +55,12 @@ def in_schema(key: str) -> bool:
     return any(fields.get(".".join(parts[:i])) == FREE for i in range(1, len(parts)))
 
 
-def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults: DictConfig) -> list[str]:
-    """Take verl-only keys out of ``tree`` (see module docstring); return the notes to log."""
+def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults: DictConfig,
+                spellings: dict[str, str] | None = None) -> list[str]:
+    """Take verl-only keys out of ``tree`` (see module docstring); return the notes to log.
+
+    ``spellings`` receives megarl key -> the other spelling it was given as, for messages.
+    """
     notes: dict[str, list[str]] = {}
     refused: dict[tuple, list[str]] = {}
 
@@ -71,7 +75,8 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
             continue
         rule = rule_for(key)
         if isinstance(rule, Alias):
-            _move(tree, key, alias_target(rule, key), value, defaults, problems)
+            if _move(tree, key, alias_target(rule, key), value, defaults, problems) and spellings is not None:
+                spellings[alias_target(rule, key)] = key
         elif isinstance(rule, Refused):
             if rule.asks(value, get):
                 refused.setdefault((rule.feature, rule.instead, rule.issue), []).append(f"{key}={_show(value)}")
@@ -126,18 +131,19 @@ def _nearest(candidates: list[str], key: str) -> list[str]:
     return sorted(k for k in candidates if shared(k) == best)
 
 
-def _move(tree: DictConfig, key: str, target: str, value: Any, defaults: DictConfig, problems: list[Problem]) -> None:
+def _move(tree: DictConfig, key: str, target: str, value: Any, defaults: DictConfig, problems: list[Problem]) -> bool:
     """An alias: ``target`` takes the value, unless it holds another value already (not its default)."""
     if value is None:
-        return
+        return False
     current = OmegaConf.select(tree, target, default=None)
     default = OmegaConf.select(defaults, target, default=None)
     if current is not None and current != default and current != value:
         problems.append(Problem(f"{key}={_show(value)} and {target}={_show(current)} are the same setting "
                                 "(two spellings) with different values; give one of them", key=key))
-        return
+        return False
     with open_dict(tree):
         OmegaConf.update(tree, target, value, merge=False, force_add=True)
+    return True
 
 
 def _leaves(node: DictConfig, prefix: str = ""):

@@ -292,6 +292,8 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Noted(("trainer.ray_wait_register_center_timeout",), "megarl's workers need no register center"),
     Refused(("transfer_queue.enable",), "the TransferQueue data plane", "batches move as Ray objects", off=(False,)),
     Parameters(("transfer_queue.*",), of="TransferQueue"),
+    Refused(("hydra.*",), "Hydra's job settings (run directories, job logging)",
+            "megarl writes under trainer.default_local_dir and logs to the console"),
     Refused(("ray_kwargs.ray_init.runtime_env.*",), "Ray runtime environments set from the config",
             "start Ray in the environment you need (launch/ray_local.sh, slurm/launch.sh)"),
 )

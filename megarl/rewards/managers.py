@@ -15,6 +15,7 @@ means the same. The penalty for a response of ``L`` tokens, with ``expected = ma
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,12 @@ class OverlongPenalty:
     def __call__(self, response_length: int) -> float:
         expected = self.max_resp_len - self.buffer_len
         return min(-(response_length - expected) / self.buffer_len * self.penalty_factor, 0.0)
+
+
+def _plain(value: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def _section(cfg: Any, key: str) -> Any:
@@ -75,14 +82,14 @@ def reward_manager_problems(cfg: Any) -> list[Problem]:
                                 f"megarl's reward managers are {', '.join(REWARD_MANAGERS)}"))
     elif name not in REWARD_MANAGERS:
         problems.append(Problem(f"{key}={name!r}: megarl's reward managers are {', '.join(REWARD_MANAGERS)}", key=key))
-    kwargs = dict(cfg.reward_model.reward_kwargs or {})
+    kwargs = _plain(cfg.reward_model.reward_kwargs) or {}
     allowed = DAPO_KWARGS if name == "dapo" else ()
     for extra in sorted(set(kwargs) - set(allowed)):
         takes = f"takes {', '.join(allowed)}" if allowed else "takes no keyword arguments"
         problems.append(Problem(f"reward_model.reward_kwargs.{extra}: the {name} reward manager {takes} "
                                 "(the overlong penalty needs reward_manager=dapo)", key=f"reward_model.reward_kwargs.{extra}"))
     newer = kwargs.get("overlong_buffer_cfg")
-    if newer is not None and not isinstance(newer, dict):
+    if newer is not None and not isinstance(newer, Mapping):
         problems.append(Problem("reward_model.reward_kwargs.overlong_buffer_cfg must be a mapping of "
                                 f"{', '.join(OVERLONG_KEYS)}"))
         return problems
@@ -102,7 +109,7 @@ def reward_manager_problems(cfg: Any) -> list[Problem]:
         problems.append(Problem(f"the overlong penalty's settings are not numbers: {exc}"))
     if penalty is not None:
         where = "reward_model.reward_kwargs.overlong_buffer_cfg" if (newer or {}).get("enable") else "reward_model.overlong_buffer"
-        if name != "dapo":
+        if name != "dapo" and where == "reward_model.overlong_buffer":  # the newer place is reported above
             problems.append(Problem(f"{where}.enable=True: the overlong penalty is applied by the dapo reward "
                                     f"manager; set reward_model.reward_manager=dapo (now {name!r})"))
         if penalty.buffer_len < 1:
