@@ -98,6 +98,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                                                "actor_rollout_ref.rollout.weight_sync.transport",
                                                                "actor_rollout_ref.rollout.weight_sync.timeout_s")),
     ("megarl.rewards.managers:manager_name", ("reward_model.reward_manager",)),
+    ("megarl.rewards.managers:function_kwargs", ("reward_model.reward_kwargs",)),
     ("megarl.rewards.managers:overlong_penalty", ("reward_model.reward_kwargs", "reward_model.overlong_buffer.*")),
     ("megarl.rewards.custom:load_reward_function", ("custom_reward_function.*",)),
     ("megarl.rewards.manager:RewardManager.from_config", ("reward.*",)),

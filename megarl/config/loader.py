@@ -19,13 +19,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from megarl.config.compose import CONFIG_DIR, DEFAULT_CONFIG, apply_overrides, compose_file, locate_config
+from megarl.config.compose import (CONFIG_DIR, DEFAULT_CONFIG, apply_overrides, compose_file, locate_config,
+                                   packaged_configs)
 from megarl.config.errors import ConfigError, Problem
 from megarl.config.schema import MegaRLConfig
 from megarl.config.screen import FREE, LEAF, schema_fields, screen_keys
@@ -63,7 +65,7 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
         except FileNotFoundError as exc:
             raise ConfigError(str(exc)) from None
         except Exception as exc:  # YAML syntax, a defaults entry that is not found, ...
-            raise ConfigError(f"{name_or_path}: cannot compose the config: {_first_line(exc)}") from None
+            raise ConfigError(_composition_problem(name_or_path, exc)) from None
         notes += screen_keys(layer, str(path), problems, defaults, spellings)
         tree = OmegaConf.merge(tree, layer)
     apply_overrides(tree, overrides, problems)
@@ -93,6 +95,18 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
         raise ConfigError([_as_given(p, spellings) for p in problems])
     notes[:] = list(dict.fromkeys(notes))
     return cfg
+
+
+def _composition_problem(name: Any, exc: Exception) -> str:
+    text = _first_line(exc)
+    missing = re.search(r"Could not load '([^']+)'", text)
+    if missing:
+        entry = missing.group(1)
+        hint = ("verl's FSDP default config; megarl trains with Megatron-core: use `- ppo_megatron_trainer`"
+                if entry.rsplit("/", 1)[-1] == "ppo_trainer" else
+                f"a config next to it, in the working directory or one of megarl's ({', '.join(packaged_configs())})")
+        return f"{name}: its defaults list names '{entry}', which is not found: {hint}"
+    return f"{name}: cannot compose the config: {text}"
 
 
 def _as_given(problem: Problem, spellings: dict[str, str]) -> Problem:

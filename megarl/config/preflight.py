@@ -188,13 +188,13 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
 # ------------------------------------------------------------------ reward function
 def _reward_problems(cfg: DictConfig) -> list[Problem]:
     from megarl.rewards.custom import SAMPLE, RewardFunctionLoadError, load_reward_function
-    from megarl.rewards.managers import manager_name
+    from megarl.rewards.managers import function_kwargs, manager_name
 
     key = "custom_reward_function.path"
     if not cfg.custom_reward_function.path:
         return []
     try:
-        fn = load_reward_function(cfg.custom_reward_function)
+        fn = load_reward_function(cfg.custom_reward_function, function_kwargs(cfg))
     except (FileNotFoundError, RewardFunctionLoadError) as exc:
         return [Problem(f"{key}: {exc}", key=key)]
     problems = []

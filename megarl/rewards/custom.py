@@ -165,15 +165,16 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def load_reward_function(custom_cfg: Any = None) -> Callable[..., Any]:
+def load_reward_function(custom_cfg: Any = None, manager_kwargs: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The scoring function for a ``custom_reward_function`` config section.
 
     With ``path`` set: that file's function (a ``RewardFunction``). Without: the built-in rule
     rewards (:func:`default_compute_score`), with ``reward_kwargs`` bound if given.
+    ``manager_kwargs`` are added to ``reward_kwargs`` (the batch manager's, see ``managers``).
     """
     path = _get(custom_cfg, "path")
     name = _get(custom_cfg, "name", DEFAULT_FUNCTION_NAME)
-    reward_kwargs = dict(_get(custom_cfg, "reward_kwargs", {}))
+    reward_kwargs = {**dict(_get(custom_cfg, "reward_kwargs", {})), **dict(manager_kwargs or {})}
     if path:
         return RewardFunction(str(path), str(name), reward_kwargs)
     if reward_kwargs:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from megarl.rewards.custom import SAMPLE, _get, form_of, load_reward_function
-from megarl.rewards.managers import OverlongPenalty, manager_name, overlong_penalty
+from megarl.rewards.managers import OverlongPenalty, function_kwargs, manager_name, overlong_penalty
 from megarl.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ class RewardManager:
         """From the top-level config (``custom_reward_function``, ``reward`` and ``reward_model`` sections)."""
         reward_cfg = _get(cfg, "reward")
         return cls(
-            load_reward_function(_get(cfg, "custom_reward_function")),
+            load_reward_function(_get(cfg, "custom_reward_function"), function_kwargs(cfg)),
             num_workers=int(_get(reward_cfg, "num_workers", 1)),
             executor=str(_get(reward_cfg, "executor", "process")),
             on_error=str(_get(reward_cfg, "on_error", "zero")),

@@ -8,7 +8,8 @@
 
 The manager's keyword arguments are ``reward_model.reward_kwargs`` (verl's place; 2026:
 ``reward.reward_kwargs``): ``dapo`` takes ``max_resp_len`` and ``overlong_buffer_cfg``
-(``enable``, ``len``, ``penalty_factor``, ``log``); the others take none. The DAPO recipe's older
+(``enable``, ``len``, ``penalty_factor``, ``log``); ``batch`` passes them on to the reward
+function, as verl's batch manager does; ``naive`` takes none. The DAPO recipe's older
 place, ``reward_model.overlong_buffer.*`` with ``max_resp_len = data.max_response_length``,
 means the same. The penalty for a response of ``L`` tokens, with ``expected = max_resp_len - len``:
 ``min(-(L - expected) / len * penalty_factor, 0)``.
@@ -72,6 +73,14 @@ def overlong_penalty(cfg: Any) -> OverlongPenalty | None:
     return None
 
 
+def function_kwargs(cfg: Any) -> dict[str, Any]:
+    """Keyword arguments the manager adds to every reward-function call (the batch manager's)."""
+    section = _section(cfg, "reward_model")
+    if manager_name(cfg) != "batch" or section is None:
+        return {}
+    return dict(_plain(section.get("reward_kwargs")) or {})
+
+
 def reward_manager_problems(cfg: Any) -> list[Problem]:
     """The reward manager's name and keyword arguments, and the overlong penalty's settings."""
     problems: list[Problem] = []
@@ -83,6 +92,14 @@ def reward_manager_problems(cfg: Any) -> list[Problem]:
     elif name not in REWARD_MANAGERS:
         problems.append(Problem(f"{key}={name!r}: megarl's reward managers are {', '.join(REWARD_MANAGERS)}", key=key))
     kwargs = _plain(cfg.reward_model.reward_kwargs) or {}
+    if name == "batch":
+        given = dict(_plain(cfg.custom_reward_function.reward_kwargs) or {})
+        for key in sorted(set(given) & set(kwargs)):
+            if given[key] != kwargs[key]:
+                problems.append(Problem(f"custom_reward_function.reward_kwargs.{key}={given[key]} and "
+                                        f"reward_model.reward_kwargs.{key}={kwargs[key]} both go to the reward "
+                                        "function (batch manager); give one"))
+        return problems
     allowed = DAPO_KWARGS if name == "dapo" else ()
     for extra in sorted(set(kwargs) - set(allowed)):
         takes = f"takes {', '.join(allowed)}" if allowed else "takes no keyword arguments"

@@ -112,3 +112,10 @@ def test_overlong_penalty_from_either_place_of_the_config():
     assert overlong_penalty(older) == OverlongPenalty(32, 1.0, 512, True)  # max_resp_len: data.max_response_length
     manager = RewardManager.from_config(older)
     assert manager.kind == "dapo" and manager.overlong == OverlongPenalty(32, 1.0, 512, True)
+
+
+def test_batch_manager_passes_its_reward_kwargs_to_the_function(forms):
+    cfg = OmegaConf.create({"custom_reward_function": {"path": forms, "name": "verl_batch"},
+                            "reward_model": {"reward_manager": "batch", "reward_kwargs": {"bonus": 2.0}}})
+    manager = RewardManager.from_config(cfg)  # verl's batch manager forwards reward_model.reward_kwargs
+    assert manager.score(["a"], ["x"], ["x"]).scores == [3.0]
