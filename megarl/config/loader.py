@@ -17,7 +17,6 @@ here starts a process or builds a model: a bad launch fails in seconds.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import re
 from pathlib import Path
@@ -32,7 +31,6 @@ from megarl.config.errors import ConfigError, Problem
 from megarl.config.schema import MegaRLConfig
 from megarl.config.screen import FREE, LEAF, schema_fields, screen_keys
 
-logger = logging.getLogger(__name__)
 
 __all__ = ["CONFIG_DIR", "DEFAULT_CONFIG", "ConfigError", "load_config", "resolve_config_path", "to_yaml"]
 

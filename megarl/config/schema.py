@@ -30,7 +30,7 @@ class DataConfig:
     train_batch_size: int = 1024  # prompts per step
     val_batch_size: Optional[int] = None  # None: the whole validation set at once
     shuffle: bool = True
-    seed: int = 1
+    seed: Optional[int] = 1  # None (verl's default: unseeded) draws with seed 1; resume needs a fixed seed
     filter_overlong_prompts: bool = True  # drop prompts over max_prompt_length (count logged)
     truncation: str = "error"  # error | left | right | middle (used when not filtering)
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)

@@ -132,8 +132,10 @@ def _nearest(candidates: list[str], key: str) -> list[str]:
 
 
 def _move(tree: DictConfig, key: str, target: str, value: Any, defaults: DictConfig, problems: list[Problem]) -> bool:
-    """An alias: ``target`` takes the value, unless it holds another value already (not its default)."""
-    if value is None:
+    """An alias: ``target`` takes the value, unless it holds another value already (not its default).
+    An interpolation is verl's wiring between its two spellings (e.g. ``${oc.select:reward_model.reward_manager}``),
+    not a setting: it moves nowhere."""
+    if value is None or (isinstance(value, str) and value.startswith("${")):
         return False
     current = OmegaConf.select(tree, target, default=None)
     default = OmegaConf.select(defaults, target, default=None)

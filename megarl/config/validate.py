@@ -51,7 +51,7 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
     _check_backends(cfg, add, notes)
     _check_layout_and_batches(cfg, add)
     _check_rollout(cfg, add)
-    _check_data(cfg, add)
+    _check_data(cfg, add, notes)
     _check_algorithm(cfg, add, notes)
     _check_rewards(cfg, add)
     _check_trainer(cfg, add)
@@ -208,10 +208,13 @@ def _check_rollout(cfg, add) -> None:
 
 
 # ------------------------------------------------------------------ data
-def _check_data(cfg, add) -> None:
+def _check_data(cfg, add, notes: list[str]) -> None:
     from megarl.data import TRUNCATION_MODES
 
     d = cfg.data
+    if d.seed is None:
+        notes.append("data.seed=null (verl: unseeded): megarl draws batches with seed 1, since an exact resume "
+                     "needs a fixed order; set data.seed to choose another")
     if d.max_prompt_length < 1 or d.max_response_length < 1:
         add("data.max_prompt_length and data.max_response_length must be >= 1.")
     if d.truncation not in TRUNCATION_MODES:

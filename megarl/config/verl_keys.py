@@ -317,12 +317,14 @@ POINTERS = {
 
 
 def rule_for(key: str) -> Rule | None:
-    """The rule that decides ``key`` (a dotted verl key), or None."""
+    """The rule that decides ``key`` (a dotted verl key), or None. A pattern ``a.b.*`` also
+    matches ``a.b`` itself (an empty section, as verl's defaults write ``override_ddp_config: {}``)."""
     for rule in RULES:
         if isinstance(rule, Alias):
             if key == rule.key or key.startswith(rule.key + "."):
                 return rule
-        elif any(fnmatch.fnmatchcase(key, pattern) for pattern in rule.keys):
+        elif any(fnmatch.fnmatchcase(key, pattern) or (pattern.endswith(".*") and fnmatch.fnmatchcase(key, pattern[:-2]))
+                 for pattern in rule.keys):
             return rule
     return None
 

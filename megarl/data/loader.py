@@ -112,7 +112,7 @@ def build_dataset(data_cfg: Any, tokenizer: Any, split: str, need_reward_fn_key:
         need_reward_fn_key=need_reward_fn_key,
         max_samples=int(_get(data_cfg, "train_max_samples" if split == "train" else "val_max_samples", -1)),
         shuffle=bool(_get(data_cfg, "shuffle", True)),
-        seed=_get(data_cfg, "seed"),
+        seed=_get(data_cfg, "seed", 1),  # None: 1 as for the batches (resume needs a fixed draw)
     )
 
 
