@@ -30,7 +30,7 @@ from megarl.config.verl_keys import rule_for
 
 CONFIG_DIR = Path(os.environ.get("MEGARL_CONFIG_DIR", Path(__file__).resolve().parents[2] / "configs"))
 DEFAULT_CONFIG = "ppo_megatron_trainer"  # verl's default config name for the Megatron trainer
-YAML_SUFFIXES = (".yaml", ".yml")
+YAML_SUFFIXES = (".yaml",)  # Hydra loads .yaml files
 
 
 def packaged_configs() -> list[str]:
