@@ -26,6 +26,9 @@ setup(
         "tensorboard>=2.20,<3",
         "pyarrow>=18",
         "omegaconf>=2.3,<2.4",
+        # verl's command line: Hydra's compose API and override grammar (1.3.2 is the latest release;
+        # megarl calls its override application per override, so the version is pinned)
+        "hydra-core==1.3.2",
         "numpy",
         "psutil",  # megatron-core dist_checkpointing save needs it
         "tqdm",

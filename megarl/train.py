@@ -1,7 +1,9 @@
-"""The main job: ``python -m megarl.train --config-name <yaml> [key=value ...]`` (or ``megarl train``).
+"""The main job: ``python -m megarl.trainer.main_ppo`` (verl's entry point), ``megarl train`` or
+``python -m megarl.train``, all with verl's command line (``megarl.config.command_line``).
 
 Order of events, each step logged:
-  1. load and validate the config (no process starts before it is valid);
+  1. load and check the config and the files it names, reporting every problem at once (no
+     process starts before all of it is valid);
   2. join the Ray cluster ($RAY_ADDRESS / trainer.ray_address) or start a local one on 127.0.0.1;
   3. reserve the devices (one placement group per node, ``trainer/placement.py``), then start the
      Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them;
@@ -10,7 +12,6 @@ Order of events, each step logged:
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -19,13 +20,30 @@ from pathlib import Path
 logger = logging.getLogger("megarl.train")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="megarl train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-name", "--config", dest="config", required=True,
-                        help="a YAML path or the name of a file in configs/ (e.g. quickstart)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor_rollout_ref.rollout.n=8")
-    return parser.parse_args(argv)
+def load_tokenizer(cfg):
+    """The driver's tokenizer (verl: ``data.trust_remote_code``), with ``model.custom_chat_template``."""
+    from transformers import AutoTokenizer
+
+    model = cfg.actor_rollout_ref.model
+    tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path,
+                                              trust_remote_code=cfg.data.trust_remote_code)
+    if model.custom_chat_template:
+        tokenizer.chat_template = model.custom_chat_template
+    return tokenizer
+
+
+def local_model_paths(cfg) -> None:
+    """Replace hub ids of model.path / tokenizer_path / critic.model.path by their HF-cache snapshot dirs."""
+    from megarl.config.preflight import resolve_model_path
+
+    for node, key in ((cfg.actor_rollout_ref.model, "path"), (cfg.actor_rollout_ref.model, "tokenizer_path"),
+                      (cfg.critic.model, "path")):
+        value = node[key]
+        if value and not Path(str(value)).expanduser().is_dir():
+            local = resolve_model_path(str(value))
+            if local is not None:
+                logger.info("%s: using the Hugging Face cache's snapshot %s", value, local)
+                node[key] = local
 
 
 def check_model(cfg) -> None:
@@ -59,7 +77,6 @@ def run(cfg) -> dict[str, float]:
     """Run training for a validated config; return the last step's metrics."""
     import torch
     from omegaconf import OmegaConf
-    from transformers import AutoTokenizer
 
     from megarl.data import build_dataset, build_train_loader
     from megarl.logging import MetricsLogger
@@ -73,20 +90,22 @@ def run(cfg) -> dict[str, float]:
     from megarl.weight_sync.session import WeightSyncSession
 
     torch.set_num_threads(1)
+    local_model_paths(cfg)
     model_path = cfg.actor_rollout_ref.model.path
     check_model(cfg)
     for role, checkpoint in initial_checkpoints(cfg).items():
         if checkpoint is not None:
             resolve_checkpoint(checkpoint)  # a missing or incomplete one fails here, before any process starts
             logger.info("%s starts from the megatron checkpoint %s", role, checkpoint)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path or model_path)
-    train_loader = build_train_loader(cfg.data, tokenizer)  # data errors surface before any process starts
-    val_dataset = build_dataset(cfg.data, tokenizer, "val") if cfg.data.val_files else None
+    tokenizer = load_tokenizer(cfg)
+    need_source = not cfg.custom_reward_function.path  # rule rewards are picked by data_source
+    train_loader = build_train_loader(cfg.data, tokenizer, need_source)  # data errors surface before any process starts
+    val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source) if cfg.data.val_files else None
 
     plan = plan_from_config(cfg)
     rollout = cfg.actor_rollout_ref.rollout
-    resources = init_ray(address=cfg.trainer.ray_address,
-                         num_cpus=max(os.cpu_count() or 1, plan.nnodes * plan.per_node))
+    num_cpus = cfg.ray_kwargs.ray_init.num_cpus or max(os.cpu_count() or 1, plan.nnodes * plan.per_node)
+    resources = init_ray(address=cfg.trainer.ray_address, num_cpus=num_cpus)
     use_gpu = resources.get("GPU", 0) > 0
     logger.info("Ray cluster: %d node(s), resources %s; placement %s: %d trainer ranks, %d rollout replica(s) "
                 "x TP=%d", len(__import__("ray").nodes()), resources, plan.mode, plan.trainer_world,
@@ -99,7 +118,7 @@ def run(cfg) -> dict[str, float]:
                               slots=placement.trainer_slots(),
                               env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
-                             slots=placement.replica_slots(),
+                             slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
                              sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine)
         sync = WeightSyncSession(cfg, workers, fleet)
         metrics_logger = MetricsLogger(cfg.trainer.logger, log_dir, cfg.trainer.project_name,
@@ -114,6 +133,12 @@ def run(cfg) -> dict[str, float]:
         last["_history"] = trainer.history
         return last
     finally:
+        if cfg.ray_kwargs.timeline_json_file:
+            try:
+                __import__("ray").timeline(filename=cfg.ray_kwargs.timeline_json_file)
+                logger.info("Ray timeline written to %s", cfg.ray_kwargs.timeline_json_file)
+            except Exception as exc:  # keep tearing down
+                logger.warning("writing the Ray timeline failed: %s", exc)
         for closer in (sync, fleet, workers, metrics_logger, placement):
             if closer is not None:
                 try:
@@ -124,15 +149,29 @@ def run(cfg) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megarl.config import ConfigError, load_config
+    from megarl.config import ConfigError, load_config, to_yaml
+    from megarl.config.command_line import USAGE, CommandLineError, parse_command_line
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        cfg = load_config(args.config, args.overrides)
+        cmd = parse_command_line(list(sys.argv[1:] if argv is None else argv))
+    except CommandLineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if cmd.help:
+        print(__doc__ + "\n" + USAGE)
+        return 0
+    notes: list[str] = []
+    try:
+        cfg = load_config(cmd.name, cmd.overrides, config_path=cmd.config_path, preflight=True, notes=notes)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for note in notes:
+        logger.info("config: %s", note)
+    if cmd.print_config:
+        print(to_yaml(cfg), end="")
+        return 0
     run(cfg)
     return 0
 

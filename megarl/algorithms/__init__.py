@@ -10,13 +10,16 @@ by name from registries:
 | POLICY_LOSSES          | actor_rollout_ref.actor.policy_loss.loss_mode     |
 | KL_PENALTIES           | actor_rollout_ref.actor.kl_loss_type, algorithm.kl_penalty |
 | LOSS_AGG_MODES (tuple) | actor_rollout_ref.actor.loss_agg_mode             |
+| KL_CONTROLLERS (tuple) | algorithm.kl_ctrl.type                            |
 
 Unknown names raise `UnknownNameError` (a KeyError and a ValueError) listing the known names.
 """
 
 from megarl.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
+    GROUP_ESTIMATORS,
     compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_opo_outcome_advantage,
@@ -36,6 +39,7 @@ from megarl.algorithms.dapo import (
 )
 from megarl.algorithms.entropy import compute_entropy_loss, entropy_from_logits
 from megarl.algorithms.kl import (
+    KL_CONTROLLERS,
     KL_PENALTIES,
     AdaptiveKLController,
     FixedKLController,
@@ -59,6 +63,8 @@ from megarl.algorithms.value_loss import compute_value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "GROUP_ESTIMATORS",
+    "KL_CONTROLLERS",
     "KL_PENALTIES",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
@@ -71,6 +77,7 @@ __all__ = [
     "apply_kl_penalty",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_kl_loss",

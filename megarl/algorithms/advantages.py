@@ -50,6 +50,10 @@ SHARED_ESTIMATOR_INPUTS = frozenset(
 )
 
 
+# Estimators that compare the responses to one prompt: with rollout.n == 1 every advantage is 0.
+GROUP_ESTIMATORS = frozenset({"grpo", "grpo_passk", "rloo"})
+
+
 def register_adv_estimator(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register an advantage estimator under `name` (selected by `algorithm.adv_estimator`)."""
     return ADVANTAGE_ESTIMATORS.register(name)
@@ -202,6 +206,27 @@ def compute_grpo_passk_outcome_advantage(
         if norm_adv_by_std_in_grpo:
             advantage = advantage / (torch.std(rewards) + epsilon)
         advantages[members[int(top_position[0])]] = advantage
+    advantages = advantages.unsqueeze(-1) * mask
+    return advantages, advantages
+
+
+@register_adv_estimator("gpg")
+@torch.no_grad()
+def compute_gpg_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any],
+    f_norm: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (arXiv:2504.02546), as verl's `gpg` estimator: A_i = alpha * (R_i - mean_group) / f_norm
+    with alpha = batch size / number of samples with a non-zero reward (at least 1), which scales
+    the gradient up when few samples are rewarded. No division by the group's std; a group of one
+    has mean 0. Pair it with `policy_loss.loss_mode=gpg` (verl's name for megarl's `reinforce`).
+    """
+    scores, mask = _outcome_scores(token_level_rewards, response_mask)
+    groups = Groups.from_index(index, scores.shape[0], scores.device)
+    alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+    advantages = alpha * (scores - groups.mean(scores)[groups.ids]) / f_norm
     advantages = advantages.unsqueeze(-1) * mask
     return advantages, advantages
 

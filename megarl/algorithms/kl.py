@@ -140,6 +140,9 @@ class AdaptiveKLController:
 KLController = FixedKLController | AdaptiveKLController
 
 
+KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
+
+
 def get_kl_controller(kl_ctrl: Any) -> KLController:
     """Build the controller described by `algorithm.kl_ctrl` (a dict, DictConfig or dataclass
     with `type`, `kl_coef`, and for adaptive `target_kl` and `horizon`)."""

@@ -125,6 +125,7 @@ def compute_policy_loss_gspo(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
     clip_ratio: float = 0.2,
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
@@ -134,9 +135,11 @@ def compute_policy_loss_gspo(
 
     s_i = exp(mean over the valid tokens of (log_prob - old_log_prob)). Per token the ratio is
     sg[s_i] * pi / sg[pi] (its value is s_i, its gradient that of the token's log-prob), with the
-    log clamped at 10. L = max(-A * s, -A * clip(s, 1 - low, 1 + high)). GSPO always aggregates
-    with `seq-mean-token-mean` (as in the paper and verl), whatever `loss_agg_mode` says, so it
-    takes no `loss_agg_mode`. GSPO's papers use tiny clip ratios (e.g. 3e-4 / 4e-4).
+    log clamped at 10. L = max(-A * s, -A * clip(s, 1 - low, 1 + high)), aggregated with
+    `loss_agg_mode`; the paper's form, and this function's default, is `seq-mean-token-mean`.
+    (verl's GSPO always uses seq-mean-token-mean, whatever `loss_agg_mode` says; megarl honours
+    the key, and the config check says so when it differs.) GSPO's papers use tiny clip ratios
+    (e.g. 3e-4 / 4e-4).
 
     Metrics: `pg_clipfrac`, `ppo_kl` (token-level, as vanilla); `pg_clipfrac_lower` is 0.
     """
@@ -152,13 +155,14 @@ def compute_policy_loss_gspo(
     pg_losses1 = -advantages * seq_ratio
     pg_losses2 = -advantages * torch.clamp(seq_ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
-    loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", **dict(global_batch_info or {}))
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **dict(global_batch_info or {}))
 
     pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
     ppo_kl = masked_mean(-log_ratio, response_mask)
     return loss, _metrics(pg_clipfrac, torch.zeros_like(pg_clipfrac), ppo_kl)
 
 
+@register_policy_loss("gpg")  # verl's name for it (the GPG paper's loss, arXiv:2504.02546)
 @register_policy_loss("reinforce")
 def compute_policy_loss_reinforce(
     old_log_prob: torch.Tensor,

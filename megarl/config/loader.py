@@ -1,144 +1,158 @@
-"""Load a YAML config, apply dotted overrides, check every key against the schema.
+"""Load a config the way verl's command line does, and check all of it in one pass.
 
     cfg = load_config("quickstart", ["actor_rollout_ref.rollout.n=8"])
+    cfg = load_config("grpo_math", overrides, config_path="config", preflight=True)
 
-The name is a YAML path or the stem of a file in ``configs/``. Overrides use verl's form,
-``a.b.c=value`` with YAML values (``trainer.logger=['console']``). Nothing here starts a
-process or touches a GPU, so a bad config fails in a second, before any allocation.
+1. compose: the YAML (``--config-name``, default ``ppo_megatron_trainer``) with its defaults list,
+   over megarl's schema defaults, then the overrides in Hydra's grammar (``compose.py``);
+2. screen the keys: verl's other spellings move to megarl's keys, verl keys for features megarl
+   lacks are refused, keys without effect are noted, unknown keys get a pointer (``screen.py``);
+3. build the typed config (every value type-checked, each bad one reported), resolve ``${...}``;
+4. cross-key rules (``validate.py``) and, with ``preflight=True``, the files the run will read:
+   model, data, reward function (``preflight.py``).
+
+Every step adds to one list of problems; a ``ConfigError`` lists them all, one line each. Nothing
+here starts a process or builds a model: a bad launch fails in seconds.
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
+import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from megarl.config.compose import (CONFIG_DIR, DEFAULT_CONFIG, apply_overrides, compose_file, locate_config,
+                                   packaged_configs)
+from megarl.config.errors import ConfigError, Problem
 from megarl.config.schema import MegaRLConfig
-
-CONFIG_DIR = Path(os.environ.get("MEGARL_CONFIG_DIR", Path(__file__).resolve().parents[2] / "configs"))
-
-
-class ConfigError(ValueError):
-    """A config problem, worded so that the message says which key and how to fix it."""
+from megarl.config.screen import FREE, LEAF, schema_fields, screen_keys
 
 
-def resolve_config_path(name_or_path: str | os.PathLike) -> Path:
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for candidate in (CONFIG_DIR / f"{name_or_path}.yaml", CONFIG_DIR / str(name_or_path)):
-        if candidate.is_file():
-            return candidate
-    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise ConfigError(f"config '{name_or_path}' not found: not a file, and not one of {known} in {CONFIG_DIR}")
+__all__ = ["CONFIG_DIR", "DEFAULT_CONFIG", "ConfigError", "load_config", "resolve_config_path", "to_yaml"]
+
+
+def resolve_config_path(name_or_path: str | os.PathLike, config_path: str | os.PathLike | None = None) -> Path:
+    try:
+        return locate_config(name_or_path, config_path)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
-                validate: bool = True) -> DictConfig:
-    """Return the resolved, type-checked and validated config (a structured DictConfig)."""
-    layers = []
-    if name_or_path is not None:
-        path = resolve_config_path(name_or_path)
+                validate: bool = True, *, config_path: str | os.PathLike | None = None,
+                preflight: bool = False, notes: list[str] | None = None) -> DictConfig:
+    """The typed, resolved and checked config; ``ConfigError`` lists every problem found.
+
+    ``name_or_path=None`` with ``config_path=None`` is the schema's defaults alone (no YAML);
+    the command line passes ``DEFAULT_CONFIG`` instead, as verl does. ``notes``, if given, is
+    filled with one line per accepted verl key that changes nothing in megarl (to be logged).
+    """
+    problems: list[Problem] = []
+    notes = [] if notes is None else notes
+    spellings: dict[str, str] = {}  # megarl key -> the verl spelling the user wrote
+    defaults = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(MegaRLConfig)))
+    tree = defaults.copy()
+    if name_or_path is not None or config_path is not None:
         try:
-            layer = OmegaConf.load(path)
-        except Exception as exc:  # yaml syntax errors
-            raise ConfigError(f"{path}: cannot parse YAML: {exc}") from exc
-        check_known_keys(OmegaConf.to_container(layer), source=str(path))
-        layers.append(layer)
-    if overrides:
-        layer = parse_overrides(overrides)
-        check_known_keys(OmegaConf.to_container(layer), source="command line")
-        layers.append(layer)
+            path = locate_config(name_or_path, config_path, notes)
+            layer = compose_file(path)
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        except Exception as exc:  # YAML syntax, a defaults entry that is not found, ...
+            raise ConfigError(_composition_problem(name_or_path, exc)) from None
+        notes += screen_keys(layer, str(path), problems, defaults, spellings)
+        tree = OmegaConf.merge(tree, layer)
+    apply_overrides(tree, overrides, problems)
+    notes += screen_keys(tree, "command line", problems, defaults, spellings)
 
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(MegaRLConfig), *layers)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
-        raise ConfigError(f"{key}: {exc.msg if hasattr(exc, 'msg') else exc}".split("\n    full_key")[0]) from exc
-    _check_resolvable_and_complete(cfg)
-    if validate:
-        from megarl.config.validate import validate_config
+    cfg = _typed(tree, problems)
+    missing = sorted(_missing_keys(cfg))
+    resolved = not missing
+    if missing:
+        problems.append(Problem("required config keys are not set: " + ", ".join(missing)
+                                + " (set them in the YAML or as key=value overrides)"))
+    else:
+        try:
+            OmegaConf.resolve(cfg)
+        except OmegaConfBaseException as exc:
+            problems.append(Problem(f"cannot resolve an interpolation: {_first_line(exc)}"))
+            resolved = False
+    if validate and resolved:  # also after other problems: every problem is reported in one pass
+        from megarl.config.validate import config_problems
 
-        validate_config(cfg)
+        problems += config_problems(cfg, notes)
+        if preflight:
+            from megarl.config.preflight import preflight_problems
+
+            problems += preflight_problems(cfg)
+    if problems:
+        raise ConfigError([_as_given(p, spellings) for p in problems])
+    notes[:] = list(dict.fromkeys(notes))
     return cfg
 
 
-def parse_overrides(overrides: Iterable[str]) -> DictConfig:
-    items = []
-    for item in overrides:
-        if "=" not in item or item.startswith("="):
-            raise ConfigError(f"override '{item}' is not of the form key=value "
-                              "(example: actor_rollout_ref.rollout.n=8)")
-        items.append(item[1:] if item.startswith("+") else item)
-    try:
-        return OmegaConf.from_dotlist(items)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"cannot parse overrides {items}: {exc}") from exc
-
-
-def schema_keys(schema: type = MegaRLConfig, prefix: str = "") -> list[str]:
-    """Every dotted key of the schema, e.g. 'actor_rollout_ref.rollout.n'."""
-    keys = []
-    for f in dataclasses.fields(schema):
-        full = f"{prefix}{f.name}"
-        keys.append(full)
-        sub = _dataclass_type(schema, f)
-        if sub is not None:
-            keys.extend(schema_keys(sub, full + "."))
-    return keys
-
-
-def check_known_keys(tree: Any, source: str, schema: type = MegaRLConfig, prefix: str = "") -> None:
-    """Reject keys the schema does not have, suggesting the closest known key."""
-    if not isinstance(tree, dict):
-        return
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    for key, value in tree.items():
-        full = f"{prefix}{key}"
-        if key not in fields:
-            raise ConfigError(f"{source}: unknown config key '{full}'.{_suggest(str(key), full, list(fields), prefix)}")
-        sub = _dataclass_type(schema, fields[key])
-        if sub is not None:
-            if value is not None and not isinstance(value, dict):
-                raise ConfigError(f"{source}: '{full}' is a section (keys: {', '.join(f.name for f in dataclasses.fields(sub))}); "
-                                  f"give it a mapping, or set one of its keys as {full}.<key>=value")
-            check_known_keys(value, source, sub, full + ".")
-
-
-def _suggest(key: str, full: str, siblings: list[str], prefix: str) -> str:
-    close = difflib.get_close_matches(key, siblings, n=3, cutoff=0.6)
-    if close:
-        return " Did you mean " + " or ".join(f"'{prefix}{c}'" for c in close) + "?"
-    elsewhere = [k for k in schema_keys() if k.rsplit(".", 1)[-1] == key]
-    if elsewhere:
-        return " A key of that name exists at " + ", ".join(f"'{k}'" for k in elsewhere) + "."
-    return f" Known keys here: {', '.join(sorted(siblings))}."
-
-
-def _dataclass_type(schema: type, f: dataclasses.Field) -> type | None:
-    hints = getattr(schema, "__dataclass_hints__", None)
-    if hints is None:
-        import typing
-
-        hints = typing.get_type_hints(schema)
-        schema.__dataclass_hints__ = hints
-    tp = hints[f.name]
-    return tp if dataclasses.is_dataclass(tp) else None
-
-
-def _check_resolvable_and_complete(cfg: DictConfig) -> None:
-    missing = sorted(_missing_keys(cfg))
+def _composition_problem(name: Any, exc: Exception) -> str:
+    text = _first_line(exc)
+    missing = re.search(r"Could not load '([^']+)'", text)
     if missing:
-        raise ConfigError("required config keys are not set: " + ", ".join(missing)
-                          + " (set them in the YAML or as key=value overrides)")
-    try:
-        OmegaConf.resolve(cfg)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"cannot resolve an interpolation: {exc}") from exc
+        entry = missing.group(1)
+        hint = ("verl's FSDP default config; megarl trains with Megatron-core: use `- ppo_megatron_trainer`"
+                if entry.rsplit("/", 1)[-1] == "ppo_trainer" else
+                f"a config next to it, in the working directory or one of megarl's ({', '.join(packaged_configs())})")
+        return f"{name}: its defaults list names '{entry}', which is not found: {hint}"
+    return f"{name}: cannot compose the config: {text}"
+
+
+def _as_given(problem: Problem, spellings: dict[str, str]) -> Problem:
+    """Name the spelling the user wrote in a problem about the megarl key it maps onto."""
+    given = spellings.get(problem.key or "")
+    if given is None:
+        return problem
+    return dataclasses.replace(problem, message=f"{problem.message} (given as {given})")
+
+
+def _typed(tree: DictConfig, problems: list[Problem]) -> DictConfig:
+    """The structured config with every value of ``tree``; each value of the wrong type is a problem."""
+    cfg = OmegaConf.structured(MegaRLConfig)
+    fields = schema_fields()
+    for key, value in _assignments(tree):
+        if fields.get(key) not in (LEAF, FREE):
+            problems.append(Problem(f"'{key}' is a section of the config; set its keys as {key}.<key>=value", key=key))
+            continue
+        value = _verl_value_forms(key, value)
+        try:
+            OmegaConf.update(cfg, key, value, merge=False)
+        except OmegaConfBaseException as exc:
+            problems.append(Problem(f"{key}={value!r}: {_first_line(exc)}", key=key))
+    return cfg
+
+
+def _assignments(tree: DictConfig, prefix: str = ""):
+    fields = schema_fields()
+    for key in tree.keys():
+        full = f"{prefix}{key}"
+        raw = tree._get_node(key)  # noqa: SLF001
+        if OmegaConf.is_missing(tree, key):
+            continue  # the schema's ??? stays
+        if OmegaConf.is_interpolation(tree, key):
+            yield full, raw._value()  # noqa: SLF001
+        elif fields.get(full) == FREE or not isinstance(tree[key], DictConfig):
+            yield full, OmegaConf.to_container(tree[key]) if OmegaConf.is_config(tree[key]) else tree[key]
+        else:
+            yield from _assignments(tree[key], full + ".")
+
+
+def _verl_value_forms(key: str, value: Any) -> Any:
+    """Value forms verl accepts that the schema's types do not: a logger name alone, an empty path."""
+    if key == "trainer.logger" and isinstance(value, str) and not value.startswith("${"):
+        return [value]
+    if key.endswith(".dist_checkpointing_path") and value == "":
+        return None
+    return value
 
 
 def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
@@ -150,6 +164,11 @@ def _missing_keys(node: DictConfig, prefix: str = "") -> list[str]:
         elif not OmegaConf.is_interpolation(node, key) and isinstance(node[key], DictConfig):
             found.extend(_missing_keys(node[key], f"{prefix}{key}."))
     return found
+
+
+def _first_line(exc: Exception) -> str:
+    text = getattr(exc, "msg", None) or str(exc)
+    return " ".join(str(text).split("\n    full_key")[0].split())
 
 
 def to_yaml(cfg: DictConfig) -> str:

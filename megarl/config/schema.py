@@ -1,9 +1,11 @@
 """The typed config schema, with verl's key names and defaults.
 
-Every YAML in ``configs/`` and every ``a.b.c=value`` override is checked against these
-dataclasses: unknown keys are rejected (with a close-match suggestion) and values are
-type-checked by OmegaConf. Keys that verl has keep verl's names and defaults, so a verl
-config carries over; keys that megarl adds are marked "megarl:" in their comment.
+Every YAML and every ``a.b.c=value`` override is checked against these dataclasses: values are
+type-checked by OmegaConf, and a key that is not here is either one of verl's keys that
+``megarl.config.verl_keys`` decides (another spelling, refused, or without effect) or unknown.
+Keys that verl has keep verl's names and defaults, so a verl config carries over; keys that
+megarl adds are marked "megarl:" in their comment. ``megarl.config.consumers`` names the code
+that reads each key.
 
 On machines without GPUs, ``trainer.n_gpus_per_node`` counts worker processes (ranks)
 per node, one CPU "device" each.
@@ -28,12 +30,13 @@ class DataConfig:
     train_batch_size: int = 1024  # prompts per step
     val_batch_size: Optional[int] = None  # None: the whole validation set at once
     shuffle: bool = True
-    seed: int = 1
+    seed: Optional[int] = 1  # None (verl's default: unseeded) draws with seed 1; resume needs a fixed seed
     filter_overlong_prompts: bool = True  # drop prompts over max_prompt_length (count logged)
     truncation: str = "error"  # error | left | right | middle (used when not filtering)
-    dataloader_num_workers: int = 0
-    return_raw_chat: bool = False
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False  # the tokenizer (verl: the driver's tokenizer and processor)
+    train_max_samples: int = -1  # -1: every row; N: the first N rows of the train files
+    val_max_samples: int = -1
     drop_last: bool = True  # megarl: an incomplete last batch of an epoch is dropped
 
 
@@ -82,16 +85,16 @@ class OptimConfig:
     eps: float = 1e-8
     clip_grad: float = 1.0
     total_training_steps: int = -1  # filled in by the trainer
+    override_optimizer_config: Dict[str, Any] = field(default_factory=dict)  # megatron OptimizerConfig fields
 
 
 @dataclass
 class ModelConfig:
-    path: str = MISSING  # HF checkpoint directory
+    path: str = MISSING  # HF checkpoint directory, or a hub id already in the HF cache
     tokenizer_path: Optional[str] = None
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # passed to the vLLM engines
+    custom_chat_template: Optional[str] = None  # a Jinja chat template that replaces the tokenizer's
     enable_gradient_checkpointing: bool = False
-    use_remove_padding: bool = True
-    override_config: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,16 +157,21 @@ class SamplingOverrides:
 class WeightSyncConfig:
     """megarl: how trainer weights reach the rollout fleet after every step."""
 
-    bucket_mb: int = 512
+    bucket_mb: int = 512  # verl: rollout.checkpoint_engine.update_weights_bucket_megabytes
     transport: str = "auto"  # auto | nccl | gloo | cuda_ipc
     timeout_s: float = 600.0
     verify: bool = True  # log rollout/logprob_diff every step
 
 
 @dataclass
+class EngineKwargsConfig:
+    vllm: Dict[str, Any] = field(default_factory=dict)  # extra vllm.LLM / EngineArgs fields
+
+
+@dataclass
 class RolloutConfig:
-    name: str = "vllm"
-    mode: str = "sync"
+    name: str = "vllm"  # the only engine megarl runs
+    mode: str = "sync"  # sync | async: both generate each step's batch on the fleet and wait for it
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -175,26 +183,30 @@ class RolloutConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 2
-    data_parallel_size: int = 1
     num_replicas: Optional[int] = None  # megarl: None = rollout GPUs / rollout TP
     enforce_eager: bool = True
     free_cache_engine: bool = True  # sleep/wake the engine in colocated mode (GPU)
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 1024
     max_model_len: Optional[int] = None
+    ignore_eos: bool = False
+    logprobs_mode: str = "raw_logprobs"  # megarl: raw (verl: processed) so they compare with the trainer's
+    scheduling_policy: str = "fcfs"  # fcfs | priority
+    disable_log_stats: bool = True
     seed: int = 0
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
-    calculate_log_probs: bool = True
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
     val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = True
+    nccl_timeout: int = 600  # seconds, the trainer's torch.distributed process groups
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -205,9 +217,7 @@ class ActorRolloutRefConfig:
 @dataclass
 class CriticModelConfig:
     path: Optional[str] = II("actor_rollout_ref.model.path")
-    tokenizer_path: Optional[str] = None
     enable_gradient_checkpointing: bool = False
-    override_config: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -231,13 +241,16 @@ class CriticConfig:
     loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
     grad_clip: float = 1.0
     megatron: MegatronConfig = field(default_factory=shared_layout)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 # -------------------------------------------------------------------------- rewards
 @dataclass
 class CustomRewardFunctionConfig:
+    """verl's older spelling; its 2026 one, ``reward.custom_reward_function.*``, sets the same keys."""
+
     path: Optional[str] = None  # a .py file defining the function
-    name: str = "compute_score"  # signature: (data_source, solution_str, ground_truth, extra_info=None)
+    name: str = "compute_score"  # per-sample or batch form, told apart by its signature (megarl.rewards.custom)
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of every call
 
 
@@ -251,14 +264,19 @@ class OverlongBufferConfig:
 
 @dataclass
 class RewardModelConfig:
-    enable: bool = False  # model-based rewards are not supported yet; rule/custom rewards only
-    reward_manager: str = "naive"
-    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO, verl's place
+    """verl's older spelling; ``reward.reward_manager.name``, ``reward.reward_kwargs`` and
+    ``reward.reward_model.enable`` (verl 2026) set the same keys."""
+
+    enable: bool = False  # model-based rewards: refused until issue 16
+    reward_manager: str = "naive"  # naive | dapo | batch
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # the manager's: dapo takes max_resp_len, overlong_buffer_cfg
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO recipe's place
 
 
 @dataclass
 class RewardConfig:
-    """megarl: how rule/custom reward functions are run."""
+    """How reward functions are run (``num_workers`` is verl's key too; its other ``reward.*`` keys
+    are the 2026 spellings of ``reward_model.*`` / ``custom_reward_function.*``)."""
 
     num_workers: int = 1  # 1: score in the controller process; N: a pool of N workers
     executor: str = "process"  # process | thread (for num_workers > 1)
@@ -308,14 +326,27 @@ class TrainerConfig:
     save_freq: int = -1
     test_freq: int = -1
     val_before_train: bool = True
+    val_only: bool = False  # validate once (before training) and stop
     critic_warmup: int = 0
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: Optional[str] = None
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: Optional[int] = None
     max_critic_ckpt_to_keep: Optional[int] = None
+    balance_batch: bool = True
+    log_val_generations: int = 0  # validation samples to print and write (TensorBoard text, JSONL)
     ray_address: Optional[str] = None  # megarl: None = $RAY_ADDRESS or a local cluster
-    seed: int = 42  # megarl: controller RNG
+
+
+@dataclass
+class RayInitConfig:
+    num_cpus: Optional[int] = None  # CPUs of a local Ray cluster; None: this machine's (or the slots')
+
+
+@dataclass
+class RayKwargsConfig:
+    ray_init: RayInitConfig = field(default_factory=RayInitConfig)
+    timeline_json_file: Optional[str] = None  # write Ray's task timeline here when the run ends
 
 
 @dataclass
@@ -328,3 +359,4 @@ class MegaRLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

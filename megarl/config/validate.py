@@ -1,19 +1,22 @@
-"""Cross-key checks run before any process or GPU is touched.
+"""Cross-key rules of a typed config, checked before any process or GPU is touched.
 
-Each problem names the key, what is wrong and how to fix it; all problems are reported at
-once. The batch arithmetic follows verl: ``ppo_mini_batch_size`` counts prompts, so one
-mini-batch holds ``ppo_mini_batch_size * rollout.n`` samples spread over the data-parallel
-ranks, and each rank splits its share into micro-batches (gradient accumulation steps).
+``config_problems`` returns every problem at once, one line each, naming the key and the fix.
+Names are checked against the registries the code runs with (estimators, losses, aggregation
+modes, KL estimators and controllers, weight-sync transports, metric sinks, reward managers,
+LR schedules, data truncation modes), never against lists kept here. The batch arithmetic
+follows verl: ``ppo_mini_batch_size`` counts prompts, so one mini-batch holds
+``ppo_mini_batch_size * rollout.n`` samples spread over the data-parallel ranks, and each rank
+splits its share into micro-batches (gradient accumulation steps).
 """
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from megarl.config.loader import ConfigError
+from megarl.config.errors import ConfigError, Problem, refusal
 
-GROUP_ESTIMATORS_NEEDING_N = {"grpo", "grpo_passk", "rloo"}
-VALUE_ESTIMATORS = {"gae"}
-LOGGERS = {"console", "tensorboard", "wandb", "jsonl"}
+VALUE_ESTIMATORS = {"gae"}  # estimators that need a critic
+RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.checkpointing.find_resume_checkpoint
+ROLLOUT_MODES = ("sync", "async")
 
 
 def devices_for(cfg: DictConfig) -> tuple[int, int]:
@@ -32,33 +35,73 @@ def critic_enabled(cfg: DictConfig) -> bool:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    problems: list[str] = []
-    add = problems.append
+    """Raise a ``ConfigError`` listing every problem of ``cfg`` (see ``config_problems``)."""
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Problem]:
+    """Every cross-key problem of ``cfg``; accepted settings worth a log line go to ``notes``."""
+    problems: list[Problem] = []
+    notes = [] if notes is None else notes
+    def add(problem: Problem | str, key: str | None = None) -> None:
+        problems.append(problem if isinstance(problem, Problem) else Problem(problem, key=key))
+
+    _check_backends(cfg, add, notes)
+    _check_layout_and_batches(cfg, add)
+    _check_rollout(cfg, add)
+    _check_data(cfg, add, notes)
+    _check_algorithm(cfg, add, notes)
+    _check_rewards(cfg, add)
+    _check_trainer(cfg, add)
+    return problems
+
+
+# ------------------------------------------------------------------ backends megarl runs
+def _check_backends(cfg, add, notes: list[str]) -> None:
+    arr = cfg.actor_rollout_ref
+    for key, value in (("actor_rollout_ref.actor.strategy", arr.actor.strategy),
+                       ("actor_rollout_ref.ref.strategy", arr.ref.strategy), ("critic.strategy", cfg.critic.strategy)):
+        if value in ("fsdp", "fsdp2"):
+            add(refusal(f"{key}={value}", "the FSDP training backend", "megarl trains with Megatron-core: set "
+                        "strategy=megatron and the layout in actor_rollout_ref.actor.megatron.*"))
+        elif value != "megatron":
+            add(f"{key}={value!r}: megarl's only training backend is 'megatron'", key)
+    name = arr.rollout.name
+    if name in ("sglang", "hf", "trtllm"):
+        engine = {"sglang": "SGLang", "hf": "Hugging Face generate()", "trtllm": "TensorRT-LLM"}[name]
+        add(refusal(f"actor_rollout_ref.rollout.name={name}", f"{engine} as the rollout engine",
+                    "megarl's rollout fleet runs vLLM: set actor_rollout_ref.rollout.name=vllm"))
+    elif name != "vllm":
+        add(f"actor_rollout_ref.rollout.name={name!r}: megarl's rollout engine is 'vllm'")
+    mode = arr.rollout.mode
+    if mode not in ROLLOUT_MODES:
+        add(f"actor_rollout_ref.rollout.mode={mode!r}: use one of {ROLLOUT_MODES}")
+    elif mode == "async":
+        notes.append("actor_rollout_ref.rollout.mode=async: megarl's fleet generates each step's batch on all "
+                     "replicas and waits for it, as verl's async server mode does within a step; off-policy "
+                     "training is async_training.* (issue 14)")
+
+
+# ------------------------------------------------------------------ layout and batch arithmetic
+def _check_layout_and_batches(cfg, add) -> None:
+    from megarl.trainer.placement import plan_from_config
+
     t, d, a = cfg.trainer, cfg.data, cfg.algorithm
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-
-    # placement
-    for key, value in (("trainer.nnodes", t.nnodes), ("trainer.n_gpus_per_node", t.n_gpus_per_node)):
-        if value < 1:
-            add(f"{key}={value}: must be >= 1.")
-    if t.placement not in ("colocated", "split"):
-        add(f"trainer.placement={t.placement!r}: use 'colocated' or 'split'.")
-    world = t.nnodes * t.n_gpus_per_node
-    if t.placement == "split" and not (t.rollout_gpus and 0 < t.rollout_gpus < world):
-        add(f"trainer.rollout_gpus={t.rollout_gpus}: split placement needs 0 < rollout_gpus < "
-            f"nnodes*n_gpus_per_node={world}; set trainer.rollout_gpus.")
-    if problems:
-        raise ConfigError(_format(problems))
+    try:  # placement mode, node sizes, rollout TP divides the rollout devices, replicas fit
+        plan_from_config(cfg)
+    except ValueError as exc:
+        add(f"{exc}.")
+        return
     trainer_devices, _ = devices_for(cfg)
-
-    # trainer layout and batch arithmetic
-    _check_batches(add, "actor_rollout_ref.actor", actor, actor.megatron, trainer_devices,
-                   d.train_batch_size, rollout.n)
+    _check_batches(add, "actor_rollout_ref.actor", actor, actor.megatron, trainer_devices, d.train_batch_size, rollout.n)
     if critic_enabled(cfg):
-        _check_batches(add, "critic", cfg.critic, cfg.critic.megatron, trainer_devices,
-                       d.train_batch_size, rollout.n)
+        _check_batches(add, "critic", cfg.critic, cfg.critic.megatron, trainer_devices, d.train_batch_size, rollout.n)
     layout_keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-                   "virtual_pipeline_model_parallel_size", "context_parallel_size")
+                   "expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                   "sequence_parallel")
     actor_layout = {k: actor.megatron[k] for k in layout_keys}
     for section, megatron in (("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref.megatron), ("critic", cfg.critic.megatron)):
         if section == "critic" and not critic_enabled(cfg):
@@ -68,71 +111,24 @@ def validate_config(cfg: DictConfig) -> None:
             diff = ", ".join(f"{k}: {other[k]} vs {actor_layout[k]}" for k in layout_keys if other[k] != actor_layout[k])
             add(f"{section}.megatron must use the actor's parallel layout (they share one megatron parallel "
                 f"state on the same ranks); differs in {diff}. Set the same sizes as actor_rollout_ref.actor.megatron.")
+    if actor.megatron.context_parallel_size > 1:
+        add(refusal(f"actor_rollout_ref.actor.megatron.context_parallel_size={actor.megatron.context_parallel_size}",
+                        "context parallelism", "set context_parallel_size=1; long sequences fit with "
+                        "use_dynamic_bsz and activation recompute"))
     if cfg.critic.enable is False and a.adv_estimator in VALUE_ESTIMATORS:
         add(f"critic.enable=False but algorithm.adv_estimator={a.adv_estimator!r} needs values; "
             "enable the critic or pick a critic-free estimator such as 'grpo'.")
-
-    # rollout
-    from megarl.trainer.placement import plan_from_config
-
-    try:  # rollout TP divides the rollout devices, replicas fit, no replica spans two nodes
-        plan_from_config(cfg)
-    except ValueError as exc:
-        add(f"{exc}.")
-    if rollout.n < 1:
-        add(f"actor_rollout_ref.rollout.n={rollout.n}: must be >= 1.")
-    elif a.adv_estimator in GROUP_ESTIMATORS_NEEDING_N and rollout.n < 2:
-        add(f"algorithm.adv_estimator={a.adv_estimator!r} compares responses within a group, so "
-            f"actor_rollout_ref.rollout.n={rollout.n} gives all-zero advantages; set rollout.n >= 2.")
-    if not 0 < rollout.gpu_memory_utilization <= 1:
-        add(f"actor_rollout_ref.rollout.gpu_memory_utilization={rollout.gpu_memory_utilization}: must be in (0, 1].")
-    if rollout.max_model_len is not None and rollout.prompt_length + rollout.response_length > rollout.max_model_len:
-        add(f"actor_rollout_ref.rollout.max_model_len={rollout.max_model_len} is below prompt_length + "
-            f"response_length = {rollout.prompt_length + rollout.response_length}; raise it or shorten the lengths.")
-    if rollout.weight_sync.transport not in ("auto", "nccl", "gloo", "cuda_ipc"):
-        add(f"actor_rollout_ref.rollout.weight_sync.transport={rollout.weight_sync.transport!r}: "
-            "use auto, nccl, gloo or cuda_ipc.")
-    if rollout.weight_sync.bucket_mb < 1:
-        add(f"actor_rollout_ref.rollout.weight_sync.bucket_mb={rollout.weight_sync.bucket_mb}: must be >= 1.")
-
-    # data
-    if d.max_prompt_length < 1 or d.max_response_length < 1:
-        add("data.max_prompt_length and data.max_response_length must be >= 1.")
-    if d.truncation not in ("error", "left", "right", "middle"):
-        add(f"data.truncation={d.truncation!r}: use error, left, right or middle.")
-    if d.train_batch_size < 1:
-        add(f"data.train_batch_size={d.train_batch_size}: must be >= 1.")
-
-    # algorithm names, checked against the registries
-    _check_names(add, cfg)
-    if a.kl_ctrl.type not in ("fixed", "adaptive"):
-        add(f"algorithm.kl_ctrl.type={a.kl_ctrl.type!r}: use 'fixed' or 'adaptive'.")
-    if a.filter_groups.enable and not a.filter_groups.metric:
-        add("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward).")
-
-    # trainer bookkeeping
-    if t.resume_mode not in ("auto", "disable", "resume_path"):
-        add(f"trainer.resume_mode={t.resume_mode!r}: use auto, disable or resume_path.")
-    if t.resume_mode == "resume_path" and not t.resume_from_path:
-        add("trainer.resume_mode=resume_path needs trainer.resume_from_path.")
-    for key in ("save_freq", "test_freq"):
-        if t[key] == 0 or t[key] < -1:
-            add(f"trainer.{key}={t[key]}: use -1 (never) or a positive step count.")
-    unknown = sorted(set(t.logger) - LOGGERS)
-    if unknown:
-        add(f"trainer.logger has unknown entries {unknown}; known: {sorted(LOGGERS)}.")
-    if cfg.reward.executor not in ("process", "thread"):
-        add(f"reward.executor={cfg.reward.executor!r}: use 'process' or 'thread'.")
-    if cfg.reward.num_workers < 1:
-        add(f"reward.num_workers={cfg.reward.num_workers}: must be >= 1.")
-    if cfg.reward.on_error not in ("zero", "raise"):
-        add(f"reward.on_error={cfg.reward.on_error!r}: use 'zero' or 'raise'.")
-    if cfg.reward_model.enable:
-        add("reward_model.enable=True: model-based reward is not supported; use rule rewards or "
-            "custom_reward_function.path.")
-
-    if problems:
-        raise ConfigError(_format(problems))
+    ref = cfg.actor_rollout_ref.ref
+    needs_ref = actor.use_kl_loss or a.use_kl_in_reward
+    if needs_ref and not ref.log_prob_use_dynamic_bsz and ref.log_prob_micro_batch_size_per_gpu is None:
+        add("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu is not set, and the reference model runs "
+            "(use_kl_loss or use_kl_in_reward); set it (samples per forward on one device) or "
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True.")
+    for key, value in (("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", ref.log_prob_micro_batch_size_per_gpu),
+                       ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                        rollout.log_prob_micro_batch_size_per_gpu)):
+        if value is not None and value < 1:
+            add(f"{key}={value}: must be >= 1.")
 
 
 def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_size: int, n: int) -> None:
@@ -168,6 +164,8 @@ def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_s
     if role.use_dynamic_bsz:
         return
     micro = role.ppo_micro_batch_size_per_gpu
+    if micro is None and prefix == "actor_rollout_ref.actor" and role.ppo_micro_batch_size is not None:
+        micro = max(role.ppo_micro_batch_size // dp, 1)  # verl's deprecated global form, as the engine converts it
     if micro is None:
         add(f"{prefix}.ppo_micro_batch_size_per_gpu is not set; set it (a divisor of the {per_rank} samples "
             f"each rank gets per mini-batch) or set {prefix}.use_dynamic_bsz=True.")
@@ -178,31 +176,133 @@ def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_s
             f"{per_rank}.")
 
 
-def _check_names(add, cfg: DictConfig) -> None:
-    try:
-        from megarl import algorithms
-    except ImportError:  # the algorithms package is optional for config-only use
-        return
-    checks = [
-        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator, getattr(algorithms, "ADVANTAGE_ESTIMATORS", None)),
-        ("actor_rollout_ref.actor.policy_loss.loss_mode", cfg.actor_rollout_ref.actor.policy_loss.loss_mode,
-         getattr(algorithms, "POLICY_LOSSES", None)),
-    ]
+# ------------------------------------------------------------------ rollout and weight sync
+def _check_rollout(cfg, add) -> None:
+    from megarl.algorithms import GROUP_ESTIMATORS
+    from megarl.rollout.engine_config import LOGPROBS_MODES, SCHEDULING_POLICIES, engine_kwargs_problems
+    from megarl.weight_sync.transport import TRANSPORTS
+
+    a, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
+
+    if rollout.n < 1:
+        add(f"actor_rollout_ref.rollout.n={rollout.n}: must be >= 1.")
+    elif a.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2:
+        add(f"algorithm.adv_estimator={a.adv_estimator!r} compares responses within a group, so "
+            f"actor_rollout_ref.rollout.n={rollout.n} gives all-zero advantages; set rollout.n >= 2.")
+    if not 0 < rollout.gpu_memory_utilization <= 1:
+        add(f"actor_rollout_ref.rollout.gpu_memory_utilization={rollout.gpu_memory_utilization}: must be in (0, 1].")
+    if rollout.max_model_len is not None and rollout.prompt_length + rollout.response_length > rollout.max_model_len:
+        add(f"actor_rollout_ref.rollout.max_model_len={rollout.max_model_len} is below prompt_length + "
+            f"response_length = {rollout.prompt_length + rollout.response_length}; raise it or shorten the lengths.")
+    if rollout.logprobs_mode not in LOGPROBS_MODES:
+        add(f"actor_rollout_ref.rollout.logprobs_mode={rollout.logprobs_mode!r}: use one of {LOGPROBS_MODES}.")
+    if rollout.scheduling_policy not in SCHEDULING_POLICIES:
+        add(f"actor_rollout_ref.rollout.scheduling_policy={rollout.scheduling_policy!r}: use one of {SCHEDULING_POLICIES}.")
+    for message in engine_kwargs_problems(rollout.engine_kwargs.vllm):
+        add(message)
+    sync = rollout.weight_sync
+    if sync.transport != "auto" and sync.transport not in TRANSPORTS:
+        add(f"actor_rollout_ref.rollout.weight_sync.transport={sync.transport!r}: use auto or one of {TRANSPORTS}.")
+    if sync.bucket_mb < 1:
+        add(f"actor_rollout_ref.rollout.weight_sync.bucket_mb={sync.bucket_mb}: must be >= 1 (MiB).")
+
+
+# ------------------------------------------------------------------ data
+def _check_data(cfg, add, notes: list[str]) -> None:
+    from megarl.data import TRUNCATION_MODES
+
+    d = cfg.data
+    if d.seed is None:
+        notes.append("data.seed=null (verl: unseeded): megarl draws batches with seed 1, since an exact resume "
+                     "needs a fixed order; set data.seed to choose another")
+    if d.max_prompt_length < 1 or d.max_response_length < 1:
+        add("data.max_prompt_length and data.max_response_length must be >= 1.")
+    if d.truncation not in TRUNCATION_MODES:
+        add(f"data.truncation={d.truncation!r}: use one of {TRUNCATION_MODES}.")
+    if d.train_batch_size < 1:
+        add(f"data.train_batch_size={d.train_batch_size}: must be >= 1.")
+    for key in ("train_max_samples", "val_max_samples"):
+        if d[key] == 0 or d[key] < -1:
+            add(f"data.{key}={d[key]}: use -1 (every row) or a positive row count.")
+
+
+# ------------------------------------------------------------------ algorithm names and settings
+def _check_algorithm(cfg, add, notes: list[str]) -> None:
+    from megarl import algorithms
+    from megarl.engine.settings import DECAY_STYLES
+
+    a, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
+    checks = [("algorithm.adv_estimator", a.adv_estimator, algorithms.ADVANTAGE_ESTIMATORS),
+              ("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, algorithms.POLICY_LOSSES),
+              ("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, algorithms.LOSS_AGG_MODES),
+              ("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, algorithms.KL_PENALTIES),
+              ("algorithm.kl_penalty", a.kl_penalty, algorithms.KL_PENALTIES),
+              ("algorithm.kl_ctrl.type", a.kl_ctrl.type, algorithms.KL_CONTROLLERS)]
+    if critic_enabled(cfg):
+        checks.append(("critic.loss_agg_mode", cfg.critic.loss_agg_mode, algorithms.LOSS_AGG_MODES))
     for key, name, registry in checks:
-        if registry is not None and name not in registry:
+        if name not in registry:
             add(f"{key}={name!r} is not registered; known: {sorted(registry)}.")
-    agg_modes = getattr(algorithms, "LOSS_AGG_MODES", None)
-    if agg_modes is not None and cfg.actor_rollout_ref.actor.loss_agg_mode not in agg_modes:
-        add(f"actor_rollout_ref.actor.loss_agg_mode={cfg.actor_rollout_ref.actor.loss_agg_mode!r}; known: {sorted(agg_modes)}.")
-    kl_types = getattr(algorithms, "KL_PENALTIES", None)
-    if kl_types is not None:
-        for key, name in (("actor_rollout_ref.actor.kl_loss_type", cfg.actor_rollout_ref.actor.kl_loss_type),
-                          ("algorithm.kl_penalty", cfg.algorithm.kl_penalty)):
-            if name not in kl_types:
-                add(f"{key}={name!r}; known: {sorted(kl_types)}.")
+    if actor.policy_loss.loss_mode == "gspo" and actor.loss_agg_mode != "seq-mean-token-mean":
+        notes.append(f"GSPO aggregates its policy term with actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}; "
+                     "verl's GSPO always uses seq-mean-token-mean there (the paper's form): set "
+                     "loss_agg_mode=seq-mean-token-mean to match verl")
+    if a.filter_groups.enable and not a.filter_groups.metric:
+        add("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward).")
+    for section in ("actor_rollout_ref.actor", "critic"):
+        if section == "critic" and not critic_enabled(cfg):
+            continue
+        optim = cfg.actor_rollout_ref.actor.optim if section != "critic" else cfg.critic.optim
+        style = optim.lr_decay_style or optim.warmup_style
+        key = f"{section}.optim.{'lr_decay_style' if optim.lr_decay_style else 'warmup_style'}"
+        if style not in DECAY_STYLES:
+            add(f"{key}={style!r}: LR schedules are {DECAY_STYLES}.")
+        if optim.optimizer != "adam":
+            add(refusal(f"{section}.optim.optimizer={optim.optimizer}", "optimizers other than Adam",
+                            "megarl trains with megatron's (distributed) Adam"))
+        if len(optim.betas) != 2:
+            add(f"{section}.optim.betas={list(optim.betas)}: give two values, e.g. [0.9, 0.999].")
 
 
-def _format(problems: list[str]) -> str:
-    if len(problems) == 1:
-        return "invalid config: " + problems[0]
-    return "invalid config:\n" + "\n".join(f"  - {p}" for p in problems)
+# ------------------------------------------------------------------ rewards
+def _check_rewards(cfg, add) -> None:
+    from megarl.rewards.manager import EXECUTORS, ON_ERROR_MODES
+    from megarl.rewards.managers import reward_manager_problems
+    if cfg.reward.executor not in EXECUTORS:
+        add(f"reward.executor={cfg.reward.executor!r}: use one of {EXECUTORS}.")
+    if cfg.reward.num_workers < 1:
+        add(f"reward.num_workers={cfg.reward.num_workers}: must be >= 1.")
+    if cfg.reward.on_error not in ON_ERROR_MODES:
+        add(f"reward.on_error={cfg.reward.on_error!r}: use one of {ON_ERROR_MODES}.")
+    if cfg.reward_model.enable:
+        add(refusal("reward_model.enable=True", "model-based rewards (a reward model or an LLM judge)",
+                    "rule and custom reward functions score the responses (custom_reward_function.path)", issue=16))
+    for problem in reward_manager_problems(cfg):
+        add(problem)
+
+
+# ------------------------------------------------------------------ trainer bookkeeping
+def _check_trainer(cfg, add) -> None:
+    from megarl.logging import SINKS
+
+    t = cfg.trainer
+    if t.resume_mode not in RESUME_MODES:
+        add(f"trainer.resume_mode={t.resume_mode!r}: use one of {RESUME_MODES}.")
+    if t.resume_mode == "resume_path" and not t.resume_from_path:
+        add("trainer.resume_mode=resume_path needs trainer.resume_from_path.")
+    for key in ("save_freq", "test_freq"):
+        if t[key] == 0 or t[key] < -1:
+            add(f"trainer.{key}={t[key]}: use -1 (never) or a positive step count.")
+    unknown = sorted(set(t.logger) - set(SINKS))
+    if unknown:
+        add(f"trainer.logger has unknown entries {unknown}; known: {sorted(SINKS)}.")
+    if t.log_val_generations < 0:
+        add(f"trainer.log_val_generations={t.log_val_generations}: must be >= 0.")
+    elif t.log_val_generations and not cfg.data.val_files:
+        add(f"trainer.log_val_generations={t.log_val_generations} logs validation samples, but data.val_files "
+            "is not set; set it or drop the key.")
+    if t.val_only and not cfg.data.val_files:
+        add("trainer.val_only=True needs data.val_files.")
+    cpus = cfg.ray_kwargs.ray_init.num_cpus
+    if cpus is not None and cpus < 1:
+        add(f"ray_kwargs.ray_init.num_cpus={cpus}: must be >= 1.")

@@ -8,11 +8,12 @@ from megarl.data.loader import (
     collate,
     iterate_in_order,
 )
-from megarl.data.rows import DataFormatError, PromptRow, read_rows
+from megarl.data.rows import UNKNOWN_SOURCE, DataFormatError, PromptRow, column_problems, read_rows
 from megarl.data.sampler import ResumableBatchSampler
 
 __all__ = [
     "TRUNCATION_MODES",
+    "UNKNOWN_SOURCE",
     "DataFormatError",
     "PromptBatch",
     "PromptDataLoader",
@@ -23,6 +24,7 @@ __all__ = [
     "build_dataset",
     "build_train_loader",
     "collate",
+    "column_problems",
     "iterate_in_order",
     "read_rows",
     "truncate_ids",

@@ -61,6 +61,19 @@ def truncate_ids(ids: list[int], max_length: int, mode: str) -> list[int]:
     raise ValueError(f"truncation mode {mode!r} cannot shorten a prompt; use one of 'left', 'right', 'middle'")
 
 
+def select_rows(rows: list, max_samples: int, shuffle: bool, seed: int | None) -> list:
+    """``data.train_max_samples`` / ``val_max_samples`` as verl: the first N rows, or N rows drawn
+    without replacement by ``numpy.random.default_rng(data.seed)`` when ``data.shuffle``."""
+    if max_samples is None or max_samples <= 0 or max_samples >= len(rows):
+        return rows
+    if not shuffle:
+        return rows[:max_samples]
+    import numpy as np
+
+    rng = np.random.default_rng(*(() if seed is None else (seed,)))
+    return [rows[i] for i in rng.choice(len(rows), size=max_samples, replace=False).tolist()]
+
+
 class PromptDataset:
     """Prompts from verl-format parquet files, validated and tokenised with the chat template."""
 
@@ -74,6 +87,11 @@ class PromptDataset:
         truncation: str = "error",
         filter_overlong_prompts: bool = True,
         apply_chat_template_kwargs: dict[str, Any] | None = None,
+        reward_fn_key: str = "data_source",
+        need_reward_fn_key: bool = True,
+        max_samples: int = -1,
+        shuffle: bool = False,
+        seed: int | None = None,
     ):
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {TRUNCATION_MODES}")
@@ -88,9 +106,11 @@ class PromptDataset:
         self.truncation = truncation
         self.filter_overlong_prompts = filter_overlong_prompts
 
-        rows = read_rows(files, prompt_key=prompt_key)
+        rows = read_rows(files, prompt_key=prompt_key, reward_fn_key=reward_fn_key,
+                         need_reward_fn_key=need_reward_fn_key)
         if not rows:
             raise DataFormatError(f"no rows in {files!r}: the dataset is empty")
+        rows = select_rows(rows, max_samples, shuffle, seed)
         texts = [
             tokenizer.apply_chat_template(
                 row.messages, add_generation_prompt=True, tokenize=False, **dict(apply_chat_template_kwargs or {})

@@ -1,8 +1,9 @@
 """Batches of prompts for the trainer, built from the ``data.*`` config section.
 
 Config keys read (verl's names; defaults in brackets):
-``train_files``, ``val_files``, ``prompt_key`` ["prompt"], ``max_prompt_length`` [1024],
-``truncation`` ["error"], ``filter_overlong_prompts`` [True], ``apply_chat_template_kwargs`` [{}],
+``train_files``, ``val_files``, ``prompt_key`` ["prompt"], ``reward_fn_key`` ["data_source"],
+``max_prompt_length`` [1024], ``truncation`` ["error"], ``filter_overlong_prompts`` [True],
+``apply_chat_template_kwargs`` [{}], ``train_max_samples`` / ``val_max_samples`` [-1: all rows],
 ``train_batch_size`` (required for training), ``val_batch_size`` [None: the whole
 validation set in one batch], ``shuffle`` [True], ``seed`` [1], ``drop_last`` [True].
 """
@@ -86,11 +87,15 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def build_dataset(data_cfg: Any, tokenizer: Any, split: str) -> PromptDataset:
-    """The train (``split="train"``) or validation (``split="val"``) dataset from ``data.*``."""
+def build_dataset(data_cfg: Any, tokenizer: Any, split: str, need_reward_fn_key: bool = True) -> PromptDataset:
+    """The train (``split="train"``) or validation (``split="val"``) dataset from ``data.*``.
+
+    ``need_reward_fn_key=False`` (a custom reward function is given) accepts files without the
+    ``data.reward_fn_key`` column.
+    """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    files = _get(data_cfg, f"{split}_files")
+    files = _get(data_cfg, "train_files" if split == "train" else "val_files")
     if files is None:
         raise ValueError(f"data.{split}_files is not set: give a parquet path or a list of paths")
     if not isinstance(files, str) and hasattr(files, "__iter__"):
@@ -103,16 +108,21 @@ def build_dataset(data_cfg: Any, tokenizer: Any, split: str) -> PromptDataset:
         truncation=_get(data_cfg, "truncation", "error"),
         filter_overlong_prompts=bool(_get(data_cfg, "filter_overlong_prompts", True)),
         apply_chat_template_kwargs=dict(_get(data_cfg, "apply_chat_template_kwargs", {})),
+        reward_fn_key=str(_get(data_cfg, "reward_fn_key", "data_source")),
+        need_reward_fn_key=need_reward_fn_key,
+        max_samples=int(_get(data_cfg, "train_max_samples" if split == "train" else "val_max_samples", -1)),
+        shuffle=bool(_get(data_cfg, "shuffle", True)),
+        seed=_get(data_cfg, "seed", 1),  # None: 1 as for the batches (resume needs a fixed draw)
     )
 
 
-def build_train_loader(data_cfg: Any, tokenizer: Any) -> PromptDataLoader:
+def build_train_loader(data_cfg: Any, tokenizer: Any, need_reward_fn_key: bool = True) -> PromptDataLoader:
     """The training loader: ``data.train_batch_size`` prompts per batch, shuffled per epoch."""
     batch_size = _get(data_cfg, "train_batch_size")
     if batch_size is None:
         raise ValueError("data.train_batch_size is not set")
     return PromptDataLoader(
-        build_dataset(data_cfg, tokenizer, "train"),
+        build_dataset(data_cfg, tokenizer, "train", need_reward_fn_key),
         int(batch_size),
         shuffle=bool(_get(data_cfg, "shuffle", True)),
         seed=int(_get(data_cfg, "seed", 1)),

@@ -2,7 +2,9 @@
 
 verl's RL datasets are parquet files with one prompt per row:
 
-- ``data_source`` (str): selects the reward function, e.g. ``"openai/gsm8k"``;
+- ``data_source`` (str): selects the reward function, e.g. ``"openai/gsm8k"``; the column is
+  ``data.reward_fn_key``. It may be absent when a custom reward function is given (which needs
+  no rule to be picked): the rows then carry ``"unknown"``, as verl's metrics call them;
 - ``prompt`` (list of ``{"role": str, "content": str}``): the chat messages
   (the column name is ``data.prompt_key``);
 - ``ability`` (str, optional here): a free-form tag such as ``"math"``;
@@ -25,6 +27,22 @@ import pyarrow.parquet as pq
 
 class DataFormatError(ValueError):
     """A dataset file or row does not follow verl's parquet format."""
+
+
+UNKNOWN_SOURCE = "unknown"  # the data source of rows without a data.reward_fn_key column
+
+
+def column_problems(path: str, columns: Sequence[str], prompt_key: str = "prompt",
+                    reward_fn_key: str = "data_source", need_reward_fn_key: bool = True) -> list[str]:
+    """What a file with these columns lacks; ``need_reward_fn_key`` is False when a custom reward is given."""
+    required = [prompt_key, "reward_model"] + ([reward_fn_key] if need_reward_fn_key else [])
+    missing = [name for name in required if name not in columns]
+    if not missing:
+        return []
+    hint = (f" ({reward_fn_key!r} picks the rule reward: set custom_reward_function.path, or data.reward_fn_key to "
+            "the column that names the data source)") if reward_fn_key in missing else ""
+    return [f"{path}: missing column(s) {missing}; columns present: {list(columns)}. verl's format needs "
+            f"{prompt_key} (data.prompt_key) and reward_model{hint}"]
 
 
 @dataclass(frozen=True)
@@ -56,38 +74,41 @@ def normalize_file_list(files: str | os.PathLike | Iterable[str | os.PathLike]) 
     return paths
 
 
-def read_rows(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt") -> list[PromptRow]:
-    """Load and validate every row of the given parquet files, in file order."""
+def read_rows(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt",
+              reward_fn_key: str = "data_source", need_reward_fn_key: bool = True) -> list[PromptRow]:
+    """Load and validate every row of the given parquet files, in file order.
+
+    ``reward_fn_key`` names the column read as each row's ``data_source``; without
+    ``need_reward_fn_key`` (a custom reward function is given) a file may lack it.
+    """
     rows: list[PromptRow] = []
     for path in normalize_file_list(files):
-        rows.extend(_read_file(path, prompt_key))
+        rows.extend(_read_file(path, prompt_key, reward_fn_key, need_reward_fn_key))
     return rows
 
 
-def _read_file(path: str, prompt_key: str) -> list[PromptRow]:
+def _read_file(path: str, prompt_key: str, reward_fn_key: str, need_reward_fn_key: bool) -> list[PromptRow]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file not found: {path!r} (check data.train_files / data.val_files)")
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a corrupt or non-parquet file
         raise DataFormatError(f"{path}: cannot be read as parquet: {exc}") from exc
-    required = ["data_source", prompt_key, "reward_model"]
-    missing = [name for name in required if name not in table.column_names]
-    if missing:
-        raise DataFormatError(
-            f"{path}: missing column(s) {missing}; columns present: {table.column_names}. "
-            f"verl's format needs data_source, {prompt_key} (data.prompt_key), reward_model"
-        )
-    return [_validate_row(record, path, i, prompt_key) for i, record in enumerate(table.to_pylist())]
+    problems = column_problems(path, table.column_names, prompt_key, reward_fn_key, need_reward_fn_key)
+    if problems:
+        raise DataFormatError(problems[0])
+    has_source = reward_fn_key in table.column_names
+    return [_validate_row(record, path, i, prompt_key, reward_fn_key if has_source else None)
+            for i, record in enumerate(table.to_pylist())]
 
 
-def _validate_row(record: dict[str, Any], path: str, row: int, prompt_key: str) -> PromptRow:
+def _validate_row(record: dict[str, Any], path: str, row: int, prompt_key: str, reward_fn_key: str | None) -> PromptRow:
     def fail(key: str, problem: str) -> DataFormatError:
         return DataFormatError(f"{path}: row {row}: key {key!r}: {problem}")
 
-    data_source = record.get("data_source")
+    data_source = record.get(reward_fn_key) if reward_fn_key else UNKNOWN_SOURCE
     if not isinstance(data_source, str) or not data_source:
-        raise fail("data_source", f"must be a non-empty string, got {data_source!r}")
+        raise fail(reward_fn_key, f"must be a non-empty string (data.reward_fn_key), got {data_source!r}")
 
     messages = record.get(prompt_key)
     if not isinstance(messages, list):

@@ -8,17 +8,32 @@ dashboards built for verl read megarl runs. Sinks are chosen by ``trainer.logger
 * ``console``: one compact line per step with step, reward, KL and stage times;
 * ``jsonl``: ``<log_dir>/metrics.jsonl``, one JSON object per step;
 * ``wandb``: only if the ``wandb`` package is installed (it is not a dependency).
+
+``log_generations`` records sample texts (``trainer.log_val_generations``): printed with the
+console sink, as TensorBoard text, as a wandb table, and always appended to
+``<log_dir>/val_generations.jsonl``.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Iterable, Mapping, TextIO
+from typing import Any, Iterable, Mapping, Sequence, TextIO
+
+SINKS = ("console", "tensorboard", "jsonl", "wandb")  # trainer.logger
+OPTIONAL_PACKAGES = {"wandb": "wandb"}  # sink -> the package it needs (not a megarl dependency)
+GENERATIONS_FILE = "val_generations.jsonl"
 
 CONSOLE_KEYS = [("critic/score/mean", "score"), ("critic/rewards/mean", "reward"), ("actor/ppo_kl", "ppo_kl"),
                 ("actor/kl_loss", "kl_loss"), ("actor/pg_loss", "pg_loss"), ("critic/vf_loss", "vf_loss"),
                 ("response_length/mean", "resp_len"), ("val/score", "val")]
+
+
+def unavailable_sinks(names: Iterable[str]) -> dict[str, str]:
+    """Sinks among ``names`` whose package is not installed -> the package (checked without importing it)."""
+    return {name: OPTIONAL_PACKAGES[name] for name in names
+            if name in OPTIONAL_PACKAGES and importlib.util.find_spec(OPTIONAL_PACKAGES[name]) is None}
 
 
 def format_console_line(step: int, metrics: Mapping[str, float]) -> str:
@@ -42,9 +57,9 @@ class MetricsLogger:
         self.log_dir = Path(log_dir)
         self.stream = stream or sys.stdout
         self._tb = self._jsonl = self._wandb = None
-        unknown = set(self.loggers) - {"console", "tensorboard", "jsonl", "wandb"}
+        unknown = set(self.loggers) - set(SINKS)
         if unknown:
-            raise ValueError(f"unknown loggers {sorted(unknown)}; use console, tensorboard, jsonl or wandb")
+            raise ValueError(f"unknown loggers {sorted(unknown)}; use {', '.join(SINKS)}")
         if "tensorboard" in self.loggers:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -75,6 +90,30 @@ class MetricsLogger:
         if "console" in self.loggers:
             print(format_console_line(step, scalars), file=self.stream, flush=True)
 
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int, title: str = "val/generations") -> None:
+        """Record sample texts (dicts of prompt, response, ground_truth, score, ...) for ``step``."""
+        if not samples:
+            return
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / GENERATIONS_FILE, "a", encoding="utf-8") as out:
+            for sample in samples:
+                out.write(json.dumps({"step": step, **sample}, default=str) + "\n")
+        if "console" in self.loggers:
+            print(f"{title} at step {step} ({len(samples)} samples):", file=self.stream)
+            for i, sample in enumerate(samples):
+                print(f"[{i}] " + " | ".join(f"{k}: {_one_line(v)}" for k, v in sample.items()), file=self.stream)
+            self.stream.flush()
+        if self._tb is not None:
+            text = "\n\n".join("\n".join(f"**{k}**: `{_one_line(v)}`  " for k, v in s.items()) for s in samples)
+            self._tb.add_text(title, text, global_step=step)
+            self._tb.flush()
+        if self._wandb is not None:
+            import wandb
+
+            columns = list(samples[0])
+            self._wandb.log({title: wandb.Table(columns=columns, data=[[s.get(c) for c in columns] for s in samples])},
+                            step=step)
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
@@ -82,6 +121,10 @@ class MetricsLogger:
             self._jsonl.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _one_line(value: Any) -> str:
+    return str(value).replace("\n", "\\n")
 
 
 def _is_scalar(value) -> bool:

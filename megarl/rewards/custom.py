@@ -1,16 +1,27 @@
 """Reward functions given by file path (verl's ``custom_reward_function`` section).
 
-Config keys: ``custom_reward_function.path`` (a ``.py`` file; unset = the built-in
-rule rewards), ``.name`` (default ``compute_score``) and ``.reward_kwargs`` (extra
-keyword arguments passed on every call). The function has verl's signature::
+Config keys: ``custom_reward_function.path`` (a ``.py`` file; unset = the built-in rule rewards),
+``.name`` (default ``compute_score``) and ``.reward_kwargs`` (extra keyword arguments of every
+call); verl's 2026 spelling ``reward.custom_reward_function.*`` sets the same keys. Three forms
+are accepted, told apart by the function's signature when it is loaded (so before the run):
 
-    def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
+* ``sample``, verl's per-response form, called with keywords::
 
-and returns a number, or a dict with a ``"score"`` number whose other keys are
-reported as extra metrics.
+      def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict
 
-:class:`RewardFunction` can be pickled: a worker process receiving one loads the
-file itself, once, so parallel scoring works with functions from any file.
+* ``batch``, verl's batch form (its ``batch`` reward manager), called once per batch with lists::
+
+      def compute_score(data_sources, solution_strs, ground_truths, extra_infos, **kw) -> list
+
+* ``lists``, two positional lists (responses, then ground truths), for functions written as
+  ``compute_reward(responses, ground_truths)``; it returns one score per response.
+
+A score is a number or a dict with a ``"score"`` number (its other keys are reported as
+metrics). Any form may be ``async def``: the samples of a batch are then awaited concurrently.
+A signature that fits no form is refused when the function is loaded, naming the forms.
+
+:class:`RewardFunction` can be pickled: a worker process receiving one loads the file itself,
+once, so parallel scoring works with functions from any file.
 """
 from __future__ import annotations
 
@@ -25,6 +36,12 @@ from typing import Any, Callable
 from megarl.rewards.registry import default_compute_score
 
 DEFAULT_FUNCTION_NAME = "compute_score"
+SAMPLE, BATCH, LISTS = "sample", "batch", "lists"
+FORMS = {
+    SAMPLE: "compute_score(data_source, solution_str, ground_truth, extra_info=None)",
+    BATCH: "compute_score(data_sources, solution_strs, ground_truths, extra_infos)",
+    LISTS: "compute_reward(responses, ground_truths)",
+}
 
 _loaded_functions: dict[tuple[str, str], Callable[..., Any]] = {}
 
@@ -64,34 +81,69 @@ def _load_function(path: str, name: str) -> Callable[..., Any]:
     return fn
 
 
-def _check_signature(fn: Callable[..., Any], where: str, kwargs: dict[str, Any]) -> None:
-    """Fail at load time, not at the first batch, if the function cannot take verl's arguments."""
+def detect_form(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -> str:
+    """Which of ``FORMS`` ``fn`` takes, from its signature; a clear error if none."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
-        return  # builtins without a signature: the first call will tell
+        return SAMPLE  # builtins without a signature: the first call will tell
+    for form, trial in ((SAMPLE, dict(data_source="", solution_str="", ground_truth="", extra_info=None)),
+                        (BATCH, dict(data_sources=[], solution_strs=[], ground_truths=[], extra_infos=[]))):
+        try:
+            signature.bind(**trial, **kwargs)
+            return form
+        except TypeError:
+            pass
     try:
-        signature.bind(data_source="", solution_str="", ground_truth="", extra_info=None, **kwargs)
-    except TypeError as exc:
-        raise RewardFunctionLoadError(
-            f"{where} must accept (data_source, solution_str, ground_truth, extra_info=None"
-            f"{', ' + ', '.join(kwargs) if kwargs else ''}) as keyword arguments: {exc}"
-        ) from exc
+        signature.bind([], [], **kwargs)
+        positional = [p for p in signature.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        if len(positional) == 2:
+            return LISTS
+    except TypeError:
+        pass
+    extra = f" (plus the reward_kwargs {sorted(kwargs)})" if kwargs else ""
+    raise RewardFunctionLoadError(
+        f"{where} has the signature {signature}, which fits none of the reward forms{extra}: "
+        + "; ".join(FORMS.values()))
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
 class RewardFunction:
-    """A custom reward function loaded from a file; callable with verl's signature; picklable."""
+    """A custom reward function loaded from a file, with its form detected; picklable.
+
+    ``form`` is ``sample`` (call it as verl's per-sample function), or ``batch`` / ``lists``
+    (call ``score_batch``). ``is_async``: calls return awaitables.
+    """
 
     def __init__(self, path: str, name: str = DEFAULT_FUNCTION_NAME, reward_kwargs: dict[str, Any] | None = None):
         self.path = os.path.abspath(os.path.expanduser(str(path)))
         self.name = name or DEFAULT_FUNCTION_NAME
         self.reward_kwargs = dict(reward_kwargs or {})
         self._fn = _load_function(self.path, self.name)
-        _check_signature(self._fn, f"custom reward function {self.name!r} in {self.path!r}", self.reward_kwargs)
+        self.form = detect_form(self._fn, self.reward_kwargs, f"custom reward function {self.name!r} in {self.path!r}")
+        self.is_async = is_async(self._fn)
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any:
+        if self.form != SAMPLE:
+            raise TypeError(f"{self!r} is a {self.form}-form function: call score_batch with lists")
         return self._fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
                         extra_info=extra_info, **self.reward_kwargs)
+
+    def score_batch(self, data_sources: list, solution_strs: list, ground_truths: list, extra_infos: list) -> Any:
+        """One call for a whole batch (``batch`` and ``lists`` forms); returns the function's result."""
+        if self.form == BATCH:
+            return self._fn(data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths,
+                            extra_infos=extra_infos, **self.reward_kwargs)
+        if self.form == LISTS:
+            return self._fn(solution_strs, ground_truths, **self.reward_kwargs)
+        raise TypeError(f"{self!r} is a per-sample function: call it once per response")
+
+    def describe(self) -> str:
+        return f"{self.name} in {self.path}: {self.form} form ({FORMS[self.form]}){', async' if self.is_async else ''}"
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "name": self.name, "reward_kwargs": self.reward_kwargs}
@@ -99,6 +151,8 @@ class RewardFunction:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._fn = _load_function(self.path, self.name)
+        self.form = detect_form(self._fn, self.reward_kwargs, self.name)
+        self.is_async = is_async(self._fn)
 
     def __repr__(self) -> str:
         return f"RewardFunction(path={self.path!r}, name={self.name!r}, reward_kwargs={self.reward_kwargs!r})"
@@ -111,17 +165,23 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def load_reward_function(custom_cfg: Any = None) -> Callable[..., Any]:
+def load_reward_function(custom_cfg: Any = None, manager_kwargs: dict[str, Any] | None = None) -> Callable[..., Any]:
     """The scoring function for a ``custom_reward_function`` config section.
 
-    With ``path`` set: that file's function. Without: the built-in rule rewards
-    (:func:`default_compute_score`), with ``reward_kwargs`` bound if given.
+    With ``path`` set: that file's function (a ``RewardFunction``). Without: the built-in rule
+    rewards (:func:`default_compute_score`), with ``reward_kwargs`` bound if given.
+    ``manager_kwargs`` are added to ``reward_kwargs`` (the batch manager's, see ``managers``).
     """
     path = _get(custom_cfg, "path")
     name = _get(custom_cfg, "name", DEFAULT_FUNCTION_NAME)
-    reward_kwargs = dict(_get(custom_cfg, "reward_kwargs", {}))
+    reward_kwargs = {**dict(_get(custom_cfg, "reward_kwargs", {})), **dict(manager_kwargs or {})}
     if path:
         return RewardFunction(str(path), str(name), reward_kwargs)
     if reward_kwargs:
         return functools.partial(default_compute_score, **reward_kwargs)
     return default_compute_score
+
+
+def form_of(fn: Callable[..., Any]) -> str:
+    """The form of any scoring function the manager may hold (built-ins are per-sample)."""
+    return getattr(fn, "form", SAMPLE)

@@ -13,13 +13,19 @@ them in a pool of worker processes (default; real parallelism for CPU-bound
 rules) or threads (for functions that wait on I/O, e.g. a remote judge). The
 result does not depend on the number of workers.
 
+A batch-form function (see :mod:`megarl.rewards.custom`) is called once with the whole batch,
+in the calling process. An ``async def`` function's calls are awaited concurrently, per chunk.
+
 Config keys read by :meth:`RewardManager.from_config`: ``custom_reward_function.*``
-(see :mod:`megarl.rewards.custom`), ``reward.num_workers`` [1],
-``reward.executor`` ["process"], ``reward.on_error`` ["zero"].
+(see :mod:`megarl.rewards.custom`), ``reward.num_workers`` [1], ``reward.executor``
+["process"], ``reward.on_error`` ["zero"], ``reward_model.reward_manager`` ["naive"] and the
+dapo manager's ``reward_kwargs`` (see :mod:`megarl.rewards.managers`).
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as futures
+import inspect
 import logging
 import math
 import multiprocessing
@@ -29,7 +35,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from megarl.rewards.custom import _get, load_reward_function
+from megarl.rewards.custom import SAMPLE, _get, form_of, load_reward_function
+from megarl.rewards.managers import OverlongPenalty, function_kwargs, manager_name, overlong_penalty
 from megarl.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -61,13 +68,22 @@ class RewardResult:
 # ---- scoring one chunk (runs in the caller, a thread or a worker process) ----
 
 def _score_one(fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> tuple:
-    """("ok", score, extras) | ("error", message, traceback) | ("bad_return", description)."""
+    """("ok", score, extras, was_dict) | ("error", message, traceback) | ("bad_return", description)."""
     try:
         value = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
     except Exception as exc:
-        return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        return _error(exc)
+    return _check_value(value)
+
+
+def _error(exc: BaseException) -> tuple:
+    return ("error", f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc)))
+
+
+def _check_value(value: Any) -> tuple:
     extras: dict[str, Any] = {}
-    if isinstance(value, dict):
+    was_dict = isinstance(value, dict)
+    if was_dict:
         if "score" not in value:
             return ("bad_return", f"a dict without a 'score' key (keys: {sorted(value)})")
         extras = {k: v for k, v in value.items() if k != "score"}
@@ -81,11 +97,47 @@ def _score_one(fn: Callable[..., Any], data_source: str, solution_str: str, grou
         return ("bad_return", f"{type(value).__name__} {value!r:.80}")
     if not math.isfinite(float(value)):
         return ("bad_return", f"a non-finite score {value!r}")
-    return ("ok", float(value), extras)
+    return ("ok", float(value), extras, was_dict)
 
 
 def _score_chunk(fn: Callable[..., Any], chunk: list[tuple[str, str, Any, Any]]) -> list[tuple]:
-    return [_score_one(fn, *sample) for sample in chunk]
+    if not getattr(fn, "is_async", False) and not inspect.iscoroutinefunction(fn):
+        return [_score_one(fn, *sample) for sample in chunk]
+
+    async def one(sample: tuple) -> tuple:
+        data_source, solution_str, ground_truth, extra_info = sample
+        try:
+            value = await fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                             extra_info=extra_info)
+        except Exception as exc:
+            return _error(exc)
+        return _check_value(value)
+
+    async def every() -> list[tuple]:
+        return list(await asyncio.gather(*(one(sample) for sample in chunk)))
+
+    return asyncio.run(every())
+
+
+def _score_batch(fn: Any, samples: list[tuple]) -> list[tuple]:
+    """One call for the batch (batch-form functions); its result checked element by element."""
+    columns = [list(column) for column in zip(*samples)] if samples else [[], [], [], []]
+    try:
+        result = fn.score_batch(*columns)
+        if inspect.isawaitable(result):
+            async def wait() -> Any:
+                return await result
+
+            result = asyncio.run(wait())
+    except Exception as exc:
+        return [_error(exc)] * len(samples)
+    if hasattr(result, "tolist") and not isinstance(result, (list, tuple)):
+        result = result.tolist()  # numpy arrays, tensors
+    if not isinstance(result, (list, tuple)) or len(result) != len(samples):
+        what = f"{len(result)} values" if isinstance(result, (list, tuple)) else f"a {type(result).__name__}"
+        return [("bad_return", f"{what} for a batch of {len(samples)} responses (a batch reward function returns "
+                               "a list with one score or dict per response)")] * len(samples)
+    return [_check_value(value) for value in result]
 
 
 # ---- the manager ----
@@ -94,7 +146,8 @@ class RewardManager:
     """Scores batches of decoded responses with a verl-style ``compute_score`` function."""
 
     def __init__(self, compute_score: Callable[..., Any] | None = None, *, num_workers: int = 1,
-                 executor: str = "process", on_error: str = "zero"):
+                 executor: str = "process", on_error: str = "zero", kind: str = "naive",
+                 overlong: OverlongPenalty | None = None):
         if on_error not in ON_ERROR_MODES:
             raise ValueError(f"reward.on_error={on_error!r} is not one of {ON_ERROR_MODES}")
         if executor not in EXECUTORS:
@@ -102,6 +155,17 @@ class RewardManager:
         if int(num_workers) < 1:
             raise ValueError(f"reward.num_workers must be >= 1, got {num_workers}")
         self.compute_score = compute_score or default_compute_score
+        self.form = form_of(self.compute_score)
+        if kind == "batch" and self.form == SAMPLE:
+            raise ValueError("reward_model.reward_manager=batch calls the reward function once per batch, but it has "
+                             "the per-sample form; give a batch-form function (megarl.rewards.custom) or use naive")
+        if self.form != SAMPLE and int(num_workers) > 1:
+            raise ValueError(f"reward.num_workers={num_workers}: a batch-form reward function is called once per batch "
+                             "in the controller; set reward.num_workers=1")
+        if overlong is not None and kind != "dapo":
+            raise ValueError("the overlong penalty is applied by the dapo reward manager (reward_model.reward_manager=dapo)")
+        self.kind = kind
+        self.overlong = overlong
         self.num_workers = int(num_workers)
         self.executor = executor
         self.on_error = on_error
@@ -117,13 +181,15 @@ class RewardManager:
 
     @classmethod
     def from_config(cls, cfg: Any) -> "RewardManager":
-        """From the top-level config (``custom_reward_function`` and ``reward`` sections)."""
+        """From the top-level config (``custom_reward_function``, ``reward`` and ``reward_model`` sections)."""
         reward_cfg = _get(cfg, "reward")
         return cls(
-            load_reward_function(_get(cfg, "custom_reward_function")),
+            load_reward_function(_get(cfg, "custom_reward_function"), function_kwargs(cfg)),
             num_workers=int(_get(reward_cfg, "num_workers", 1)),
             executor=str(_get(reward_cfg, "executor", "process")),
             on_error=str(_get(reward_cfg, "on_error", "zero")),
+            kind=manager_name(cfg),
+            overlong=overlong_penalty(cfg),
         )
 
     def score_samples(self, samples: Sequence[dict[str, Any]]) -> RewardResult:
@@ -142,8 +208,8 @@ class RewardManager:
         return self.score(columns["data_source"], columns["solution_str"], columns["ground_truth"], columns["extra_info"])
 
     def score(self, data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
-              extra_infos: Sequence[Any] | None = None) -> RewardResult:
-        """Score parallel lists (one entry per response)."""
+              extra_infos: Sequence[Any] | None = None, response_lengths: Sequence[int] | None = None) -> RewardResult:
+        """Score parallel lists (one entry per response); ``response_lengths`` (tokens) for the overlong penalty."""
         n = len(solution_strs)
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
         if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n):
@@ -151,11 +217,15 @@ class RewardManager:
                 f"reward inputs differ in length: data_sources={len(data_sources)}, solution_strs={n}, "
                 f"ground_truths={len(ground_truths)}, extra_infos={len(extra_infos)}"
             )
+        if self.overlong is not None and (response_lengths is None or len(response_lengths) != n):
+            raise ValueError("the overlong penalty needs the response length (in tokens) of every response")
         samples = list(zip(data_sources, solution_strs, ground_truths, extra_infos))
         outcomes = self._run(samples)
-        return self._collect(samples, outcomes)
+        return self._collect(samples, outcomes, response_lengths)
 
     def _run(self, samples: list[tuple]) -> list[tuple]:
+        if self.form != SAMPLE:
+            return _score_batch(self.compute_score, samples)
         if self.num_workers == 1 or len(samples) <= 1:
             return _score_chunk(self.compute_score, samples)
         pool = self._get_pool()
@@ -181,7 +251,7 @@ class RewardManager:
                 self._pool = futures.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"))
         return self._pool
 
-    def _collect(self, samples: list[tuple], outcomes: list[tuple]) -> RewardResult:
+    def _collect(self, samples: list[tuple], outcomes: list[tuple], response_lengths: Sequence[int] | None = None) -> RewardResult:
         scores: list[float] = []
         extras: list[dict[str, Any]] = []
         errors: list[SampleError] = []
@@ -201,8 +271,17 @@ class RewardManager:
                 scores.append(0.0)
                 extras.append({})
             else:
-                scores.append(outcome[1])
-                extras.append(outcome[2])
+                score, extra, was_dict = outcome[1], dict(outcome[2]), outcome[3]
+                if self.kind == "dapo":  # verl's DAPO manager: a plain score is also the accuracy
+                    if not was_dict:
+                        extra["acc"] = score
+                    if self.overlong is not None:
+                        penalty = self.overlong(int(response_lengths[i]))
+                        score += penalty
+                        if self.overlong.log:
+                            extra.update(overlong_reward=penalty, overlong=penalty < 0)
+                scores.append(score)
+                extras.append(extra)
 
         keys = sorted({k for e in extras for k in e})
         extra = {k: [e.get(k) for e in extras] for k in keys}

@@ -3,7 +3,8 @@
 - ``openai/gsm8k``: :mod:`megarl.rewards.gsm8k` (strict by default, as in verl);
 - ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500``:
   :func:`megarl.rewards.math_reward.compute_score` (last ``\\boxed{}``);
-- ``math_dapo`` and names starting with ``aime``: :func:`megarl.rewards.math_reward.compute_dapo_score`;
+- ``math_dapo``, ``math``, ``math_dapo_reasoning`` and names starting with ``aime``:
+  :func:`megarl.rewards.math_reward.compute_dapo_score`;
 - ``megarl/arithmetic``: :mod:`megarl.rewards.arithmetic` (first number).
 
 Extra keyword arguments (``custom_reward_function.reward_kwargs`` when no custom
@@ -39,9 +40,21 @@ RULE_REWARDS: dict[str, Callable[..., Any]] = {
     "DigitalLearningGmbH/MATH-lighteval": _math,
     "HuggingFaceH4/MATH-500": _math,
     "math_dapo": _math_dapo,
+    "math": _math_dapo,  # verl scores "math" and "math_dapo_reasoning" with DAPO's reward too
+    "math_dapo_reasoning": _math_dapo,
     "megarl/arithmetic": _arithmetic,
 }
 PREFIX_REWARDS: dict[str, Callable[..., Any]] = {"aime": _math_dapo}
+
+# verl's other built-in rewards, which megarl does not have (what they grade).
+VERL_ONLY_REWARDS: dict[str, str] = {
+    **{f"numina_{name}": "PRIME's math grader" for name in ("aops_forum", "synthetic_math", "amc_aime",
+                                                            "synthetic_amc", "cn_k12", "olympiads")},
+    **{name: "code execution against test cases" for name in ("codecontests", "apps", "codeforces", "taco")},
+    "hiyouga/geometry3k": "Geometry3K answers",
+    **{f"searchR1_{name}": "search-QA exact match" for name in ("nq", "triviaqa", "popqa", "hotpotqa",
+                                                               "2wikimultihopqa", "musique", "bamboogle")},
+}
 
 
 class UnknownDataSourceError(ValueError):

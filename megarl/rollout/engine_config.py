@@ -9,10 +9,96 @@ vLLM's Ray executor instead, one worker per placement bundle (``ReplicaSpec.ray_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import ast
+import difflib
+import importlib.util
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
 
 WORKER_EXTENSION = "megarl.rollout.worker_extension.MegaRLWorkerExtension"
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")  # vLLM's; the logits modes would not be log-probs
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+# vllm.LLM arguments megarl sets from its own keys (or itself): rollout.engine_kwargs.vllm may not set them.
+OWNED_ENGINE_ARGS = {
+    "model": "actor_rollout_ref.model.path", "tokenizer": "actor_rollout_ref.model.tokenizer_path",
+    "tensor_parallel_size": "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "data_parallel_size": "actor_rollout_ref.rollout.num_replicas (one engine per replica)",
+    "distributed_executor_backend": "megarl's placement (it picks uni, mp or ray)",
+    "dtype": "actor_rollout_ref.rollout.dtype", "max_model_len": "actor_rollout_ref.rollout.max_model_len",
+    "max_num_seqs": "actor_rollout_ref.rollout.max_num_seqs",
+    "max_num_batched_tokens": "actor_rollout_ref.rollout.max_num_batched_tokens",
+    "enable_chunked_prefill": "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "enable_prefix_caching": "actor_rollout_ref.rollout.enable_prefix_caching",
+    "enforce_eager": "actor_rollout_ref.rollout.enforce_eager", "seed": "actor_rollout_ref.rollout.seed",
+    "trust_remote_code": "actor_rollout_ref.model.trust_remote_code",
+    "worker_extension_cls": "megarl's weight-sync receiver", "logprobs_mode": "actor_rollout_ref.rollout.logprobs_mode",
+    "gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "enable_sleep_mode": "actor_rollout_ref.rollout.free_cache_engine",
+    "kv_cache_memory_bytes": "megarl's CPU KV-cache size", "scheduling_policy": "actor_rollout_ref.rollout.scheduling_policy",
+    "disable_log_stats": "actor_rollout_ref.rollout.disable_log_stats",
+}
+# Engine arguments vLLM renamed: old name -> (new name, value converter; None drops the argument).
+RENAMED_ENGINE_ARGS = {
+    "disable_mm_preprocessor_cache": ("mm_processor_cache_gb", lambda disable: 0 if disable else None),
+}
+
+
+@lru_cache(maxsize=1)
+def vllm_engine_arg_names() -> frozenset[str] | None:
+    """The fields of the installed vLLM's ``EngineArgs`` (None: vLLM is not installed).
+
+    Read from the source with ``ast`` instead of importing vLLM, which takes 5+ s: this runs in
+    the config check, before anything starts. ``EngineArgs`` is a plain dataclass whose fields are
+    the annotated names of its class body.
+    """
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    source = Path(list(spec.submodule_search_locations)[0]) / "engine" / "arg_utils.py"
+    tree = ast.parse(source.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            return frozenset(item.target.id for item in node.body
+                             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name))
+    return None
+
+
+def vllm_engine_kwargs(given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """``rollout.engine_kwargs.vllm`` -> (arguments for ``vllm.LLM``, notes, problems)."""
+    kwargs: dict[str, Any] = {}
+    notes: list[str] = []
+    problems: list[str] = []
+    if not given:
+        return kwargs, notes, problems
+    names = vllm_engine_arg_names()
+    prefix = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+    for key, value in dict(given).items():
+        if key in RENAMED_ENGINE_ARGS:
+            new, convert = RENAMED_ENGINE_ARGS[key]
+            converted = convert(value)
+            notes.append(f"{prefix}.{key}={value}: vLLM renamed it; passed as {new}={converted}"
+                         if converted is not None else f"{prefix}.{key}={value}: vLLM's default, nothing to pass")
+            if converted is None:
+                continue
+            key, value = new, converted
+        if key in OWNED_ENGINE_ARGS:
+            problems.append(f"{prefix}.{key}: megarl sets this engine argument from {OWNED_ENGINE_ARGS[key]}; set that instead")
+        elif names is None:
+            problems.append(f"{prefix}.{key}: vLLM is not installed here, so its engine arguments cannot be checked")
+        elif key not in names:
+            close = difflib.get_close_matches(key, sorted(names), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            problems.append(f"{prefix}.{key} is not an engine argument of the installed vLLM (vllm.EngineArgs){hint}")
+        else:
+            kwargs[key] = value
+    return kwargs, notes, problems
+
+
+def engine_kwargs_problems(given: Mapping[str, Any]) -> list[str]:
+    return vllm_engine_kwargs(given)[2]
 
 
 @dataclass(frozen=True)
@@ -36,16 +122,22 @@ class ReplicaSpec:
     trust_remote_code: bool = False
     logprobs_mode: str = "raw_logprobs"
     ray_executor: bool = False  # TP spans nodes: vLLM's Ray executor instead of local "mp" workers
+    enable_prefix_caching: bool = True  # the n samples of a prompt share its prefix
+    scheduling_policy: str = "fcfs"
+    disable_log_stats: bool = True
+    engine_kwargs: dict = field(default_factory=dict)  # rollout.engine_kwargs.vllm, checked
 
 
 def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path: str | None = None,
                  cpus_per_replica: int = 1, cpu_kv_cache_gib: float = 1.0,
-                 trust_remote_code: bool = False, logprobs_mode: str = "raw_logprobs",
+                 trust_remote_code: bool = False, logprobs_mode: str | None = None,
                  sleep_mode: bool | None = None, ray_executor: bool = False) -> ReplicaSpec:
     """Read the rollout config; ``max_model_len=None`` means prompt_length + response_length (as verl).
 
     ``sleep_mode`` (GPU only) defaults to ``rollout.free_cache_engine``; the trainer turns it off
-    for split placement, where the engines keep their GPUs to themselves.
+    for split placement, where the engines keep their GPUs to themselves. ``logprobs_mode``
+    defaults to ``rollout.logprobs_mode``. ``rollout.engine_kwargs.vllm`` must pass
+    ``vllm_engine_kwargs`` (the config check reports its problems before anything starts).
     """
     tp = int(config.tensor_model_parallel_size)
     if tp < 1:
@@ -59,8 +151,13 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
     max_model_len = config.max_model_len or config.prompt_length + config.response_length
     if cpu_kv_cache_gib <= 0:
         raise ValueError(f"cpu_kv_cache_gib={cpu_kv_cache_gib} must be > 0")
-    if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
-        raise ValueError(f"logprobs_mode={logprobs_mode!r}: use 'raw_logprobs' or 'processed_logprobs'")
+    logprobs_mode = logprobs_mode or _option(config, "logprobs_mode", "raw_logprobs")
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
+    engine_section = _option(config, "engine_kwargs", None)
+    engine_kwargs, _, problems = vllm_engine_kwargs(_option(engine_section, "vllm", None) or {})
+    if problems:
+        raise ValueError("; ".join(problems))
     return ReplicaSpec(
         model_path=str(model_path),
         tokenizer_path=None if tokenizer_path is None else str(tokenizer_path),
@@ -79,7 +176,19 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         trust_remote_code=trust_remote_code,
         logprobs_mode=logprobs_mode,
         ray_executor=ray_executor,
+        enable_prefix_caching=bool(_option(config, "enable_prefix_caching", True)),
+        scheduling_policy=str(_option(config, "scheduling_policy", "fcfs")),
+        disable_log_stats=bool(_option(config, "disable_log_stats", True)),
+        engine_kwargs=engine_kwargs,
     )
+
+
+def _option(config: Any, key: str, default: Any) -> Any:
+    """A rollout key, with a default for partial configs (tests build plain ones)."""
+    if config is None:
+        return default
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
 
 
 def resolve_dtype(dtype: str, on_gpu: bool) -> str:
@@ -102,12 +211,14 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
         enable_chunked_prefill=spec.enable_chunked_prefill,
-        enable_prefix_caching=True,  # the n samples of a prompt share its prefix
+        enable_prefix_caching=spec.enable_prefix_caching,
         enforce_eager=spec.enforce_eager,
         seed=spec.seed,
         trust_remote_code=spec.trust_remote_code,
         worker_extension_cls=WORKER_EXTENSION,
         logprobs_mode=spec.logprobs_mode,
+        scheduling_policy=spec.scheduling_policy,
+        disable_log_stats=spec.disable_log_stats,
     )
     if on_gpu:
         kwargs.update(gpu_memory_utilization=spec.gpu_memory_utilization, enable_sleep_mode=spec.enable_sleep_mode)
@@ -119,6 +230,7 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
         needed = max(spec.max_num_batched_tokens, spec.max_num_seqs, spec.max_model_len)
         kwargs.update(kv_cache_memory_bytes=spec.cpu_kv_cache_bytes, enable_chunked_prefill=False,
                       max_num_batched_tokens=needed)
+    kwargs.update(spec.engine_kwargs)  # checked: never one of the arguments set above
     return kwargs
 
 

@@ -56,7 +56,7 @@ class RolloutFleet:
     def __init__(self, config: Any, model_path: str, *, num_replicas: int | None = None,
                  tokenizer_path: str | None = None, use_gpu: bool | None = None,
                  cpus_per_replica: int | None = None, cpu_kv_cache_gib: float = 1.0,
-                 trust_remote_code: bool = False, logprobs_mode: str = "raw_logprobs",
+                 trust_remote_code: bool = False, logprobs_mode: str | None = None,
                  start_timeout_s: float = 600.0, slots: Sequence[Any] | None = None,
                  sleep_mode: bool | None = None):
         import ray

@@ -62,7 +62,7 @@ def resolve_sampling(config: Any, overrides: Mapping[str, Any] | None = None, n:
     values: dict[str, Any] = dict(
         n=source.n, temperature=source.temperature, top_p=source.top_p, top_k=source.top_k,
         do_sample=source.do_sample, max_tokens=config.response_length, stop=list(config.stop or []),
-        ignore_eos=False,
+        ignore_eos=bool(getattr(config, "ignore_eos", False) or False),  # rollout.ignore_eos, validation included
     )
     for key, value in (overrides or {}).items():
         if key not in SAMPLING_KEYS:

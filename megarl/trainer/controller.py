@@ -12,9 +12,13 @@ One step (``RLTrainer.train_step``):
      sleep from after generation until the sync: ``rollout_memory``);
   8. metrics to TensorBoard/console; validation every ``test_freq``; checkpoint every ``save_freq``.
 
-``rollout/logprob_diff`` compares the fleet's log-probs of the sampled tokens with the trainer's
-old log-probs, which are computed with the same weights: it checks every step that the previous
-weight sync took effect.
+``rollout/logprob_diff`` (with ``rollout.weight_sync.verify``, the default) compares the fleet's
+log-probs of the sampled tokens with the trainer's old log-probs, which are computed with the
+same weights: it checks every step that the previous weight sync took effect.
+
+Validation scores every row of ``data.val_files``; ``trainer.log_val_generations=N`` also records
+N of its samples (prompt, response, ground truth, score) through the metrics logger, the same
+prompts every time (picked as verl does: sorted by prompt, shuffled with seed 42).
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ class RLTrainer:
         self.global_step = 0
         self.version = 0
         self.history: list[dict[str, float]] = []
+        self.val_generations: list[dict[str, Any]] = []  # the last validation's samples to log
         self.coords = workers.call("coords")
         self.leaders = dp_leaders(self.coords)
         self.num_devices = devices_for(cfg)[0]
@@ -77,7 +82,8 @@ class RLTrainer:
             samples = self.fleet.generate(cols["prompt_ids"], n=rollout.n, step=step)
         data = build_step_data(cols, samples, self.pad_id, step, rollout.response_length)
         with timer(timings, "reward"):
-            result = self.reward.score(data.data_source, data.response_text, data.ground_truth, data.extra_info)
+            result = self.reward.score(data.data_source, data.response_text, data.ground_truth, data.extra_info,
+                                       data.response_lengths.tolist())
         data.fields["score"] = result.scores
         data.fields.update(result.extra)
         data.fields["_reward_metrics"] = [result.metrics] * len(data)
@@ -130,8 +136,9 @@ class RLTrainer:
         with timer(timings, "old_log_prob"):
             old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
         metrics["actor/entropy"] = masked_mean(entropy, mask) if entropy is not None else 0.0
-        metrics["rollout/logprob_diff"] = masked_mean((old_log_probs - data.rollout_log_probs).abs(), mask)
-        metrics["rollout/logprob_diff_max"] = float(((old_log_probs - data.rollout_log_probs).abs() * mask).max())
+        if self.cfg.actor_rollout_ref.rollout.weight_sync.verify:
+            metrics["rollout/logprob_diff"] = masked_mean((old_log_probs - data.rollout_log_probs).abs(), mask)
+            metrics["rollout/logprob_diff_max"] = float(((old_log_probs - data.rollout_log_probs).abs() * mask).max())
         ref_log_probs = values = None
         if self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:
             with timer(timings, "ref"):
@@ -188,7 +195,8 @@ class RLTrainer:
         samples = self.fleet.generate(prompts, {"do_sample": False, "temperature": 0.0}, n=1, step=step)
         rows = [data.uid.index(uid) for uid in first]
         result = self.reward.score([data.data_source[r] for r in rows], [s.response_text for s in samples],
-                                   [data.ground_truth[r] for r in rows], [data.extra_info[r] for r in rows])
+                                   [data.ground_truth[r] for r in rows], [data.extra_info[r] for r in rows],
+                                   [len(s.response_ids) for s in samples])
         per_prompt = torch.tensor(result.scores, dtype=torch.float32)
         return per_prompt[[first[u] for u in data.uid]]
 
@@ -198,14 +206,18 @@ class RLTrainer:
 
         if self.val_dataset is None:
             return {}
-        texts, sources, truths, extras = [], [], [], []
+        texts, sources, truths, extras, lengths, prompts = [], [], [], [], [], []
         for items in iterate_in_order(self.val_dataset, self.cfg.data.val_batch_size):
             samples = self.fleet.generate([it.prompt_ids for it in items], validate=True)
             texts += [s.response_text for s in samples]
             sources += [items[s.prompt_index].data_source for s in samples]
             truths += [items[s.prompt_index].ground_truth for s in samples]
             extras += [items[s.prompt_index].extra_info for s in samples]
-        result = self.reward.score(sources, texts, truths, extras)
+            lengths += [len(s.response_ids) for s in samples]
+            prompts += [items[s.prompt_index].prompt_text for s in samples]
+        result = self.reward.score(sources, texts, truths, extras, lengths)
+        self.val_generations = pick_generations(prompts, texts, truths, result.scores,
+                                                self.cfg.trainer.log_val_generations)
         scores = np.asarray(result.scores, dtype=np.float64)
         out = {"val/score": float(scores.mean())}
         for source in sorted(set(sources)):
@@ -225,6 +237,17 @@ class RLTrainer:
         self.train_loader.load_state_dict(state["data_loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))
+
+
+def pick_generations(prompts: list[str], responses: list[str], ground_truths: list[Any], scores: list[float],
+                     count: int) -> list[dict[str, Any]]:
+    """``count`` samples to show, the same prompts at every validation: verl's choice (sorted by
+    prompt, then shuffled by ``numpy.random.RandomState(42)``)."""
+    if count <= 0:
+        return []
+    rows = sorted(zip(prompts, responses, ground_truths, scores), key=lambda row: row[0])
+    np.random.RandomState(42).shuffle(rows)
+    return [{"prompt": p, "response": r, "ground_truth": g, "score": float(s)} for p, r, g, s in rows[:count]]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -298,19 +321,26 @@ class TrainingLoop:
     def save(self, step: int) -> None:
         self.trainer.workers.call("save_checkpoint", self.root, step, self.trainer.state_dict())
 
+    def validate(self, step: int) -> dict[str, float]:
+        metrics = self.trainer.validate()
+        self.metrics_logger.log_generations(self.trainer.val_generations, step=step)
+        return metrics
+
     def run(self) -> dict[str, float]:
         t, cfg = self.trainer, self.trainer.cfg.trainer
         start = self.resume()
         last: dict[str, float] = {}
-        if start == 0 and cfg.val_before_train and t.val_dataset is not None:
-            last = t.validate()
-            t.history.append({"step": 0, **last})
-            self.metrics_logger.log(last, step=0)
+        if (cfg.val_only or (start == 0 and cfg.val_before_train)) and t.val_dataset is not None:
+            last = self.validate(start)
+            t.history.append({"step": start, **last})
+            self.metrics_logger.log(last, step=start)
+        if cfg.val_only:
+            return last
         for step in range(start + 1, t.total_steps + 1):
             metrics = t.train_step(step)
             t.global_step = step
             if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == t.total_steps):
-                metrics.update(t.validate())
+                metrics.update(self.validate(step))
             t.history.append({"step": step, **{k: v for k, v in metrics.items()
                                                if k in ("critic/score/mean", "val/score", "critic/vf_loss")}})
             self.metrics_logger.log(metrics, step=step)

@@ -87,6 +87,18 @@ def test_grpo_passk_hand_computed():
         algos.compute_grpo_passk_outcome_advantage(token_level_rewards=rewards[:1], response_mask=mask[:1], index=["x"])
 
 
+def test_gpg_hand_computed():
+    """verl's gpg estimator: alpha * (R - mean_group), alpha = batch / non-zero rewards, no std division."""
+    rewards, mask = outcome_batch(SCORES, LENGTHS, 4)
+    adv, ret = get_adv_estimator("gpg")(token_level_rewards=rewards, response_mask=mask, index=INDEX)
+    alpha = 6 / 4  # four of the six scores are non-zero
+    a_mean, b_mean = 1 / 3, 1.0
+    expected = [alpha * (1 - a_mean), alpha * (0 - a_mean), alpha * (0 - a_mean), alpha * (1 - b_mean),
+                alpha * (1 - b_mean), alpha * 0.5]  # "c" is a group of one: its mean is 0
+    assert per_sample(adv, mask) == pytest.approx(expected, rel=1e-6)
+    assert torch.equal(adv, ret) and (adv[mask == 0] == 0).all()
+
+
 def test_gae_hand_computed():
     rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
     values = torch.tensor([[0.5, 0.5, 0.5, 9.0]])

@@ -71,7 +71,10 @@ def test_vanilla_matches_loop_reference(mode, low, high, clip_c):
     assert metrics["pg_clipfrac_lower"].item() == pytest.approx(sum(t[2] for t in valid) / len(valid), abs=1e-6)
 
 
-def test_gspo_matches_loop_reference_and_ignores_loss_agg_mode():
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_gspo_matches_loop_reference_under_each_loss_agg_mode(mode):
+    """GSPO's clipped sequence-ratio losses, aggregated with `loss_agg_mode` (verl hard-codes
+    seq-mean-token-mean there; megarl honours the key, and that mode is the default)."""
     gen = torch.Generator().manual_seed(3)
     old = -torch.rand(4, 6, generator=gen) * 3
     new = old + torch.randn(4, 6, generator=gen) * 0.01
@@ -79,7 +82,7 @@ def test_gspo_matches_loop_reference_and_ignores_loss_agg_mode():
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
     low, high = 0.003, 0.004
     loss, metrics = get_policy_loss("gspo")(
-        old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask, loss_agg_mode="token-mean",
+        old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask, loss_agg_mode=mode,
         clip_ratio=0.2, clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=3.0,
     )
     token_losses, clipped = [], []
@@ -89,9 +92,25 @@ def test_gspo_matches_loop_reference_and_ignores_loss_agg_mode():
         s_clipped = max(1 - low, min(1 + high, s))
         token_losses.append([max(-a * s, -a * s_clipped) for a in ar])
         clipped += [(-a * s_clipped) > (-a * s) for a, mm in zip(ar, mr) if mm]
-    assert loss.item() == pytest.approx(ref.aggregate(token_losses, ref.rows(mask), "seq-mean-token-mean"), rel=1e-5)
+    assert loss.item() == pytest.approx(ref.aggregate(token_losses, ref.rows(mask), mode), rel=1e-5)
     assert metrics["pg_clipfrac"].item() == pytest.approx(sum(clipped) / len(clipped), abs=1e-6)
     assert metrics["pg_clipfrac_lower"].item() == 0.0
+    # the modes disagree on this batch, so the key changes the loss (no mode is silently replaced)
+    others = {m: ref.aggregate(token_losses, ref.rows(mask), m) for m in
+              ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm") if m != mode}
+    assert all(abs(value - loss.item()) > 1e-4 for value in others.values()), others
+
+
+def test_gspo_default_aggregation_is_seq_mean_token_mean():
+    gen = torch.Generator().manual_seed(4)
+    old = -torch.rand(3, 5, generator=gen)
+    new = old + torch.randn(3, 5, generator=gen) * 0.1
+    adv = torch.randn(3, 1, generator=gen).expand(3, 5).contiguous()
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    default, _ = compute_policy_loss_gspo(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask)
+    explicit, _ = compute_policy_loss_gspo(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
+                                           loss_agg_mode="seq-mean-token-mean")
+    assert default.item() == explicit.item()
 
 
 def test_gspo_gradient_is_sequence_ratio_times_token_gradient():

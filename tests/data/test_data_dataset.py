@@ -172,3 +172,27 @@ def test_build_from_config(tmp_path, tokenizer):
     assert [item.index for item in loader.next_batch().items] == [0, 1]
     val = build_dataset(cfg, tokenizer, "val")
     assert len(val) == 3 and val[0].prompt_ids[0] == VOCAB["<|im_start|>"]
+
+
+def test_data_source_column_is_data_reward_fn_key_and_optional_with_a_custom_reward(tmp_path, tokenizer):
+    rows = [{k: v for k, v in verl_row(f"q{i}", str(i), i).items() if k != "data_source"} | {"task": f"t{i % 2}"}
+            for i in range(3)]
+    path = write_parquet(rows, tmp_path / "seed.parquet")
+    with pytest.raises(DataFormatError, match=r"missing column\(s\) \['data_source'\].*custom_reward_function.path"):
+        PromptDataset(path, tokenizer)
+    assert [it.data_source for it in PromptDataset(path, tokenizer, need_reward_fn_key=False)] == ["unknown"] * 3
+    assert [it.data_source for it in PromptDataset(path, tokenizer, reward_fn_key="task")] == ["t0", "t1", "t0"]
+
+
+def test_max_samples_takes_the_first_rows_or_verls_seeded_draw(tmp_path, tokenizer):
+    import numpy as np
+
+    path = write_parquet([verl_row(f"q{i}", str(i), i) for i in range(10)], tmp_path / "ten.parquet")
+    first = PromptDataset(path, tokenizer, max_samples=3, shuffle=False)
+    assert [it.ground_truth for it in first] == ["0", "1", "2"]
+    drawn = PromptDataset(path, tokenizer, max_samples=3, shuffle=True, seed=7)
+    expected = np.random.default_rng(7).choice(10, size=3, replace=False).tolist()  # verl's RLHFDataset draw
+    assert [it.ground_truth for it in drawn] == [str(i) for i in expected]
+    cfg = OmegaConf.create({"train_files": path, "train_batch_size": 2, "train_max_samples": 4, "val_max_samples": 2,
+                            "val_files": path, "shuffle": False})
+    assert len(build_dataset(cfg, tokenizer, "train")) == 4 and len(build_dataset(cfg, tokenizer, "val")) == 2

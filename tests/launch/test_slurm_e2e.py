@@ -120,15 +120,21 @@ def test_grpo_70b_launcher_runs_on_two_nodes(cluster, tiny_inputs):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_failing_job_ends_failed_and_tears_ray_down(cluster, tiny_inputs):
+    """A failure inside the run, after Ray is up (a reward function that raises, with on_error=raise:
+    nothing the checks before the start can see; a missing file now fails before any node starts Ray)."""
     root, model = tiny_inputs
-    extra = {"MODEL_PATH": str(model), "TRAIN_FILES": str(root / "missing.parquet"), "CKPT_DIR": str(root / "bad")}
+    reward = root / "raising_reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise RuntimeError('grader crashed on purpose')\n")
+    extra = {"MODEL_PATH": str(model), "TRAIN_FILES": str(root / "data" / "train.parquet"),
+             "VAL_FILES": str(root / "data" / "test.parquet"), "CKPT_DIR": str(root / "bad")}
     out = root / "bad.out"
-    job = submit(cluster, extra, TINY, out)
+    job = submit(cluster, extra, [*TINY, f"custom_reward_function.path={reward}", "reward.on_error=raise"], out)
     state = wait_for(cluster, job, 600)
     log = out.read_text() if out.exists() else ""
     assert state == "FAILED", f"job {job} ended {state}:\n{log[-4000:]}"
     assert "2 Ray node(s) alive" in log  # it failed after Ray was up, so teardown had work to do
-    assert "missing.parquet" in log
+    assert "grader crashed on purpose" in log
     assert "tearing down Ray" in log
     assert not ray_processes_of(job), ray_processes_of(job)
 

@@ -41,3 +41,30 @@ def test_nan_values_still_logged(tmp_path):
     logger.log({"actor/grad_norm": float("nan")}, step=1)
     logger.close()
     assert "NaN" in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_validation_generations_go_to_console_tensorboard_text_and_jsonl(tmp_path):
+    from megarl.trainer.controller import pick_generations
+
+    prompts = [f"prompt {i}" for i in range(6)]
+    picked = pick_generations(prompts, [f"answer {i}\nline" for i in range(6)], [str(i) for i in range(6)],
+                              [float(i % 2) for i in range(6)], count=3)
+    again = pick_generations(prompts[::-1], [f"answer {i}\nline" for i in range(6)][::-1], [str(i) for i in range(6)][::-1],
+                             [float(i % 2) for i in range(6)][::-1], count=3)
+    assert picked == again and len(picked) == 3  # the same samples whatever the order (sorted, then seed 42)
+    assert set(picked[0]) == {"prompt", "response", "ground_truth", "score"}
+    assert pick_generations(prompts, prompts, prompts, [0.0] * 6, count=0) == []
+
+    out = io.StringIO()
+    logger = MetricsLogger(["console", "tensorboard"], tmp_path, stream=out)
+    logger.log_generations(picked, step=5)
+    logger.close()
+    rows = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 5, **sample} for sample in picked]
+    printed = out.getvalue()
+    assert "val/generations at step 5 (3 samples):" in printed and "answer" in printed and "\\nline" in printed
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    (event,) = acc.Tensors("val/generations/text_summary")
+    text = event.tensor_proto.string_val[0].decode()
+    assert event.step == 5 and all(sample["prompt"] in text for sample in picked)

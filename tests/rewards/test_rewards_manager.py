@@ -83,7 +83,7 @@ def test_custom_function_load_errors(reward_file, tmp_path):
         RewardFunction(reward_file, "missing")
     with pytest.raises(FileNotFoundError, match="nowhere.py"):
         RewardFunction(str(tmp_path / "nowhere.py"))
-    with pytest.raises(RewardFunctionLoadError, match="must accept \\(data_source, solution_str, ground_truth"):
+    with pytest.raises(RewardFunctionLoadError, match=r"fits none of the reward forms: compute_score\(data_source, solution_str, ground_truth"):
         RewardFunction(reward_file, "too_few_args")
     with pytest.raises(RewardFunctionLoadError, match="is a int, not a function"):
         RewardFunction(reward_file, "NOT_A_FUNCTION")

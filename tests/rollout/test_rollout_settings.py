@@ -115,3 +115,33 @@ def test_the_rollout_node_of_a_full_megarl_config_works_as_is():
     sampling = resolve_sampling(rollout, {"stop": OmegaConf.create(["a", "b"])})
     assert sampling.max_tokens == 28 and sampling.stop == ("a", "b")
     assert resolve_sampling(rollout).stop == ("</answer>",)
+
+
+def test_verl_rollout_keys_reach_the_engine_arguments():
+    from megarl.config.schema import EngineKwargsConfig
+
+    config = rollout_config(enable_prefix_caching=False, logprobs_mode="processed_logprobs", scheduling_policy="priority",
+                            disable_log_stats=False, ignore_eos=True,
+                            engine_kwargs=EngineKwargsConfig(vllm={"max_logprobs": 7, "disable_mm_preprocessor_cache": True}))
+    kwargs = llm_kwargs(replica_spec(config, "/m", use_gpu=True), on_gpu=True)
+    assert (kwargs["enable_prefix_caching"], kwargs["logprobs_mode"], kwargs["scheduling_policy"],
+            kwargs["disable_log_stats"]) == (False, "processed_logprobs", "priority", False)
+    assert kwargs["max_logprobs"] == 7  # rollout.engine_kwargs.vllm, passed through
+    assert kwargs["mm_processor_cache_gb"] == 0 and "disable_mm_preprocessor_cache" not in kwargs  # vLLM's rename
+    assert resolve_sampling(config).ignore_eos and resolve_sampling(config, validate=True).ignore_eos
+
+
+def test_engine_kwargs_are_checked_against_vllms_engine_args():
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from megarl.rollout.engine_config import engine_kwargs_problems, vllm_engine_arg_names
+
+    assert vllm_engine_arg_names() == {f.name for f in dataclasses.fields(EngineArgs)}  # read without importing vLLM
+    problems = engine_kwargs_problems({"max_logprob": 5, "tensor_parallel_size": 4, "kv_cache_dtype": "fp8"})
+    assert len(problems) == 2
+    assert problems[0].startswith("actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprob is not an engine argument of "
+                                  "the installed vLLM (vllm.EngineArgs); did you mean max_logprobs")
+    assert problems[1] == ("actor_rollout_ref.rollout.engine_kwargs.vllm.tensor_parallel_size: megarl sets this engine "
+                           "argument from actor_rollout_ref.rollout.tensor_model_parallel_size; set that instead")

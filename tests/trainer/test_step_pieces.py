@@ -64,7 +64,7 @@ def test_grpo_advantages_through_the_step():
 
 
 def test_kl_in_reward_needs_log_probs():
-    cfg = load_config(None, BASE + ["algorithm.use_kl_in_reward=true"])
+    cfg = load_config(None, BASE + ["algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"])
     with pytest.raises(ValueError, match="needs old and reference log-probs"):
         token_level_rewards(cfg, torch.zeros(1, 2), torch.ones(1, 2), None, None, None)
 

@@ -1,0 +1,215 @@
+"""What a run will read, checked before anything starts: models, checkpoints, data files, reward.
+
+``preflight_problems(cfg)`` only reads: a model's ``config.json`` (a local directory, or a hub id
+found in the Hugging Face cache), the schema and row count of each parquet file (and its data
+source column, to check that a rule reward exists for every source), a dist checkpoint's
+metadata, and the reward file, which it imports to check the function's signature. No model is
+built, no process or Ray cluster starts. Each problem is one line naming the key and the fix.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from megarl.config.errors import Problem, refusal
+
+# Architectures the bridge lacks whose support is planned (or known to be a separate product line).
+PLANNED_ARCHITECTURES = {"DeepseekV3ForCausalLM": ("DeepSeek-V3 models (MLA + DeepSeekMoE)", 11),
+                         "DeepseekV2ForCausalLM": ("DeepSeek-V2 models (MLA + DeepSeekMoE)", 11)}
+
+
+def preflight_problems(cfg: DictConfig) -> list[Problem]:
+    from megarl.config.validate import critic_enabled
+
+    problems: list[Problem] = []
+    arr = cfg.actor_rollout_ref
+    problems += model_problems("actor_rollout_ref.model.path", arr.model.path)
+    if arr.model.tokenizer_path:
+        problems += model_problems("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path, needs_family=False)
+    if critic_enabled(cfg) and cfg.critic.model.path != arr.model.path:
+        problems += model_problems("critic.model.path", cfg.critic.model.path)
+    problems += _checkpoint_problems(cfg)
+    problems += _data_problems(cfg)
+    problems += _reward_problems(cfg)
+    problems += _logger_problems(cfg)
+    if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path \
+            and not Path(cfg.trainer.resume_from_path).is_dir():
+        problems.append(Problem(f"trainer.resume_from_path={cfg.trainer.resume_from_path}: no such checkpoint "
+                                "directory (expected .../actor/step_<N>)"))
+    return problems
+
+
+# ------------------------------------------------------------------ models
+def resolve_model_path(path: str) -> str | None:
+    """A local model directory for ``path``: itself, or a hub id's snapshot in the HF cache (None: neither)."""
+    local = Path(os.path.expanduser(str(path)))
+    if local.is_dir():
+        return str(local)
+    if local.is_absolute() or str(path).startswith((".", "~")) or str(path).count("/") != 1:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(str(path), "config.json")
+    except Exception:  # an id the hub library rejects
+        return None
+    return str(Path(found).parent) if isinstance(found, str) else None
+
+
+def model_problems(key: str, path: Any, needs_family: bool = True) -> list[Problem]:
+    if not path:
+        return [Problem(f"{key} is empty: give a Hugging Face model directory or hub id", key=key)]
+    local = resolve_model_path(str(path))
+    if local is None:
+        if str(path).count("/") == 1 and not Path(str(path)).is_absolute():
+            offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
+            return [Problem(f"{key}={path}: not a local directory and not in the Hugging Face cache{offline}; "
+                            f"download it first (huggingface-cli download {path}) or give a local path", key=key)]
+        return [Problem(f"{key}={path}: no such directory", key=key)]
+    config_file = Path(local) / "config.json"
+    if not config_file.is_file():
+        if needs_family or not (Path(local) / "tokenizer_config.json").is_file():
+            return [Problem(f"{key}={path}: {local} has no config.json; give a Hugging Face checkpoint directory "
+                            "(megarl make-tiny-model writes one)", key=key)]
+        return []
+    if not needs_family:
+        return []
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return [Problem(f"{key}={path}: cannot read {config_file}: {exc}", key=key)]
+    return _family_problems(key, path, hf_config)
+
+
+def _family_problems(key: str, path: Any, hf_config: dict) -> list[Problem]:
+    from megarl.models.families import supported_architectures
+
+    architectures = list(hf_config.get("architectures") or [])
+    supported = set(supported_architectures())
+    if any(a in supported for a in architectures):
+        return []
+    arch = architectures[0] if architectures else f"model_type={hf_config.get('model_type')!r}"
+    instead = f"the bridge's families are {', '.join(sorted(supported))} (megarl.models.families)"
+    if arch in PLANNED_ARCHITECTURES:
+        feature, issue = PLANNED_ARCHITECTURES[arch]
+        return [refusal(f"{key}={path}", feature, instead, issue)]
+    if "vision_config" in hf_config or "ForConditionalGeneration" in arch or "VL" in arch:
+        return [refusal(f"{key}={path}", f"vision-language models ({arch})", "megarl trains text-only causal LMs; "
+                        + instead)]
+    return [refusal(f"{key}={path}", f"the {arch} architecture", instead)]
+
+
+def _checkpoint_problems(cfg: DictConfig) -> list[Problem]:
+    from megarl.engine.checkpoint import resolve_checkpoint
+    from megarl.trainer.megatron_worker import initial_checkpoints
+
+    keys = {"actor": "actor_rollout_ref.actor.megatron.dist_checkpointing_path",
+            "ref": "actor_rollout_ref.ref.megatron.dist_checkpointing_path",
+            "critic": "critic.megatron.dist_checkpointing_path"}
+    problems = []
+    for role, path in initial_checkpoints(cfg).items():
+        if path is None or (role == "critic" and not _critic_on(cfg)):
+            continue
+        try:
+            resolve_checkpoint(path)
+        except (FileNotFoundError, OSError) as exc:
+            problems.append(Problem(f"{keys[role]}={path}: {exc}", key=keys[role]))
+    return problems
+
+
+def _critic_on(cfg) -> bool:
+    from megarl.config.validate import critic_enabled
+
+    return critic_enabled(cfg)
+
+
+# ------------------------------------------------------------------ data
+def _data_problems(cfg: DictConfig) -> list[Problem]:
+    import pyarrow.parquet as pq
+
+    from megarl.data import column_problems
+    from megarl.rewards.registry import VERL_ONLY_REWARDS, UnknownDataSourceError, find_rule_reward
+
+    d = cfg.data
+    custom = bool(cfg.custom_reward_function.path)
+    problems: list[Problem] = []
+    sources: set[str] = set()
+    for split in ("train", "val"):
+        files = d[f"{split}_files"]
+        if files is None:
+            continue
+        files = [files] if isinstance(files, str) else list(files)
+        if not files:
+            problems.append(Problem(f"data.{split}_files is an empty list; give at least one parquet path"))
+        rows = 0
+        for path in files:
+            path = os.path.expanduser(str(path))
+            if not os.path.isfile(path):
+                problems.append(Problem(f"data.{split}_files: {path!r} does not exist", key=f"data.{split}_files"))
+                continue
+            try:
+                parquet = pq.ParquetFile(path)
+            except Exception as exc:
+                problems.append(Problem(f"data.{split}_files: {path} cannot be read as parquet: {exc}"))
+                continue
+            names = parquet.schema_arrow.names
+            found = column_problems(path, names, d.prompt_key, d.reward_fn_key, need_reward_fn_key=not custom)
+            problems += [Problem(message, key=f"data.{split}_files") for message in found]
+            rows += parquet.metadata.num_rows
+            if not custom and not found:
+                column = parquet.read(columns=[d.reward_fn_key]).column(0).to_pylist()
+                sources.update(str(s) for s in column)
+        limit = d[f"{split}_max_samples"]
+        rows = min(rows, limit) if limit > 0 else rows
+        if split == "train" and rows and rows < d.train_batch_size:
+            problems.append(Problem(f"data.train_files hold {rows} rows, fewer than data.train_batch_size="
+                                    f"{d.train_batch_size}: no batch could be drawn; lower the batch size"))
+    unknown = []
+    instead = "write compute_score in a file and set custom_reward_function.path"
+    for source in sorted(sources):
+        try:
+            find_rule_reward(source)
+        except UnknownDataSourceError:
+            if source in VERL_ONLY_REWARDS:
+                problems.append(refusal(f"data source {source!r} (column {d.reward_fn_key!r})",
+                                        f"verl's built-in reward for {source} ({VERL_ONLY_REWARDS[source]})", instead))
+            else:
+                unknown.append(source)
+    if unknown:
+        problems.append(Problem(f"no built-in reward for the data source(s) {unknown} (column {d.reward_fn_key!r}); "
+                                "set custom_reward_function.path to a file with your compute_score"))
+    return problems
+
+
+# ------------------------------------------------------------------ reward function
+def _reward_problems(cfg: DictConfig) -> list[Problem]:
+    from megarl.rewards.custom import SAMPLE, RewardFunctionLoadError, load_reward_function
+    from megarl.rewards.managers import function_kwargs, manager_name
+
+    key = "custom_reward_function.path"
+    if not cfg.custom_reward_function.path:
+        return []
+    try:
+        fn = load_reward_function(cfg.custom_reward_function, function_kwargs(cfg))
+    except (FileNotFoundError, RewardFunctionLoadError) as exc:
+        return [Problem(f"{key}: {exc}", key=key)]
+    problems = []
+    if manager_name(cfg) == "batch" and fn.form == SAMPLE:
+        problems.append(Problem(f"reward_model.reward_manager=batch calls the reward function once per batch, but "
+                                f"{fn.describe()}; give a batch-form function or use the naive manager"))
+    if fn.form != SAMPLE and cfg.reward.num_workers > 1:
+        problems.append(Problem(f"reward.num_workers={cfg.reward.num_workers}: {fn.describe()} is called once per "
+                                "batch in the controller; set reward.num_workers=1"))
+    return problems
+
+
+def _logger_problems(cfg: DictConfig) -> list[Problem]:
+    from megarl.logging import unavailable_sinks
+
+    return [Problem(f"trainer.logger includes {name!r} but the {package} package is not installed: pip install "
+                    f"{package}, or drop {name!r} from trainer.logger", key="trainer.logger")
+            for name, package in unavailable_sinks(cfg.trainer.logger).items()]

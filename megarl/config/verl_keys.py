@@ -1,0 +1,333 @@
+"""What megarl does with each verl key that is not in its own schema.
+
+verl's fully resolved Megatron config has about 600 keys; the ones megarl implements are fields of
+``megarl.config.schema``. Every other verl key is named here by exactly one rule:
+
+* ``Alias``: another spelling of a megarl key (verl's 2026 ``reward.*`` names, the sync bucket
+  size); the value moves to the megarl key, and the two given with different values is an error;
+* ``Refused``: asks for a feature megarl does not have. The key is accepted only at a value that
+  asks for nothing (``off``: verl's default, which turns the feature off), so a full verl config
+  loads, and refused otherwise with what megarl does instead and the issue that plans the feature;
+* ``Renamed``: a deprecated verl spelling that megarl does not convert; the message names the key to set;
+* ``Noted``: a verl implementation option with no counterpart and no effect on results (speed or
+  start-up of verl's own code); accepted, and its note is logged once when the key is given;
+* ``Parameters``: settings of a feature whose switch is refused (or checked) elsewhere, e.g.
+  ``lora.alpha`` next to ``lora.rank``; accepted as they are, as verl does while the feature is off.
+
+The first rule whose pattern matches a key decides (``fnmatch``: ``*`` also matches dots).
+A key that no rule and no schema field knows is unknown, and ``POINTERS`` helps name the right one.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any, Callable, Union
+
+ARR, ACTOR, REF, ROLLOUT, MODEL = ("actor_rollout_ref", "actor_rollout_ref.actor", "actor_rollout_ref.ref",
+                                   "actor_rollout_ref.rollout", "actor_rollout_ref.model")
+TRAINED = (ACTOR, "critic")  # roles with an optimizer
+ENGINES = (ACTOR, REF, "critic")  # roles with a megatron engine
+PROFILED = (ACTOR, REF, ROLLOUT, "critic", "reward_model")
+
+Off = Union[tuple, Callable[[Any, Callable[[str], Any]], bool]]
+
+
+def _each(prefixes: tuple[str, ...], *suffixes: str) -> tuple[str, ...]:
+    return tuple(f"{p}.{s}" for p in prefixes for s in suffixes)
+
+
+@dataclass(frozen=True)
+class Alias:
+    key: str  # a key, or a section whose keys all move (prefix alias)
+    target: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    keys: tuple[str, ...]
+    feature: str
+    instead: str
+    off: Off = ()  # values that ask for nothing; None, {}, [] and ${...} interpolations always do
+    issue: int | None = None
+
+    def asks(self, value: Any, get: Callable[[str], Any]) -> bool:
+        if value is None or value == {} or value == [] or (isinstance(value, str) and value.startswith("${")):
+            return False
+        if callable(self.off):
+            return not self.off(value, get)
+        return value not in self.off
+
+
+@dataclass(frozen=True)
+class Renamed:
+    keys: tuple[str, ...]
+    use: str  # what to set instead
+
+
+@dataclass(frozen=True)
+class Noted:
+    keys: tuple[str, ...]
+    note: str
+
+
+@dataclass(frozen=True)
+class Parameters:
+    keys: tuple[str, ...]
+    of: str  # the feature they parameterise
+
+
+Rule = Union[Alias, Refused, Renamed, Noted, Parameters]
+
+PROFILING = ("profile the job from outside (e.g. `nsys profile` around the launch) and read megarl's "
+             "timing_s/* and timing_per_token_ms/* metrics")
+MODEL_REWARD = "rule and custom reward functions score the responses (custom_reward_function.path)"
+
+ALIASES: tuple[Alias, ...] = (
+    Alias("reward.custom_reward_function", "custom_reward_function"),
+    Alias("reward.reward_manager.name", "reward_model.reward_manager"),
+    Alias("reward_manager.name", "reward_model.reward_manager"),  # verl's 2025 top-level section
+    Alias("reward.reward_kwargs", "reward_model.reward_kwargs"),
+    Alias("reward.reward_model.enable", "reward_model.enable"),
+    Alias("reward_model.num_workers", "reward.num_workers"),
+    Alias(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", f"{ROLLOUT}.weight_sync.bucket_mb"),
+)
+
+RULES: tuple[Rule, ...] = ALIASES + (
+    Parameters(("_target_", "*._target_"), of="verl's config class names"),
+    # ---------------------------------------------------------------- model and bridge
+    Noted(_each(ENGINES, "megatron.use_mbridge", "megatron.vanilla_mbridge")
+          + ("reward_model.megatron.use_mbridge", "reward_model.megatron.vanilla_mbridge"),
+          "megarl loads and exports Hugging Face checkpoints with its own bridge (megarl/models); "
+          "mbridge and Megatron-Bridge are not used"),
+    Noted((f"{MODEL}.use_fused_kernels", f"{ACTOR}.use_fused_kernels", f"{MODEL}.fused_kernel_options.*"),
+          "megarl computes log-probs and entropy with its own vocab-parallel kernels (full-vocab logits are "
+          "never gathered over TP); verl's fused kernels are not used"),
+    Noted(_each(ENGINES, "megatron.use_remove_padding") + (f"{MODEL}.use_remove_padding",),
+          "megarl always drops the padding inside each sample and trims each micro-batch to its longest "
+          "sample; packed (THD) sequences would need Transformer Engine"),
+    Noted(_each((ACTOR, REF), "use_torch_compile"), "megarl does not torch.compile its kernels (speed only)"),
+    Noted(_each(ENGINES, "calculate_entropy"), "megarl computes the entropy metric every step"),
+    Noted((f"{MODEL}.use_shm", "data.use_shm"), "megarl reads checkpoints and data files in place"),
+    Noted((f"{MODEL}.use_liger", f"{MODEL}.tiled_mlp.*"),
+          "FSDP-only options in verl; its Megatron workers do not use them either"),
+    Refused(("critic.model.tokenizer_path",), "a critic tokenizer apart from the actor's",
+            "the critic scores the actor's token ids", off=lambda value, get: value in (
+                get(f"{MODEL}.tokenizer_path"), get(f"{MODEL}.path"), get("critic.model.path"))),
+    Noted(("critic.model.trust_remote_code",),
+          "the bridge builds the critic from config.json and the safetensors; no remote code runs"),
+    Parameters(_each(ENGINES, "megatron.forward_only", "rollout_n"), of="verl's per-role internals"),
+    Refused(_each(ENGINES, "megatron.dtype"), "training in a dtype other than bf16",
+            "megarl trains in bf16 on GPUs and fp32 on CPUs (megarl.platform.default_dtype)", off=("bfloat16", "bf16")),
+    Refused(_each(ENGINES, "megatron.dist_checkpointing_prefix"), "a key prefix in dist checkpoints",
+            "megarl's dist checkpoints use the bridge's parameter names", off=("",)),
+    Refused(_each(ENGINES, "megatron.override_ddp_config.*"), "overriding megatron's DDPConfig",
+            "megarl builds the DDP config itself (overlapped grad reduce, distributed optimizer)"),
+    Refused(_each(ENGINES, "megatron.override_mcore_model_config.*"), "overriding megatron's model arguments",
+            "the bridge derives the GPTModel from config.json"),
+    Refused(_each(ENGINES, "load_weight"), "random initialisation instead of the checkpoint's weights",
+            "the models start from model.path (or a dist checkpoint)", off=(True,)),
+    Refused((f"{MODEL}.hf_config_path",), "a config.json apart from the weights",
+            "actor_rollout_ref.model.path must hold config.json and the safetensors"),
+    Refused((f"{MODEL}.external_lib", "critic.model.external_lib"), "importing external model code",
+            "models must belong to a bridge family (megarl.models.families)"),
+    Refused((f"{MODEL}.override_config.model_config.*", "critic.model.override_config.model_config.*"),
+            "overriding Hugging Face config fields", "edit config.json in a copy of the checkpoint"),
+    Refused((f"{MODEL}.override_config.moe_config.freeze_moe_router",
+             "critic.model.override_config.moe_config.freeze_moe_router"),
+            "freezing the MoE router", "the router trains with the rest of the model", off=(False,)),
+    Refused((f"{MODEL}.enable_activation_offload",), "activation offload",
+            "use activation recompute (megatron.override_transformer_config.recompute_*)", off=(False,)),
+    Refused((f"{MODEL}.mtp.enable", f"{MODEL}.mtp.enable_train", f"{MODEL}.mtp.enable_rollout"),
+            "multi-token prediction (MTP) layers", "MTP layers are neither trained nor served", off=(False,)),
+    Parameters((f"{MODEL}.mtp.*", f"{ROLLOUT}.mtp"), of="multi-token prediction"),
+    Refused((f"{ACTOR}.freeze_vision_tower",), "vision-language models",
+            "megarl trains text-only causal LMs", off=(False,)),
+    Parameters(("data.image_key", "data.video_key", "data.image_patch_size", "data.return_multi_modal_inputs"),
+               of="vision-language data (refused by the model check)"),
+    # ---------------------------------------------------------------- LoRA (issue 15)
+    Refused((f"{MODEL}.lora.rank", f"{MODEL}.lora_rank", "critic.model.lora.rank", "critic.model.lora_rank"),
+            "LoRA", "megarl trains the full model", off=(0,), issue=15),
+    Refused((f"{MODEL}.lora.adapter_path", f"{MODEL}.lora_adapter_path", "critic.model.lora.adapter_path"),
+            "LoRA adapters", "megarl trains the full model", issue=15),
+    Parameters((f"{MODEL}.lora.*", f"{MODEL}.lora_alpha", f"{MODEL}.target_modules", f"{MODEL}.exclude_modules",
+                "critic.model.lora.*", "critic.model.lora_alpha", "critic.model.target_modules"), of="LoRA"),
+    # ---------------------------------------------------------------- actor loss and optimizer
+    Refused((f"{ACTOR}.loss_scale_factor",), "a custom loss_scale_factor",
+            "seq-mean-token-sum-norm divides by the padded response length (verl's default)"),
+    Refused((f"{ACTOR}.use_prefix_grouper",), "the prefix grouper (shared-prompt attention)",
+            "each sample is computed with its own prompt", off=(False,)),
+    Parameters((f"{ACTOR}.tau_pos", f"{ACTOR}.tau_neg", f"{ACTOR}.policy_loss.clip_cov_*",
+                f"{ACTOR}.policy_loss.kl_cov_ratio", f"{ACTOR}.policy_loss.ppo_kl_coef"),
+               of="policy losses megarl does not register (refused by the loss_mode check)"),
+    Refused(_each(ENGINES, "router_replay.mode"), "MoE router replay", "the router is recomputed in every forward",
+            off=("disabled",)),
+    Parameters(_each(ENGINES, "router_replay.*"), of="router replay"),
+    Refused(_each(TRAINED, "optim.lr_decay_steps"), "a decay horizon apart from the run's length",
+            "the LR decays over optim.total_training_steps (the run's steps)"),
+    Refused(_each(TRAINED, "optim.weight_decay_incr_style"), "weight-decay schedules",
+            "weight decay stays at optim.weight_decay", off=("constant",)),
+    Refused(_each(TRAINED, "optim.use_checkpoint_opt_param_scheduler"), "taking the LR schedule's settings from a checkpoint",
+            "the schedule's shape comes from the config, its position from the checkpoint", off=(False,)),
+    Parameters(_each(TRAINED, "optim.lr_wsd_decay_style", "optim.lr_wsd_decay_steps"),
+               of="the WSD schedule (refused by the lr_decay_style check)"),
+    Refused(_each(TRAINED, "checkpoint.async_save"), "asynchronous checkpoint saves",
+            "checkpoints are written synchronously through step_<N>.tmp and a rename", off=(False,)),
+    Renamed((f"{REF}.log_prob_micro_batch_size",), f"{REF}.log_prob_micro_batch_size_per_gpu"),
+    Renamed((f"{ROLLOUT}.log_prob_micro_batch_size",), f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu"),
+    Renamed(("critic.ppo_micro_batch_size",), "critic.ppo_micro_batch_size_per_gpu"),
+    Renamed(("data.tokenizer",), f"{MODEL}.tokenizer_path"),
+    Refused(("critic.forward_max_token_len_per_gpu",), "a separate token budget for the critic's value pass",
+            "values are computed with critic.ppo_max_token_len_per_gpu",
+            off=lambda value, get: value == get("critic.ppo_max_token_len_per_gpu")),
+    Refused(("critic.data_loader_seed",), "a critic shuffle seed apart from the actor's",
+            "the critic's mini-batches are shuffled with critic.megatron.seed",
+            off=lambda value, get: value == get(f"{ACTOR}.data_loader_seed")),
+    Refused(("critic.nccl_timeout",), "a critic process-group timeout apart from the actor's",
+            "the critic runs in the actor's process groups: set actor_rollout_ref.nccl_timeout",
+            off=lambda value, get: value == get(f"{ARR}.nccl_timeout")),
+    Refused((f"{ARR}.hybrid_engine",), "verl's non-hybrid worker mode",
+            "trainer.placement=split gives the rollout GPUs of its own", off=(True,)),
+    # ---------------------------------------------------------------- profiling
+    Refused(_each(PROFILED, "profiler.enable") + ("global_profiler.tool", "global_profiler.steps"),
+            "profiling inside the workers", PROFILING, off=(False,)),
+    Parameters(_each(PROFILED, "profiler.*") + ("global_profiler.*",), of="profiling"),
+    # ---------------------------------------------------------------- rollout
+    Noted((f"{ROLLOUT}.multi_stage_wake_up",), "megarl always wakes the weights first, then the KV cache"),
+    Noted((f"{ROLLOUT}.skip_tokenizer_init",), "the fleet keeps vLLM's tokenizer (stop strings and response texts need it)"),
+    Noted((f"{ROLLOUT}.calculate_log_probs",), "the fleet always returns the sampled tokens' log-probs (rollout/logprob_diff)"),
+    Noted((f"{ROLLOUT}.layer_name_map.*",), "megarl derives vLLM's fused parameter names from the model family"),
+    Refused((f"{ROLLOUT}.load_format",), "vLLM load formats other than auto", "the engines load model.path's "
+            "safetensors, then receive the trainer's weights", off=("auto", "dummy")),
+    Refused((f"{ROLLOUT}.data_parallel_size",), "data parallelism inside one rollout engine",
+            "set actor_rollout_ref.rollout.num_replicas: each replica is one engine", off=(1,)),
+    Refused((f"{ROLLOUT}.expert_parallel_size",), "expert parallelism in the rollout engines",
+            "vLLM splits the experts over the replica's tensor-parallel ranks", off=(1,)),
+    Refused((f"{ROLLOUT}.pipeline_model_parallel_size",), "pipeline parallelism in the rollout engines",
+            "raise actor_rollout_ref.rollout.tensor_model_parallel_size (a replica may span nodes)", off=(1,)),
+    Refused((f"{ROLLOUT}.cudagraph_capture_sizes",), "this key for CUDA-graph sizes",
+            "pass actor_rollout_ref.rollout.engine_kwargs.vllm.cudagraph_capture_sizes"),
+    Refused((f"{ROLLOUT}.over_sample_rate",), "over-sampling (aborting the slowest requests)",
+            "every request of a step runs to its end", off=(0,)),
+    Refused((f"{ROLLOUT}.quantization",), "quantized rollout weights",
+            "the engines serve the trainer's weights in rollout.dtype"),
+    Parameters((f"{ROLLOUT}.quantization_config_file",), of="quantized rollout"),
+    Refused((f"{ROLLOUT}.engine_kwargs.sglang.*", f"{ROLLOUT}.engine_kwargs.trtllm.*"),
+            "SGLang and TensorRT-LLM engine arguments", "the rollout engine is vLLM: use rollout.engine_kwargs.vllm"),
+    Refused((f"{ROLLOUT}.checkpoint_engine.backend",), "verl's checkpoint engines",
+            "megarl syncs weights with its own layer: set actor_rollout_ref.rollout.weight_sync.transport "
+            "(auto, nccl, gloo or cuda_ipc)", off=("naive",)),
+    Refused((f"{ROLLOUT}.checkpoint_engine.engine_kwargs.*",), "checkpoint-engine arguments",
+            "see actor_rollout_ref.rollout.weight_sync.*"),
+    Refused((f"{ROLLOUT}.trace.backend",), "rollout tracing", "samples are logged by trainer.log_val_generations"),
+    Parameters((f"{ROLLOUT}.trace.*",), of="rollout tracing"),
+    Refused((f"{ROLLOUT}.skip_rollout", "skip.*.enable"), "replaying dumped rollouts",
+            "every step generates its rollouts", off=(False,)),
+    Parameters((f"{ROLLOUT}.skip_dump_dir", "skip.*"), of="rollout replay"),
+    Refused((f"{ROLLOUT}.enable_rollout_routing_replay",), "MoE routing replay from the rollout",
+            "the trainer routes the tokens itself", off=(False,)),
+    Refused((f"{ROLLOUT}.prometheus.enable",), "Prometheus metrics of the rollout servers",
+            "megarl's metrics go to trainer.logger", off=(False,)),
+    Parameters((f"{ROLLOUT}.prometheus.*",), of="rollout Prometheus metrics"),
+    # ---------------------------------------------------------------- multi-turn and agents (issue 13)
+    Refused((f"{ROLLOUT}.multi_turn.enable",), "multi-turn tool-calling rollouts",
+            "rollouts are single-turn (one response per prompt)", off=(False,), issue=13),
+    Refused((f"{ROLLOUT}.multi_turn.tool_config_path", f"{ROLLOUT}.multi_turn.interaction_config_path",
+             f"{ROLLOUT}.tool_kwargs.tools_config_file"), "tool calling in rollouts",
+            "rollouts are single-turn (one response per prompt)", issue=13),
+    Parameters((f"{ROLLOUT}.multi_turn.*", "data.tool_config_path"), of="multi-turn rollouts"),
+    Refused((f"{ROLLOUT}.agent.default_agent_loop",), "agent loops", "rollouts are single-turn generations",
+            off=("single_turn_agent",), issue=13),
+    Refused((f"{ROLLOUT}.agent.agent_loop_config_path", f"{ROLLOUT}.agent.custom_async_server.path"),
+            "custom agent loops and servers", "rollouts are single-turn generations", issue=13),
+    Parameters((f"{ROLLOUT}.agent.*",), of="agent loops"),
+    # ---------------------------------------------------------------- data
+    Noted(("data.dataloader_num_workers", "data.filter_overlong_prompts_workers"),
+          "megarl tokenises the dataset once at start-up, in the driver"),
+    Noted(("data.return_raw_chat", "data.return_raw_input_ids", "data.return_full_prompt"),
+          "megarl keeps every row's chat messages and token ids; the flag changes nothing here"),
+    Noted(("data.validation_shuffle",), "validation scores every row once; the order does not change the scores"),
+    Refused(("data.custom_cls.path",), "custom dataset classes",
+            "megarl reads verl-format parquet rows (prompt, reward_model, data_source, extra_info)"),
+    Refused(("data.sampler.class_path",), "custom samplers (curricula)", "batches are drawn by data.shuffle / data.seed"),
+    Refused(("data.datagen.path",), "generated datasets", "the prompts come from data.train_files"),
+    Parameters(("data.custom_cls.*", "data.sampler.*", "data.datagen.*"), of="custom data classes"),
+    # ---------------------------------------------------------------- rewards
+    Refused(("reward_manager.source", "reward.reward_manager.source"), "reward managers from other sources",
+            "reward managers: naive, dapo, batch; custom scoring goes in custom_reward_function", off=("register",)),
+    Refused(("reward_manager.module.path", "reward.reward_manager.module.path"), "custom reward manager classes",
+            "reward managers: naive, dapo, batch; custom scoring goes in custom_reward_function"),
+    Parameters(("reward_manager.module.*", "reward.reward_manager.module.*"), of="custom reward managers"),
+    Refused(("reward_model.sandbox_fusion.url", "sandbox_fusion.url", "reward.sandbox_fusion.url"),
+            "code-execution rewards (sandbox fusion)", MODEL_REWARD),
+    Parameters(("reward_model.sandbox_fusion.*", "sandbox_fusion.*", "reward.sandbox_fusion.*"), of="sandbox fusion"),
+    Noted(("reward_model.launch_reward_fn_async",),
+          "megarl scores in the controller after generation, in parallel with reward.num_workers"),
+    Parameters(("reward_model.*", "reward.reward_model.*"),
+               of="model-based rewards (reward_model.enable is refused until issue 16)"),
+    # ---------------------------------------------------------------- algorithm
+    Refused(("algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_rs"),
+            "rollout correction (importance weights for off-policy tokens)",
+            "megarl trains on-policy; rollout/logprob_diff shows the trainer-fleet mismatch", issue=14),
+    Refused(("algorithm.rollout_correction.bypass_mode",), "rollout correction's bypass mode",
+            "megarl trains on-policy with the trainer's old log-probs", off=(False,), issue=14),
+    Parameters(("algorithm.rollout_correction.*",), of="rollout correction"),
+    Refused(("algorithm.use_pf_ppo",), "PF-PPO (reweighted sampling of the batch)",
+            "every sample of the batch is trained on once per epoch", off=(False,)),
+    Parameters(("algorithm.pf_ppo.*",), of="PF-PPO"),
+    Refused(("async_training.*",), "fully asynchronous training", "megarl trains on-policy, one step at a time", issue=14),
+    Refused(("trainer.v1.trainer_mode",), "asynchronous trainer modes",
+            "megarl trains on-policy, one step at a time", off=("sync",), issue=14),
+    Parameters(("trainer.v1.*", "trainer.use_v1", "trainer.use_legacy_worker_impl"), of="verl's trainer implementations"),
+    Refused(("distillation.enabled",), "on-policy distillation", "megarl trains with rewards only", off=(False,)),
+    Parameters(("distillation.*",), of="distillation"),
+    # ---------------------------------------------------------------- trainer
+    Refused(("trainer.rollout_data_dir", "trainer.validation_data_dir"), "dumping every rollout to JSONL",
+            "trainer.log_val_generations=N prints and writes N validation samples per validation", issue=17),
+    Refused(("trainer.default_hdfs_dir",), "HDFS checkpoint copies", "checkpoints go to trainer.default_local_dir"),
+    Refused(("trainer.del_local_ckpt_after_load",), "deleting a checkpoint after loading it",
+            "checkpoints stay; trainer.max_actor_ckpt_to_keep bounds them", off=(False,)),
+    Refused(("trainer.esi_redundant_time",), "ESI elastic-instance checkpoints", "use trainer.save_freq", off=(0,)),
+    Refused(("trainer.device",), "devices other than CUDA GPUs",
+            "megarl runs on CUDA GPUs, or on CPU where there is none", off=("cuda",)),
+    Noted(("trainer.ray_wait_register_center_timeout",), "megarl's workers need no register center"),
+    Refused(("transfer_queue.enable",), "the TransferQueue data plane", "batches move as Ray objects", off=(False,)),
+    Parameters(("transfer_queue.*",), of="TransferQueue"),
+    Refused(("hydra.*",), "Hydra's job settings (run directories, job logging)",
+            "megarl writes under trainer.default_local_dir and logs to the console"),
+    Refused(("ray_kwargs.ray_init.runtime_env.*",), "Ray runtime environments set from the config",
+            "start Ray in the environment you need (launch/ray_local.sh, slurm/launch.sh)"),
+)
+
+# Leaf names other frameworks (and verl habits) use for a megarl key: the leaf to look for instead.
+POINTERS = {
+    "lr": "optim.lr", "learning_rate": "optim.lr", "weight_decay": "optim.weight_decay",
+    "warmup_steps": "optim.lr_warmup_steps", "lr_warmup_steps": "optim.lr_warmup_steps",
+    "max_grad_norm": "grad_clip", "grad_norm": "grad_clip", "clip_grad_norm": "grad_clip",
+    "num_generations": "rollout.n", "num_samples": "rollout.n", "group_size": "rollout.n",
+    "max_new_tokens": "data.max_response_length", "max_tokens": "data.max_response_length",
+    "kl_coef": "kl_loss_coef", "beta": "kl_loss_coef", "epsilon": "clip_ratio", "cliprange": "clip_ratio",
+    "batch_size": "data.train_batch_size", "mini_batch_size": "ppo_mini_batch_size",
+    "micro_batch_size": "ppo_micro_batch_size_per_gpu", "micro_batch_size_per_gpu": "ppo_micro_batch_size_per_gpu",
+    "tp": "tensor_model_parallel_size", "tp_size": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size", "pp_size": "pipeline_model_parallel_size",
+    "ep": "expert_model_parallel_size", "gradient_checkpointing": "enable_gradient_checkpointing",
+    "epochs": "trainer.total_epochs", "num_epochs": "trainer.total_epochs",
+    "gpus_per_node": "trainer.n_gpus_per_node", "num_nodes": "trainer.nnodes",
+}
+
+
+def rule_for(key: str) -> Rule | None:
+    """The rule that decides ``key`` (a dotted verl key), or None. A pattern ``a.b.*`` also
+    matches ``a.b`` itself (an empty section, as verl's defaults write ``override_ddp_config: {}``)."""
+    for rule in RULES:
+        if isinstance(rule, Alias):
+            if key == rule.key or key.startswith(rule.key + "."):
+                return rule
+        elif any(fnmatch.fnmatchcase(key, pattern) or (pattern.endswith(".*") and fnmatch.fnmatchcase(key, pattern[:-2]))
+                 for pattern in rule.keys):
+            return rule
+    return None
+
+
+def alias_target(rule: Alias, key: str) -> str:
+    return rule.target + key[len(rule.key):]

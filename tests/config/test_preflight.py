@@ -1,0 +1,148 @@
+"""The pre-flight checks: what a run will read (models, data, reward function), before anything starts."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from megarl.config import ConfigError, load_config
+from megarl.config.preflight import resolve_model_path
+from tests.config._fixtures import write_model_config, write_prompts
+
+BATCH = ["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=1", "data.train_batch_size=4",
+         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+
+
+@pytest.fixture()
+def files(tmp_path):
+    model = write_model_config(tmp_path / "model")
+    data = write_prompts(tmp_path / "train.parquet", rows=8, data_source="megarl/arithmetic")
+    return tmp_path, model, data
+
+
+def check(*overrides: str) -> list:
+    try:
+        load_config(None, [*BATCH, *overrides], preflight=True)
+    except ConfigError as exc:
+        return [p.message for p in exc.problems]
+    return []
+
+
+def test_a_complete_run_passes(files):
+    _, model, data = files
+    assert check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", f"data.val_files={data}") == []
+
+
+def test_hub_ids_resolve_through_the_cache_or_say_how_to_get_them(files, monkeypatch):
+    import huggingface_hub.constants as hub
+
+    root, _, data = files
+    snapshot = root / "hub" / "models--acme--tiny-llm" / "snapshots" / ("0" * 40)
+    write_model_config(snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(root / "hub"))
+    assert resolve_model_path("acme/tiny-llm") == str(snapshot)
+    assert check("actor_rollout_ref.model.path=acme/tiny-llm", f"data.train_files={data}") == []
+    (problem,) = check("actor_rollout_ref.model.path=acme/other", f"data.train_files={data}")
+    assert "acme/other: not a local directory and not in the Hugging Face cache" in problem
+    assert "huggingface-cli download acme/other" in problem
+
+
+def test_model_directory_and_architecture(files):
+    root, _, data = files
+    (root / "empty").mkdir()
+    assert check(f"actor_rollout_ref.model.path={root / 'empty'}", f"data.train_files={data}") == [
+        f"actor_rollout_ref.model.path={root / 'empty'}: {root / 'empty'} has no config.json; give a Hugging Face "
+        "checkpoint directory (megarl make-tiny-model writes one)"]
+    gemma = write_model_config(root / "gemma", "Gemma3ForCausalLM", "gemma3_text")
+    (problem,) = check(f"actor_rollout_ref.model.path={gemma}", f"data.train_files={data}")
+    assert "the Gemma3ForCausalLM architecture is not supported" in problem and "LlamaForCausalLM" in problem
+
+
+def test_data_files_columns_rows_and_sources(files):
+    root, model, data = files
+    no_source = write_prompts(root / "no_source.parquet", rows=8, data_source=None)
+    few = write_prompts(root / "few.parquet", rows=2)
+    geo = write_prompts(root / "geo.parquet", rows=8, data_source="hiyouga/geometry3k")
+    mine = write_prompts(root / "mine.parquet", rows=8, data_source="my/dataset")
+    got = check(f"actor_rollout_ref.model.path={model}", f"data.train_files=[{no_source},{few}]",
+                f"data.val_files=[{geo},{mine},{root / 'gone.parquet'}]")
+    text = "\n".join(got)
+    assert f"{no_source}: missing column(s) ['data_source']" in text and "set custom_reward_function.path" in text
+    assert "data.train_files hold 10 rows" not in text  # only files whose columns are fine count
+    assert "'hiyouga/geometry3k' (column 'data_source'): verl's built-in reward for hiyouga/geometry3k" in text
+    assert "no built-in reward for the data source(s) ['my/dataset']" in text
+    assert f"'{root / 'gone.parquet'}' does not exist" in text
+    assert "data.train_files hold 2 rows, fewer than data.train_batch_size=4" in check(
+        f"actor_rollout_ref.model.path={model}", f"data.train_files={few}")[0]
+    # data.reward_fn_key names the column; a custom reward needs none
+    renamed = write_prompts(root / "renamed.parquet", rows=8, data_source=None,
+                            extra_columns={"task": ["megarl/arithmetic"] * 8})
+    assert check(f"actor_rollout_ref.model.path={model}", f"data.train_files={renamed}", "data.reward_fn_key=task") == []
+
+
+REWARDS = textwrap.dedent('''
+    import asyncio
+
+    def per_sample(data_source, solution_str, ground_truth, extra_info=None):
+        return float(solution_str.strip() == str(ground_truth))
+
+    def seed_batch(responses, ground_truths):
+        return [float(r.strip() == str(g)) for r, g in zip(responses, ground_truths)]
+
+    def verl_batch(data_sources, solution_strs, ground_truths, extra_infos, **kwargs):
+        return [0.0 for _ in solution_strs]
+
+    async def per_sample_async(data_source, solution_str, ground_truth, extra_info=None):
+        await asyncio.sleep(0)
+        return 1.0
+
+    def bad(solution_str):
+        return 0.0
+''')
+
+
+def test_reward_file_and_signature(files):
+    root, model, data = files
+    path = root / "rewards.py"
+    path.write_text(REWARDS)
+    no_source = write_prompts(root / "no_source.parquet", rows=8, data_source=None)
+    common = [f"actor_rollout_ref.model.path={model}", f"data.train_files={no_source}",
+              f"custom_reward_function.path={path}"]
+    for name in ("per_sample", "seed_batch", "verl_batch", "per_sample_async"):
+        assert check(*common, f"custom_reward_function.name={name}") == [], name
+    (problem,) = check(*common, "custom_reward_function.name=bad")
+    assert "has the signature (solution_str), which fits none of the reward forms" in problem
+    (problem,) = check(*common, "custom_reward_function.name=nothere")
+    assert "function 'nothere' not found" in problem and "per_sample" in problem
+    (problem,) = check(*common, "custom_reward_function.name=per_sample", "reward_model.reward_manager=batch")
+    assert "reward_manager=batch calls the reward function once per batch" in problem
+    (problem,) = check(*common, "custom_reward_function.name=seed_batch", "reward.num_workers=2")
+    assert "reward.num_workers=2" in problem and "set reward.num_workers=1" in problem
+    (problem,) = check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}",
+                       f"custom_reward_function.path={root / 'none.py'}")
+    assert "custom reward function file not found" in problem
+
+
+def test_overlong_penalty_settings_are_checked(files):
+    _, model, data = files
+    base = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}"]
+    assert check(*base, "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                 "+reward_model.reward_kwargs.overlong_buffer_cfg.len=64") == [
+        "reward_model.reward_kwargs.overlong_buffer_cfg: the naive reward manager takes no keyword arguments "
+        "(the overlong penalty needs reward_manager=dapo)"]
+    assert "the overlong penalty is applied by the dapo reward manager; set reward_model.reward_manager=dapo" in check(
+        *base, "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=64")[0]
+    text = "\n".join(check(*base, "reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+                           "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4096", "+reward_model.reward_kwargs.max_resp_len=512",
+                           "+reward_model.reward_kwargs.overlong_buffer_cfg.window=3", "reward_model.overlong_buffer.enable=True"))
+    assert "overlong_buffer_cfg.window: unknown" in text
+    assert "both turn on the overlong penalty; keep one" in text
+    assert "takes no keyword arguments" in "\n".join(check(*base, "+reward_model.reward_kwargs.max_resp_len=8"))
+    assert check(*base, "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
+                 "reward_model.overlong_buffer.len=100") == []
+    assert "exceeds the max response length 512" in check(
+        *base, "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
+        "reward_model.overlong_buffer.len=1000")[0]
