@@ -127,6 +127,9 @@ def validate_config(cfg: DictConfig) -> None:
         add(f"reward.num_workers={cfg.reward.num_workers}: must be >= 1.")
     if cfg.reward.on_error not in ("zero", "raise"):
         add(f"reward.on_error={cfg.reward.on_error!r}: use 'zero' or 'raise'.")
+    from megarl.trainer.engine_keys import engine_key_problems
+
+    problems.extend(engine_key_problems(cfg, with_critic=critic_enabled(cfg)))  # megatron overrides, offload, checkpoints
     if cfg.reward_model.enable:
         add("reward_model.enable=True: model-based reward is not supported; use rule rewards or "
             "custom_reward_function.path.")

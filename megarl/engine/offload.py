@@ -96,6 +96,7 @@ class OffloadGroup:
             return 0
         storages = self._device_storages()
         by_key = {s._cdata: s for s in storages}
+        self._host = {key: buffer for key, buffer in self._host.items() if key in by_key}  # storages since replaced
         for storage in storages:
             if self.keep_values:
                 host = self._host.get(storage._cdata)
@@ -159,8 +160,11 @@ def model_offload_groups(model_chunks: Sequence[torch.nn.Module], optimizer=None
     def every_tensor():
         return params() + (main_params() + optimizer_state() if optimizer is not None else [])
 
+    from megatron.core.distributed import DistributedDataParallel
+
     groups = {"params": OffloadGroup("params", params, every_tensor)}
-    buffers = [b for chunk in chunks for b in getattr(chunk, "buffers", []) + getattr(chunk, "expert_parallel_buffers", [])]
+    buffers = [b for chunk in chunks if isinstance(chunk, DistributedDataParallel)
+               for b in chunk.buffers + chunk.expert_parallel_buffers]
     if buffers:
         groups["grads"] = OffloadGroup("grads", lambda: [b.grad_data for b in buffers], keep_values=False)
     if optimizer is not None:
@@ -175,7 +179,7 @@ class Residency:
     Only groups whose offload is switched on are registered: everything else always stays on the
     device. ``need`` first offloads the registered groups a phase does not name (freeing memory),
     then reloads the ones it names. It logs what it moved with the device memory before and after
-    (INFO the first time each group moves, DEBUG afterwards).
+    (INFO the first time each group moves either way, DEBUG afterwards).
     """
 
     def __init__(self, groups: dict[str, OffloadGroup], rank: int = 0):
@@ -192,8 +196,9 @@ class Residency:
         freed = sum(self.groups[n].offload() for n in leaving)
         allocated = sum(self.groups[n].reload() for n in coming)
         after = platform.memory_stats()["allocated_bytes"]
-        first = not (set(leaving + coming) <= self._logged)
-        self._logged.update(leaving + coming)
+        moves = {f"{n} out" for n in leaving} | {f"{n} in" for n in coming}
+        first = not moves <= self._logged
+        self._logged |= moves
         if self.rank == 0:
             logger.log(logging.INFO if first else logging.DEBUG,
                        "offload (%s): %s to host (%.1f MiB), %s to the device (%.1f MiB) in %.2f s; "

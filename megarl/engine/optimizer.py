@@ -26,6 +26,7 @@ import math
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 
 from megarl.engine.settings import OptimizerSettings
 from megarl.platform import has_cuda
@@ -94,8 +95,8 @@ def build_optimizer(ddp_chunks: Sequence[torch.nn.Module], settings: OptimizerSe
     overrides = dict(settings.megatron_overrides)
     host_only = sorted(k for k in CPU_OPTIMIZER_FIELDS if k in overrides)
     if host_only and not has_cuda():
-        logger.info("override_optimizer_config %s left out: no CUDA here, the optimizer state is in host memory "
-                    "already", ", ".join(host_only))
+        logger.log(logging.INFO if dist.get_rank() == 0 else logging.DEBUG, "override_optimizer_config %s left out: "
+                   "no CUDA here, the optimizer state is in host memory already", ", ".join(host_only))
         overrides = {k: v for k, v in overrides.items() if k not in CPU_OPTIMIZER_FIELDS}
     config = OptimizerConfig(
         optimizer="adam",

@@ -55,6 +55,7 @@ LAYOUT_FIELDS = {
     "expert_tensor_parallel_size": "megatron.expert_tensor_parallel_size",
 }
 DTYPE_FIELDS = ("params_dtype", "pipeline_dtype", "bf16", "fp16")
+VOCAB_FIELDS = ("vocab_size", "padded_vocab_size", "make_vocab_size_divisible_by")  # GPTModel arguments, not fields
 # field -> (the one value accepted, why others are refused)
 REFUSED_TRANSFORMER_FIELDS = {
     "moe_grouped_gemm": (False, "the bridge maps per-expert weights (SequentialMLP); grouped GEMM is not supported"),
@@ -128,7 +129,10 @@ def transformer_override_problems(overrides: Mapping[str, Any], key: str, derive
     known = _fields(transformer_config_classes())
     problems = []
     for name, value in overrides.items():
-        if name not in known:
+        if name in VOCAB_FIELDS:
+            problems.append(f"{key}.{name}: the vocabulary comes from the HF config at actor_rollout_ref.model.path "
+                            "(megarl does not pad it: it must divide by the tensor-parallel size).")
+        elif name not in known:
             problems.append(_unknown(name, known, key, "TransformerConfig"))
         elif name in LAYOUT_FIELDS:
             problems.append(f"{key}.{name}: set it with {key.rsplit('.', 1)[0]}.{LAYOUT_FIELDS[name].split('.', 1)[1]}.")
@@ -242,10 +246,10 @@ def pipeline_stage_layers(overrides: Mapping[str, Any] | None, num_layers: int, 
     return (per_stage - 1 if embedding else None), (per_stage - 1 if loss else None)
 
 
-def without_cpu_conflicts(overrides: dict, platform_flags: Mapping[str, Any], role: str) -> dict:
-    """The overrides minus fields the platform must set on this machine (CPU flags), logged once."""
+def without_cpu_conflicts(overrides: dict, platform_flags: Mapping[str, Any], role: str, log: bool = True) -> dict:
+    """The overrides minus fields the platform must set on this machine (CPU flags), logged when ``log``."""
     dropped = {k: v for k, v in overrides.items() if k in platform_flags and v != platform_flags[k]}
-    if dropped:
+    if dropped and log:
         logger.info("%s: override_transformer_config %s ignored on this machine without CUDA (the fused kernels "
                     "need it); they apply on GPU", role, ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())))
     return {k: v for k, v in overrides.items() if k not in dropped}

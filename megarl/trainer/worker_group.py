@@ -12,6 +12,7 @@ rank per bundle (``megarl.trainer.placement``).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any, Sequence
@@ -25,6 +26,8 @@ class DistributedWorker:
         for key, value in (env or {}).items():
             os.environ[key] = str(value)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # megarl's INFO lines of a rank (set-up facts, offload memory) reach the driver's console through Ray
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     def address_and_port(self) -> tuple[str, int]:
         import ray

@@ -97,6 +97,7 @@ def test_uneven_stages_flow_from_the_overrides_into_the_layout():
 # ------------------------------------------------------------------ validation before any process starts
 def test_unknown_and_megarl_owned_fields_are_refused_by_name():
     message = problems(OTC + "recompute_granulrity=full", OTC + "tensor_model_parallel_size=2", OTC + "bf16=true",
+                       OTC + "vocab_size=1024",
                        "+actor_rollout_ref.actor.optim.override_optimizer_config.lr=1",
                        "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offlod=true",
                        "+critic.optim.override_optimizer_config.optimizer_cpu_offload=true", "critic.enable=true",
@@ -106,6 +107,7 @@ def test_unknown_and_megarl_owned_fields_are_refused_by_name():
     assert any("tensor_model_parallel_size: set it with actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in l
                for l in lines)
     assert any("bf16: the dtype is set by the platform" in l for l in lines)
+    assert any("vocab_size: the vocabulary comes from the HF config" in l for l in lines)
     assert any("override_optimizer_config.lr: set it with actor_rollout_ref.actor.optim.lr" in l for l in lines)
     assert any("optimizer_cpu_offlod" in l and "closest: optimizer_cpu_offload" in l for l in lines)
     assert any("critic.optim.override_optimizer_config.optimizer_cpu_offload=True needs" in l
