@@ -81,6 +81,10 @@ def check_loadable(path: str | Path, load_contents, key: str) -> None:
     if missing:
         raise ValueError(f"{path} was saved without {missing} (it holds {sorted(held)}), but {key}="
                          f"{list(load_contents)} asks for it; drop {missing} from {key} to resume without them")
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
     for name, effect in (("optimizer", "Adam restarts from zero moments (master weights from the loaded model)"),
                          ("extra", "the LR schedule restarts and the RNG states are fresh")):
         if name not in load_contents:

@@ -55,7 +55,7 @@ def test_uneven_stages_give_the_log_probs_and_step_of_hugging_face_and_pp1(memor
     assert max_diff(result["weights"], result["even"]["weights"]) <= TOLERANCE
 
 
-def test_a_checkpoint_of_uneven_stages_loads_at_pp1_with_its_hf_export(memory, engine_work):
+def test_a_checkpoint_of_uneven_stages_loads_at_pp1_with_its_hf_export(memory, engine_work, caplog):
     result = memory["uneven"]
     assert result["contents"] == ["model", "hf_model"]
     assert max_diff(result["loaded_weights"], result["weights"]) == 0.0
@@ -63,6 +63,16 @@ def test_a_checkpoint_of_uneven_stages_loads_at_pp1_with_its_hf_export(memory, e
     exported = load_file(str(engine_work / "uneven_checkpoints" / "step_1" / "huggingface" / "model.safetensors"))
     assert max_diff(result["weights"], exported) == 0.0
     assert "not ['optimizer', 'rng']" in result["missing_optimizer_error"]
+    # a resume asking for parts the checkpoint lacks is refused by key; without them it is allowed and logged
+    from megarl.trainer.checkpointing import check_loadable
+
+    key = "actor_rollout_ref.actor.checkpoint.load_contents"
+    path = engine_work / "uneven_checkpoints" / "step_1"
+    with pytest.raises(ValueError, match=r"saved without \['optimizer', 'extra'\].*load_contents=\['model', 'optimizer', 'extra'\]"):
+        check_loadable(path, ["model", "optimizer", "extra"], key)
+    with caplog.at_level("WARNING", logger="megarl.trainer.checkpointing"):
+        check_loadable(path, ["model", "hf_model"], key)
+    assert "has no 'optimizer': Adam restarts from zero moments" in caplog.text
 
 
 def test_recompute_lowers_activation_memory_and_keeps_loss_and_gradients(memory):
