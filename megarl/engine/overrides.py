@@ -118,11 +118,12 @@ def _unknown(name: str, known: dict, key: str, what: str) -> str:
 
 # ------------------------------------------------------------------ checks before any process starts
 def transformer_override_problems(overrides: Mapping[str, Any], key: str, derived: Mapping[str, Any] | None = None,
-                                  vpp: int | None = None) -> list[str]:
+                                  vpp: int | None = None, gradient_checkpointing: bool = False) -> list[str]:
     """Problems with one ``override_transformer_config`` (``key`` is its full config key).
 
     ``derived``: the fields the bridge derives for the configured model (when its HF config can be
-    read), so overriding the architecture is refused by name.
+    read), so overriding the architecture is refused by name. ``gradient_checkpointing``: the
+    role's ``model.enable_gradient_checkpointing``.
     """
     if not overrides:
         return []
@@ -144,6 +145,10 @@ def transformer_override_problems(overrides: Mapping[str, Any], key: str, derive
                 and value != derived[name]:
             problems.append(f"{key}.{name}={value}: the architecture comes from the HF config at "
                             f"actor_rollout_ref.model.path (it gives {derived[name]!r}); change the model's config.json.")
+    orphans = [n for n in ("recompute_method", "recompute_num_layers") if overrides.get(n) is not None]
+    if orphans and overrides.get("recompute_granularity") is None and not gradient_checkpointing:
+        problems.append(f"{key}: {', '.join(orphans)} without recompute_granularity recomputes nothing (megatron "
+                        "ignores them); set recompute_granularity=full (or model.enable_gradient_checkpointing=True).")
     accounted = [n for n in PIPELINE_SPLIT_FIELDS[2:] if overrides.get(n)]
     explicit = [n for n in PIPELINE_SPLIT_FIELDS[:2] if overrides.get(n) is not None]
     if accounted and explicit:
@@ -206,8 +211,10 @@ def transformer_overrides(overrides: Mapping[str, Any] | None, enable_gradient_c
         if result.get("recompute_granularity"):
             logger.info("override_transformer_config.recompute_granularity=%s wins over "
                         "model.enable_gradient_checkpointing", result["recompute_granularity"])
-        else:
-            result.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        else:  # the shorthand's method and unit size unless given
+            result["recompute_granularity"] = "full"
+            result.setdefault("recompute_method", "uniform")
+            result.setdefault("recompute_num_layers", 1)
     if result.get("recompute_granularity") is None:
         for name in RECOMPUTE_FIELDS:  # verl's defaults list recompute_modules even without recompute
             result.pop(name, None)

@@ -51,11 +51,11 @@ def engine_key_problems(cfg, with_critic: bool) -> list[str]:
                             f"overrides: {exc}")
     actor_overrides = _plain(roles[0][1].override_transformer_config)
     actor_split = {k: v for k, v in actor_overrides.items() if k in PIPELINE_SPLIT_FIELDS}
-    for section, megatron, optim, _ in roles:
+    for section, megatron, optim, model in roles:
         key = f"{section}.megatron.override_transformer_config"
         overrides = _plain(megatron.override_transformer_config)
         if section != REF or overrides != actor_overrides:  # the reference inherits the actor's by default
-            add(transformer_override_problems(overrides, key, derived, vpp))
+            add(transformer_override_problems(overrides, key, derived, vpp, model.enable_gradient_checkpointing))
         split = {k: v for k, v in overrides.items() if k in PIPELINE_SPLIT_FIELDS}
         if split and split != actor_split:
             problems.append(f"{key}: pipeline stage sizes {split} differ from the actor's {actor_split or '(even)'}; "

@@ -49,6 +49,9 @@ def test_recompute_fields_reach_every_role_and_the_shorthand_yields_to_them():
     shorthand = config("actor_rollout_ref.model.enable_gradient_checkpointing=true", validate=False)
     assert model_overrides(shorthand, "actor") == {"recompute_granularity": "full", "recompute_method": "uniform",
                                                    "recompute_num_layers": 1}
+    # the shorthand keeps a method / unit size given with it
+    assert transformer_overrides({"recompute_method": "block", "recompute_num_layers": 2}, True) == {
+        "recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 2}
     # verl's printed defaults (recompute_modules without a granularity) mean: no recompute
     assert transformer_overrides({"recompute_granularity": None, "recompute_modules": ["core_attn"]}) == {}
     assert transformer_overrides({"attention_backend": "flash"})["attention_backend"].name == "flash"
@@ -133,6 +136,8 @@ def test_model_dependent_checks_use_the_hf_config(four_layers):
 
 
 def test_offload_checkpoint_and_timeout_keys_are_checked():
+    message = problems(OTC + "recompute_method=uniform")
+    assert "recompute_method without recompute_granularity recomputes nothing" in message
     message = problems("actor_rollout_ref.ref.megatron.optimizer_offload=true",
                        "actor_rollout_ref.actor.checkpoint.save_contents=[optimizer,weights]",
                        "trainer.max_critic_ckpt_to_keep=-2", "actor_rollout_ref.nccl_timeout=0")
