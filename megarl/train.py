@@ -116,7 +116,8 @@ def run(cfg) -> dict[str, float]:
         placement = ClusterPlacement(plan, use_gpu)
         workers = WorkerGroup(MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
                               slots=placement.trainer_slots(),
-                              env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+                              env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                              dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout)
         fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
                              slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
                              sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine)

@@ -50,15 +50,14 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                   "actor_rollout_ref.actor.entropy_coeff", "actor_rollout_ref.actor.use_kl_loss",
                                   "actor_rollout_ref.actor.kl_loss_*", "actor_rollout_ref.actor.grad_clip",
                                   "actor_rollout_ref.actor.policy_loss.loss_mode",
-                                  "actor_rollout_ref.model.enable_gradient_checkpointing",
-                                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu")),
+                                  "actor_rollout_ref.rollout.log_prob_*")),
     (f"{ENGINE}:optimizer_settings", ("actor_rollout_ref.actor.optim.*", "critic.optim.*",
                                       "actor_rollout_ref.actor.megatron.use_distributed_optimizer",
                                       "actor_rollout_ref.actor.megatron.optimizer_offload",
                                       "critic.megatron.use_distributed_optimizer", "critic.megatron.optimizer_offload")),
     (f"{ENGINE}:reference_settings", ("actor_rollout_ref.ref.log_prob_*",)),
     (f"{ENGINE}:critic_settings", ("critic.ppo_*", "critic.use_dynamic_bsz", "critic.shuffle", "critic.cliprange_value",
-                                   "critic.loss_agg_mode", "critic.grad_clip", "critic.model.enable_gradient_checkpointing",
+                                   "critic.loss_agg_mode", "critic.grad_clip",
                                    "critic.megatron.seed")),
     (f"{WORKER}:layout_from_config", tuple(f"actor_rollout_ref.actor.megatron.{k}" for k in LAYOUT
                                            if k != "context_parallel_size")),
@@ -112,6 +111,18 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                         "trainer.val_only")),
     ("megarl.trainer.checkpointing:find_resume_checkpoint", ("trainer.resume_mode", "trainer.resume_from_path")),
     (f"{CONTROLLER}:RLTrainer.validate", ("trainer.log_val_generations",)),
+    (f"{WORKER}:MegatronWorker.setup", ("actor_rollout_ref.nccl_timeout",)),
+    (f"{CONTROLLER}:RLTrainer.train_step", ("trainer.balance_batch",)),
+    (f"{CONTROLLER}:TrainingLoop.save", ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")),
+    (f"{WORKER}:MegatronWorker.save_checkpoint", ("actor_rollout_ref.actor.checkpoint.save_contents",
+                                                  "critic.checkpoint.save_contents")),
+    (f"{WORKER}:MegatronWorker.load_checkpoint", ("actor_rollout_ref.actor.checkpoint.load_contents",
+                                                  "critic.checkpoint.load_contents")),
+    ("megarl.trainer.offload_phases:offload_flags", ("*.megatron.param_offload", "actor_rollout_ref.actor.megatron.grad_offload",
+                                                     "actor_rollout_ref.actor.megatron.optimizer_offload",
+                                                     "critic.megatron.grad_offload", "critic.megatron.optimizer_offload")),
+    (f"{ENGINE}:model_overrides", ("*.megatron.override_transformer_config", "*.model.enable_gradient_checkpointing")),
+    (f"{ENGINE}:optimizer_settings", ("*.optim.override_optimizer_config",)),
 )
 
 INERT = {
@@ -121,15 +132,8 @@ INERT = {
                                            "actor_rollout_ref.actor.megatron.seed) and has no dropout (eval mode)",
 }
 
-# Read on branch verl-mem (issue 12, part B: the engine's memory and training keys).
-PENDING = {
-    "actor_rollout_ref.nccl_timeout", "trainer.balance_batch", "trainer.max_actor_ckpt_to_keep",
-    "trainer.max_critic_ckpt_to_keep", "actor_rollout_ref.actor.checkpoint.*", "critic.checkpoint.*",
-    "*.megatron.param_offload", "*.megatron.grad_offload", "*.megatron.override_transformer_config",
-    "*.optim.override_optimizer_config",
-    # engine/settings.py computes the old log-probs with the actor's batching today
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-}
+# Keys read by code not yet written (another branch of an issue in progress); empty on main.
+PENDING: set[str] = set()
 
 
 def leaf_keys() -> list[str]:

@@ -51,21 +51,34 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: Optional[int] = None
     use_distributed_optimizer: bool = True
+    # Between phases, keep the model's weights / gradients / optimizer state in host memory
+    # (README "Megatron engine": the offload timeline). The reference has weights only.
     param_offload: bool = False
     grad_offload: bool = False
-    optimizer_offload: bool = False  # CPU offload of optimizer state
+    optimizer_offload: bool = False
     seed: int = 42
     use_dist_checkpointing: bool = True
     dist_checkpointing_path: Optional[str] = None  # pre-converted megatron checkpoint
+    # megatron-core TransformerConfig fields (recompute_*, num_layers_in_first/last_pipeline_stage, ...);
+    # verl lists recompute_granularity/method/num_layers: null and recompute_modules: [core_attn], which
+    # are megatron's own defaults.
     override_transformer_config: Dict[str, Any] = field(default_factory=dict)
+
+
+_LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                "context_parallel_size", "sequence_parallel", "expert_model_parallel_size", "expert_tensor_parallel_size")
 
 
 def shared_layout(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronConfig:
     """The reference and the critic run on the actor's ranks and megatron parallel state, so their
     layout defaults to the actor's (as in verl's megatron config)."""
-    keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-            "context_parallel_size", "sequence_parallel", "expert_model_parallel_size",
-            "expert_tensor_parallel_size")
+    return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in _LAYOUT_KEYS})
+
+
+def reference_megatron(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronConfig:
+    """The reference: the actor's layout, and (as in verl) the actor's param_offload and
+    override_transformer_config unless set."""
+    keys = _LAYOUT_KEYS + ("param_offload", "override_transformer_config")
     return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in keys})
 
 
@@ -85,7 +98,9 @@ class OptimConfig:
     eps: float = 1e-8
     clip_grad: float = 1.0
     total_training_steps: int = -1  # filled in by the trainer
-    override_optimizer_config: Dict[str, Any] = field(default_factory=dict)  # megatron OptimizerConfig fields
+    # megatron-core OptimizerConfig fields, e.g. optimizer_cpu_offload, optimizer_offload_fraction,
+    # overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer (megatron's CPU optimizer, GPU only)
+    override_optimizer_config: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,8 +119,11 @@ class PolicyLossConfig:
 
 @dataclass
 class CheckpointConfig:
+    # model (megatron weights), optimizer (distributed-optimizer state), extra (LR schedule, RNG
+    # states), hf_model (also an HF safetensors export in step_<N>/huggingface). The controller's
+    # own state (step, data-loader position, KL controller) is always saved: it makes step_<N> resumable.
     save_contents: List[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
-    load_contents: List[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: List[str] = II(".save_contents")
 
 
 @dataclass
@@ -141,7 +159,7 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
-    megatron: MegatronConfig = field(default_factory=shared_layout)
+    megatron: MegatronConfig = field(default_factory=reference_megatron)
 
 
 @dataclass
@@ -206,7 +224,7 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    nccl_timeout: int = 600  # seconds, the trainer's torch.distributed process groups
+    nccl_timeout: int = 600  # seconds: the trainer's torch.distributed groups (NCCL or gloo), megatron's included
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: RefConfig = field(default_factory=RefConfig)
@@ -331,9 +349,9 @@ class TrainerConfig:
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: Optional[str] = None
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    max_actor_ckpt_to_keep: Optional[int] = None
+    max_actor_ckpt_to_keep: Optional[int] = None  # keep the newest N step_<N> dirs (None or 0: all)
     max_critic_ckpt_to_keep: Optional[int] = None
-    balance_batch: bool = True
+    balance_batch: bool = True  # reorder samples so every data-parallel rank gets a similar token count
     log_val_generations: int = 0  # validation samples to print and write (TensorBoard text, JSONL)
     ray_address: Optional[str] = None  # megarl: None = $RAY_ADDRESS or a local cluster
 

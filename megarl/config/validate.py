@@ -55,6 +55,10 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
     _check_algorithm(cfg, add, notes)
     _check_rewards(cfg, add)
     _check_trainer(cfg, add)
+    from megarl.trainer.engine_keys import engine_key_problems
+
+    for problem in engine_key_problems(cfg, with_critic=critic_enabled(cfg)):  # megatron overrides, offload, checkpoints
+        add(problem)
     return problems
 
 

@@ -17,15 +17,18 @@ Modules, one concept each:
   runner         ModelRunner: micro-batching + packing + schedule, results on every rank
   settings       the engine's settings and how verl's config keys map onto them
   optimizer      mcore DDP, megatron's optimizer and LR schedule, the non-finite-skipping step
+  overrides      verl's override_transformer_config / override_optimizer_config onto megatron's configs
+  offload        weights, grads and optimizer state to host memory between phases, and back
   update         the mini-batch / optimizer-step loop and the loss scaling it relies on
   actor, critic, reference   the three roles
   checkpoint     dist_checkpointing save/load with resharding and atomic writes
 """
 from megarl.engine.actor import MegatronActor
 from megarl.engine.batch import PER_TOKEN_FIELDS, RLBatch, data_parallel_shard
-from megarl.engine.batching import fixed_micro_batches, mini_batches, restore_order, token_budget_micro_batches
-from megarl.engine.checkpoint import (checkpoint_dir, checkpoint_extra, latest_checkpoint, load_checkpoint,
-                                     resolve_checkpoint, save_checkpoint)
+from megarl.engine.batching import (balanced_partitions, fixed_micro_batches, mini_batches, restore_order,
+                                   token_budget_micro_batches)
+from megarl.engine.checkpoint import (checkpoint_contents, checkpoint_dir, checkpoint_extra, latest_checkpoint,
+                                     load_checkpoint, resolve_checkpoint, save_checkpoint)
 from megarl.engine.critic import MegatronCritic
 from megarl.engine.reference import MegatronReference
 from megarl.engine.settings import (
@@ -36,6 +39,7 @@ from megarl.engine.settings import (
     PolicyLossSettings,
     actor_settings,
     critic_settings,
+    model_overrides,
     reference_settings,
 )
 
@@ -51,6 +55,8 @@ __all__ = [
     "PolicyLossSettings",
     "RLBatch",
     "actor_settings",
+    "balanced_partitions",
+    "checkpoint_contents",
     "checkpoint_dir",
     "checkpoint_extra",
     "critic_settings",
@@ -59,6 +65,7 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "mini_batches",
+    "model_overrides",
     "reference_settings",
     "resolve_checkpoint",
     "restore_order",

@@ -24,7 +24,7 @@ from megarl.engine.batch import RLBatch
 from megarl.engine.optimizer import build_optimizer, wrap_for_training
 from megarl.engine.runner import MicroBatch, ModelRunner, response_log_probs, response_logits
 from megarl.engine.settings import ActorSettings
-from megarl.engine.update import run_update, set_recompute
+from megarl.engine.update import run_update
 from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
 
 _TOKEN_MEANS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
@@ -40,7 +40,6 @@ class MegatronActor:
 
     def __init__(self, model_chunks: Sequence[torch.nn.Module], settings: ActorSettings):
         self.policy_loss = get_policy_loss(settings.loss.loss_mode)  # an unknown name fails here, early
-        set_recompute(model_chunks, settings.recompute)
         self.settings = settings
         self.model = wrap_for_training(model_chunks, settings.optim.use_distributed_optimizer)
         self.runner = ModelRunner(self.model)

@@ -14,6 +14,8 @@ Micro-batches come in two kinds:
 """
 from __future__ import annotations
 
+import heapq
+
 import torch
 
 
@@ -123,6 +125,28 @@ def mini_batches(num_samples: int, mini_batch_size: int, epochs: int = 1, shuffl
             order = list(range(num_samples))
         steps.extend(order[start : start + mini_batch_size] for start in range(0, num_samples, mini_batch_size))
     return steps
+
+
+def balanced_partitions(lengths: list[int] | torch.Tensor, parts: int) -> list[list[int]]:
+    """Sample indices in ``parts`` groups of equal size whose token totals are as even as possible.
+
+    Longest sample first, each into the group with the smallest total that still has room (the
+    LPT rule with a size limit); ties go to the lower index, so the result is deterministic. Each
+    group lists its indices in ascending order. verl's ``trainer.balance_batch`` gives group ``r``
+    to data-parallel rank ``r``.
+    """
+    lengths = [int(n) for n in (lengths.tolist() if torch.is_tensor(lengths) else lengths)]
+    if parts < 1 or len(lengths) % parts:
+        raise ValueError(f"{len(lengths)} samples cannot be split into {parts} equal groups")
+    size = len(lengths) // parts
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    open_groups = [(0, g) for g in range(parts)]  # (token total, group) of the groups with room, a heap
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        total, g = heapq.heappop(open_groups)
+        groups[g].append(index)
+        if len(groups[g]) < size:
+            heapq.heappush(open_groups, (total + lengths[index], g))
+    return [sorted(group) for group in groups]
 
 
 def restore_order(parts: list[list[int]]) -> torch.Tensor:

@@ -15,6 +15,11 @@ Atomic writes: a checkpoint is written to ``<root>/step_<N>.tmp``, renamed to
 to a temporary file and renamed) name it. A crash mid-save leaves a ``.tmp`` directory that is
 never loaded, and ``latest`` still names the previous complete checkpoint.
 
+Contents: the model always; the optimizer, the LR schedule, the RNG states, the caller's
+``extra`` and ``exports`` (e.g. an HF export written into the checkpoint directory before it is
+renamed) as the caller asks. ``megarl_checkpoint.json`` lists what a checkpoint holds, and a load
+that asks for a part the checkpoint lacks fails naming what it has.
+
 Saving starts a helper process (multiprocessing spawn), so an entry script must guard its code
 with ``if __name__ == "__main__":``. It takes several seconds even for a tiny model.
 """
@@ -25,7 +30,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -133,11 +138,15 @@ def save_checkpoint(
     optimizer=None,
     scheduler=None,
     extra: dict | None = None,
+    rng: bool = True,
+    exports: dict[str, Callable[[Path], None]] | None = None,
 ) -> Path:
     """Save ``<root>/step_<step>`` on every rank (collective) and point ``<root>/latest`` at it.
 
     ``models`` are this rank's model chunks (DDP-wrapped or not); ``extra`` is any picklable dict
-    (trainer step, data loader position, KL controller, ...), saved by rank 0.
+    (trainer step, data loader position, KL controller, ...), saved by rank 0. ``exports`` maps a
+    content name to a collective function that writes into the checkpoint directory (called on
+    every rank with the staging directory, before the rename).
     """
     from megatron.core import dist_checkpointing
 
@@ -147,11 +156,14 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)  # a crashed earlier attempt
         staging.mkdir(parents=True)
     dist.barrier()
-    state = _sharded_state(models, optimizer, scheduler, rng=True, extra=extra, is_loading=False)
+    state = _sharded_state(models, optimizer, scheduler, rng=rng, extra=extra, is_loading=False)
     dist_checkpointing.save(state, str(staging))
+    for export in (exports or {}).values():
+        export(staging)
     dist.barrier()
     if dist.get_rank() == 0:
-        meta = {"step": step, "layout": _layout(), "contents": sorted(k for k in state if not k.startswith("model")) + ["model"]}
+        parts = sorted(k for k in state if not k.startswith("model")) + ["model"] + sorted(exports or {})
+        meta = {"step": step, "layout": _layout(), "contents": parts}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():
             shutil.rmtree(final)
@@ -208,6 +220,11 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     return path
 
 
+def checkpoint_contents(path: str | os.PathLike) -> list[str]:
+    """What a checkpoint holds: ``model`` and any of ``optimizer``, ``scheduler``, ``rng``, ``extra``, exports."""
+    return list(json.loads((resolve_checkpoint(path) / META_FILE).read_text())["contents"])
+
+
 def checkpoint_extra(path: str | os.PathLike) -> dict | None:
     """The ``extra`` dict a checkpoint was saved with, read without loading any tensor."""
     from megatron.core import dist_checkpointing
@@ -232,9 +249,12 @@ def load_checkpoint(
     path = resolve_checkpoint(path)
     meta = json.loads((path / META_FILE).read_text())
     same_layout = meta["layout"] == _layout()
+    asked = {"optimizer": optimizer is not None, "scheduler": scheduler is not None, "rng": load_rng}
+    missing = [part for part, wanted in asked.items() if wanted and part not in meta["contents"]]
+    if missing:
+        raise ValueError(f"{path} holds {meta['contents']}, not {missing}; load without them "
+                         f"({', '.join(f'{m}=None' if m != 'rng' else 'load_rng=False' for m in missing)})")
     with_rng = load_rng and same_layout
-    if optimizer is not None and "optimizer" not in meta["contents"]:
-        raise ValueError(f"{path} holds no optimizer state; load it with optimizer=None")
     state = _sharded_state(models, optimizer, scheduler, rng=with_rng, extra=None, is_loading=True)
     loaded = dist_checkpointing.load(state, str(path))
     for i, model in enumerate(models):

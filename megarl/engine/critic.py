@@ -21,7 +21,7 @@ from megarl.engine.batch import RLBatch
 from megarl.engine.optimizer import build_optimizer, wrap_for_training
 from megarl.engine.runner import MicroBatch, ModelRunner, response_values
 from megarl.engine.settings import CriticSettings
-from megarl.engine.update import run_update, set_recompute
+from megarl.engine.update import run_update
 
 _TOKEN_MEANS = ("vf_clipfrac", "vpred_mean")
 
@@ -30,7 +30,6 @@ class MegatronCritic:
     """``compute_values`` and ``update_critic`` on megatron-core critic chunks, with their own optimizer."""
 
     def __init__(self, model_chunks: Sequence[torch.nn.Module], settings: CriticSettings):
-        set_recompute(model_chunks, settings.recompute)
         self.settings = settings
         self.model = wrap_for_training(model_chunks, settings.optim.use_distributed_optimizer)
         self.runner = ModelRunner(self.model)

@@ -10,10 +10,14 @@ schedule and an optimizer step that skips non-finite gradients.
 * ``guarded_step`` computes the global grad norm first and steps only when it is finite; a
   skipped step changes no parameter and no optimizer state.
 
-Optimizer offload (``megatron.optimizer_offload``) turns on megatron's ``optimizer_cpu_offload``
-(a HybridDeviceOptimizer with all state on the CPU; megatron requires the precision-aware
-distributed optimizer for it). On a machine without CUDA the state already lives in host memory,
-so it is a no-op there.
+``OptimizerSettings.megatron_overrides`` (verl's ``optim.override_optimizer_config``) are
+OptimizerConfig fields applied last, e.g. megatron's CPU optimizer (``optimizer_cpu_offload``,
+``optimizer_offload_fraction``, ``overlap_cpu_optimizer_d2h_h2d``, with
+``use_precision_aware_optimizer``): the optimizer state and its update stay in host memory for
+good. On a machine without CUDA the state is in host memory already and megatron-core 0.16.1's
+hybrid optimizer cannot run there (its precision-aware path needs Transformer Engine), so those
+fields are left out with a log line. (``megatron.optimizer_offload`` is something else: the
+state moves to the host between phases, ``offload``.)
 """
 from __future__ import annotations
 
@@ -22,11 +26,17 @@ import math
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 
 from megarl.engine.settings import OptimizerSettings
 from megarl.platform import has_cuda
 
 logger = logging.getLogger(__name__)
+
+# megatron's hybrid CPU optimizer: meaningful (and runnable) only with a device to offload from
+CPU_OPTIMIZER_FIELDS = ("optimizer_cpu_offload", "optimizer_offload_fraction", "overlap_cpu_optimizer_d2h_h2d",
+                        "use_precision_aware_optimizer", "use_torch_optimizer_for_cpu_offload", "pin_cpu_grads",
+                        "pin_cpu_params")
 
 
 def mark_tensor_parallel_weights(model_chunks: Sequence[torch.nn.Module]) -> None:
@@ -82,14 +92,12 @@ def build_optimizer(ddp_chunks: Sequence[torch.nn.Module], settings: OptimizerSe
     from megatron.core.utils import get_model_config
 
     model_config = get_model_config(ddp_chunks[0])
-    offload = {}
-    if settings.offload:
-        if not has_cuda():
-            logger.info("optimizer_offload: no CUDA here, the optimizer state is in host memory already (no-op)")
-        elif not settings.use_distributed_optimizer:
-            raise ValueError("megatron.optimizer_offload needs megatron.use_distributed_optimizer=True (megatron-core's CPU offload)")
-        else:
-            offload = dict(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=True)
+    overrides = dict(settings.megatron_overrides)
+    host_only = sorted(k for k in CPU_OPTIMIZER_FIELDS if k in overrides)
+    if host_only and not has_cuda():
+        logger.log(logging.INFO if dist.get_rank() == 0 else logging.DEBUG, "override_optimizer_config %s left out: "
+                   "no CUDA here, the optimizer state is in host memory already", ", ".join(host_only))
+        overrides = {k: v for k, v in overrides.items() if k not in CPU_OPTIMIZER_FIELDS}
     config = OptimizerConfig(
         optimizer="adam",
         lr=settings.lr,
@@ -103,7 +111,7 @@ def build_optimizer(ddp_chunks: Sequence[torch.nn.Module], settings: OptimizerSe
         bf16=model_config.bf16,
         fp16=model_config.fp16,
         params_dtype=model_config.params_dtype,
-        **offload,
+        **overrides,
     )
     optimizer = get_megatron_optimizer(config, list(ddp_chunks))
     scheduler = OptimizerParamScheduler(

@@ -12,13 +12,22 @@ and ``reference_settings`` read them from a megarl config (verl's key names):
   ``lr_warmup_steps_ratio * total_training_steps``) from ``lr_warmup_init``, then
   ``optim.lr_decay_style`` (else ``warmup_style``): constant, linear or cosine down to
   ``min_lr`` (``lr * min_lr_ratio`` when that is set) at ``total_training_steps``;
-* activation recomputation: ``model.enable_gradient_checkpointing``;
-* optimizer state offload: ``megatron.optimizer_offload``.
+* megatron-core config fields: ``model_overrides`` gives a role's TransformerConfig fields
+  (``megatron.override_transformer_config`` plus the ``model.enable_gradient_checkpointing``
+  shorthand, see ``overrides``); ``optim.override_optimizer_config`` becomes
+  ``OptimizerSettings.megatron_overrides``.
+
+Offloading (``megatron.*_offload``) is not an engine setting: the trainer's worker moves state
+between phases (``offload``).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+
+from omegaconf import OmegaConf
+
+from megarl.engine.overrides import optimizer_overrides, transformer_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +47,7 @@ class OptimizerSettings:
     min_lr: float = 0.0
     total_training_steps: int = -1  # needed for linear/cosine decay; -1: unknown
     use_distributed_optimizer: bool = True
-    offload: bool = False  # keep optimizer state and its update on the CPU (megatron's HybridDeviceOptimizer)
+    megatron_overrides: dict = field(default_factory=dict)  # OptimizerConfig fields (optim.override_optimizer_config)
 
     def __post_init__(self) -> None:
         if self.lr_decay_style not in DECAY_STYLES:
@@ -95,7 +104,6 @@ class ActorSettings:
     loss: PolicyLossSettings = field(default_factory=PolicyLossSettings)
     optim: OptimizerSettings = field(default_factory=OptimizerSettings)
     temperature: float = 1.0  # logits are divided by the sampling temperature, as in rollout
-    recompute: bool = False  # activation recomputation (gradient checkpointing)
 
 
 @dataclass
@@ -105,7 +113,6 @@ class CriticSettings:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     optim: OptimizerSettings = field(default_factory=lambda: OptimizerSettings(lr=1e-5))
-    recompute: bool = False
 
 
 # ------------------------------------------------------------------ from the megarl config
@@ -147,8 +154,22 @@ def optimizer_settings(optim, grad_clip: float, megatron, section: str) -> Optim
         min_lr=min_lr,
         total_training_steps=total,
         use_distributed_optimizer=megatron.use_distributed_optimizer,
-        offload=megatron.optimizer_offload,
+        megatron_overrides=optimizer_overrides(_plain(optim.override_optimizer_config)),
     )
+
+
+def _plain(value):
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def model_overrides(cfg, role: str) -> dict:
+    """The TransformerConfig fields ``role`` (actor | ref | critic) is built with."""
+    if role == "critic":
+        megatron, model = cfg.critic.megatron, cfg.critic.model
+    else:
+        arr = cfg.actor_rollout_ref
+        megatron, model = (arr.actor if role == "actor" else arr.ref).megatron, arr.model
+    return transformer_overrides(_plain(megatron.override_transformer_config), model.enable_gradient_checkpointing)
 
 
 def actor_settings(cfg, dp_size: int) -> ActorSettings:
@@ -168,10 +189,12 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         shuffle=actor.shuffle,
         seed=actor.data_loader_seed if actor.data_loader_seed is not None else actor.megatron.seed,
     )
+    # The old log-probs (verl: the rollout's log-prob pass): rollout.log_prob_* keys, which default to the actor's.
     log_prob = BatchSettings(
-        micro_batch_size=_micro(rollout.log_prob_micro_batch_size_per_gpu or micro, actor.use_dynamic_bsz, key),
-        use_dynamic_bsz=actor.use_dynamic_bsz,
-        max_token_len=actor.ppo_max_token_len_per_gpu,
+        micro_batch_size=_micro(rollout.log_prob_micro_batch_size_per_gpu or micro, rollout.log_prob_use_dynamic_bsz,
+                                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+        use_dynamic_bsz=rollout.log_prob_use_dynamic_bsz,
+        max_token_len=rollout.log_prob_max_token_len_per_gpu,
     )
     loss = PolicyLossSettings(
         loss_mode=actor.policy_loss.loss_mode,
@@ -191,7 +214,6 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         loss=loss,
         optim=optimizer_settings(actor.optim, actor.grad_clip, actor.megatron, "actor_rollout_ref.actor"),
         temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
-        recompute=arr.model.enable_gradient_checkpointing,
     )
 
 
@@ -227,5 +249,4 @@ def critic_settings(cfg, dp_size: int) -> CriticSettings:
         cliprange_value=critic.cliprange_value,
         loss_agg_mode=critic.loss_agg_mode,
         optim=optimizer_settings(critic.optim, critic.grad_clip, critic.megatron, "critic"),
-        recompute=critic.model.enable_gradient_checkpointing,
     )

@@ -27,21 +27,6 @@ from megarl.engine.settings import BatchSettings
 logger = logging.getLogger(__name__)
 
 
-def set_recompute(model_chunks: Sequence[torch.nn.Module], enabled: bool) -> None:
-    """Full activation recomputation of every layer (``enable_gradient_checkpointing``).
-
-    Megatron's transformer block reads these fields at forward time, so they may be set on the
-    built model's config, as megatron's own training setup sets its runtime fields.
-    """
-    from megatron.core.utils import get_model_config
-
-    config = get_model_config(model_chunks[0])
-    if enabled:
-        config.recompute_granularity, config.recompute_method, config.recompute_num_layers = "full", "uniform", 1
-    else:
-        config.recompute_granularity, config.recompute_method, config.recompute_num_layers = None, None, None
-
-
 def global_batch_info(runner: ModelRunner, batch: RLBatch) -> dict:
     """``agg_loss``'s totals of a mini-batch over all data-parallel ranks."""
     mask = batch.response_mask.float()
@@ -95,6 +80,7 @@ def run_update(
             logger.warning("%s: skipped an optimizer step: the gradient norm is %s", role, grad_norm)
         for name, value in runner.reduce(collected, names, token_means).items():
             per_mini_batch.setdefault(name, []).append(value)
+    optimizer.zero_grad()  # the fp32 main grads (bf16 models) are dead until the next update: free them
     scheduler.step(1)
     metrics = {f"{role}/{name}": sum(values) / len(values) for name, values in per_mini_batch.items()}
     metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")

@@ -132,6 +132,21 @@ def _redirect_moe_router_without_te() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _redirect_checkpoint_without_output() -> None:
+    random = _module("megatron.core.tensor_parallel.random")
+    checkpoint = _require(random, "CheckpointWithoutOutput", "checkpoint_without_output_fp8")
+    original_init = checkpoint.__init__
+    if getattr(original_init, "__megarl_cpu_compat__", False) or getattr(random, "HAVE_TE", False):
+        return
+
+    def init_without_fp8(self, fp8=False):
+        original_init(self, fp8)
+        self.fp8 = False  # without Transformer Engine there is no FP8 to enter or restore
+
+    init_without_fp8.__megarl_cpu_compat__ = True
+    checkpoint.__init__ = init_without_fp8
+
+
 def _redirect_cuda_type_names() -> None:
     clip_grads = _module("megatron.core.optimizer.clip_grads")
     optimizer = _module("megatron.core.optimizer.optimizer")
@@ -218,6 +233,13 @@ REDIRECTS: tuple[Redirect, ...] = (
         "defines te_general_gemm only when Transformer Engine imports (CUDA-only): every MoE forward fails "
         "with NameError. moe_utils.te_general_gemm is set to None, selecting megatron's torch matmul path.",
         _redirect_moe_router_without_te,
+    ),
+    Redirect(
+        "checkpoint_without_output_fp8",
+        "CheckpointWithoutOutput (selective recompute of 'layernorm', 'moe_act' and MLA's up-projection) sets "
+        "self.fp8 = (fp8 is not None), True for its default fp8=False, and then calls Transformer Engine's "
+        "FP8GlobalStateManager: NameError without TE. Its fp8 flag is set to False, as there is no FP8 without TE.",
+        _redirect_checkpoint_without_output,
     ),
     Redirect(
         "cuda_type_names",

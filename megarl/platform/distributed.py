@@ -3,7 +3,9 @@
 ``init_distributed`` picks the backend for the machine (NCCL on GPU, gloo on CPU) and applies the
 CPU compatibility layer first, so megatron-core works on either. ``initialize_model_parallel``
 is a thin wrapper over megatron's, followed by the seeding megatron's training loop does.
-``destroy`` undoes both.
+``destroy`` undoes both. Both take the collectives' timeout (verl's ``actor_rollout_ref.nccl_timeout``,
+in seconds, for NCCL and gloo alike): a rank that waits longer in a collective fails instead of
+hanging the job.
 """
 
 import os
@@ -19,12 +21,15 @@ from megarl.platform import cpu_compat, hardware
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def init_distributed(timeout_minutes: int = 30) -> None:
+DEFAULT_TIMEOUT_S = 1800
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Initialise torch.distributed from torchrun's variables; a no-op if it is already initialised.
 
     With none of RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, this is a single process
     (world size 1, an in-memory store: no port is opened). The CPU compatibility layer is applied
-    first on a machine without CUDA.
+    first on a machine without CUDA. ``timeout_s`` bounds every collective of the default group.
     """
     present = [name for name in _TORCHRUN_VARIABLES if name in os.environ]
     missing = [name for name in _TORCHRUN_VARIABLES if name not in os.environ]
@@ -36,7 +41,9 @@ def init_distributed(timeout_minutes: int = 30) -> None:
     cpu_compat.ensure_platform()
     if dist.is_initialized():
         return
-    timeout = timedelta(minutes=timeout_minutes)
+    if timeout_s <= 0:
+        raise ValueError(f"a collective timeout must be > 0 seconds, got {timeout_s} (actor_rollout_ref.nccl_timeout)")
+    timeout = timedelta(seconds=timeout_s)
     if not present:
         hardware.set_device(0)
         dist.init_process_group(hardware.dist_backend(), store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
@@ -59,12 +66,13 @@ def initialize_model_parallel(
     vpp: int | None = None,
     etp: int | None = None,
     seed: int = 1234,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Create megatron-core's TP/PP/EP/CP/DP groups, then seed all RNGs for model parallelism.
 
     ``vpp`` is the number of virtual pipeline stages per rank (None: no interleaving); ``etp`` is
     the expert tensor-parallel size (None: same as ``tp``). Data parallelism takes the rest of the
-    world.
+    world. ``timeout_s`` bounds the collectives of every group megatron creates.
     """
     from megatron.core import parallel_state
 
@@ -88,6 +96,7 @@ def initialize_model_parallel(
         context_parallel_size=cp,
         expert_model_parallel_size=ep,
         expert_tensor_parallel_size=etp,
+        distributed_timeout_minutes=timeout_s / 60,
     )
     model_parallel_seed(seed)
 

@@ -88,6 +88,12 @@ def memory_stats() -> dict[str, int]:
     return {"allocated_bytes": rss_bytes, "reserved_bytes": rss_bytes, "max_allocated_bytes": peak_bytes}
 
 
+def host_buffer(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of host memory as a uint8 tensor, for copies of device memory: page-locked with CUDA
+    (asynchronous device<->host copies at full bandwidth), ordinary memory on CPU."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=has_cuda())
+
+
 def device_rng_state() -> torch.Tensor | None:
     """The accelerator's RNG state (for checkpoints); None on CPU, where torch's default generator is all."""
     return torch.cuda.get_rng_state() if has_cuda() else None

@@ -38,6 +38,7 @@ from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
 from megarl.trainer.metrics import data_metrics, throughput_metrics, timing_metrics
+from megarl.trainer.offload_phases import offload_flags
 from megarl.trainer.rollout_batch import StepData, build_step_data
 from megarl.trainer.rollout_memory import RolloutMemory
 
@@ -61,7 +62,8 @@ class RLTrainer:
         self.coords = workers.call("coords")
         self.leaders = dp_leaders(self.coords)
         self.num_devices = devices_for(cfg)[0]
-        self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False))
+        self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
+                                            trainer_offload=any(offload_flags(cfg).values()))
         per_epoch = len(train_loader)
         self.total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
 
@@ -123,6 +125,8 @@ class RLTrainer:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         data, metrics = self.collect_batch(step, timings)
+        if self.cfg.trainer.balance_batch:
+            data = self._balance(data, metrics)
         will_sync = step > self.cfg.trainer.critic_warmup
         baselines = None
         if self.cfg.algorithm.adv_estimator == "remax":  # greedy generations, while the engines are awake
@@ -183,6 +187,17 @@ class RLTrainer:
         metrics["training/epoch"] = self.train_loader.sampler.epoch
         metrics["rollout/weight_version"] = self.version
         return metrics
+
+    def _balance(self, data: StepData, metrics: dict) -> StepData:
+        """``trainer.balance_batch``: reorder so every data-parallel rank's contiguous share has a
+        similar token count. Advantages group by uid, so only the order changes."""
+        from megarl.engine import balanced_partitions
+
+        dp = len(self.leaders)
+        lengths = data.batch.attention_mask.sum(-1)
+        parts = balanced_partitions(lengths, dp)
+        metrics.update(seqlen_balance_metrics(lengths, parts))
+        return data.select([i for part in parts for i in part])
 
     def _greedy_baselines(self, data: StepData, step: int) -> torch.Tensor:
         """ReMax: the reward of a greedy response to each sample's prompt."""
@@ -250,6 +265,16 @@ def pick_generations(prompts: list[str], responses: list[str], ground_truths: li
     return [{"prompt": p, "response": r, "ground_truth": g, "score": float(s)} for p, r, g, s in rows[:count]]
 
 
+def seqlen_balance_metrics(lengths: torch.Tensor, parts: list[list[int]]) -> dict[str, float]:
+    """verl's ``global_seqlen/*``: tokens per data-parallel rank before (contiguous shares) and after balancing."""
+    dp = len(parts)
+    before = [int(chunk.sum()) for chunk in lengths.chunk(dp)]
+    after = [int(lengths[part].sum()) for part in parts]
+    return {"global_seqlen/min": min(before), "global_seqlen/max": max(before),
+            "global_seqlen/minmax_diff": max(before) - min(before), "global_seqlen/balanced_min": min(after),
+            "global_seqlen/balanced_max": max(after), "global_seqlen/mean": sum(after) / dp}
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     m = mask.to(values.dtype)
     return float((values * m).sum() / m.sum().clamp(min=1))
@@ -305,21 +330,33 @@ class TrainingLoop:
         found = find_resume_checkpoint(t.cfg.trainer, self.root)
         if found is None:
             start = initial_checkpoints(t.cfg)["actor"]
-            if start is not None:
-                t.version += 1  # the actor starts from a megatron checkpoint, the fleet from the HF one
-                t.weight_sync.sync(t.version)
+            if start is not None:  # the actor starts from a megatron checkpoint, the fleet from the HF one
+                self._sync_fleet(load=None)
                 logger.info("actor started from %s; fleet synced to it", start)
             return 0
         actor_path, critic_path = found
-        extras = t.workers.call("load_checkpoint", str(actor_path), critic_path and str(critic_path))
-        t.load_state_dict(extras[0])
-        t.version += 1
-        t.weight_sync.sync(t.version)  # the fleet must serve the resumed weights
+        self._sync_fleet(load=(str(actor_path), critic_path and str(critic_path)))
         logger.info("resumed from %s at step %d", actor_path, t.global_step)
         return t.global_step
 
+    def _sync_fleet(self, load: tuple | None) -> None:
+        """Outside a step: (load a checkpoint, then) sync the fleet, in a step's memory order."""
+        t = self.trainer
+        t.rollout_memory.release(will_sync=True)  # the fleet's weights are about to be rewritten
+        if load is not None:
+            t.load_state_dict(t.workers.call("load_checkpoint", *load)[0])
+        t.rollout_memory.wake_for_sync()
+        t.version += 1
+        t.weight_sync.sync(t.version)  # the fleet must serve the trainer's weights
+        t.rollout_memory.wake_for_rollout()
+
     def save(self, step: int) -> None:
-        self.trainer.workers.call("save_checkpoint", self.root, step, self.trainer.state_dict())
+        from megarl.trainer.checkpointing import prune_checkpoints
+
+        t = self.trainer
+        t.workers.call("save_checkpoint", self.root, step, t.state_dict())
+        prune_checkpoints(f"{self.root}/actor", t.cfg.trainer.max_actor_ckpt_to_keep)
+        prune_checkpoints(f"{self.root}/critic", t.cfg.trainer.max_critic_ckpt_to_keep)
 
     def validate(self, step: int) -> dict[str, float]:
         metrics = self.trainer.validate()

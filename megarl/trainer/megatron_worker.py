@@ -6,25 +6,44 @@ model-parallel group return the same tensors, so the controller keeps one result
 (``dp_leaders``) and concatenates them in DP order.
 
 Actor, reference and critic share one megatron parallel state, so they share one layout
-(``actor_rollout_ref.actor.megatron``); the config validation rejects a different critic layout.
+(``actor_rollout_ref.actor.megatron``, uneven pipeline stages included); the config validation
+rejects a different critic layout.
+
+Offload (``megatron.*_offload``): every method enters its phase (``offload_phases.PHASES``), so
+what it does not use is in host memory while it runs; the controller enters ``sync`` and
+``rollout`` around the engines' wake-ups (``rollout_memory``). Checkpoints are written from
+wherever the state is (host or device).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from megarl.trainer.offload_phases import PHASES, offload_flags, rank_residency
 from megarl.trainer.worker_group import DistributedWorker
 
+def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayout":  # noqa: F821
+    """The layout of ``megatron`` (a ``*.megatron`` section); ``num_layers`` (the model's) is needed
+    to turn ``override_transformer_config.account_for_*_in_pipeline_split`` into stage sizes."""
+    from omegaconf import OmegaConf
 
-def layout_from_config(megatron) -> "ParallelLayout":  # noqa: F821
+    from megarl.engine.overrides import pipeline_stage_layers
     from megarl.models import ParallelLayout
 
-    tp = megatron.tensor_model_parallel_size
+    tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+    vpp = megatron.virtual_pipeline_model_parallel_size or 1
+    overrides = OmegaConf.to_container(megatron.override_transformer_config, resolve=True) \
+        if OmegaConf.is_config(megatron.override_transformer_config) else megatron.override_transformer_config
+    if num_layers is None and any((overrides or {}).get(k) for k in ("account_for_embedding_in_pipeline_split",
+                                                                     "account_for_loss_in_pipeline_split")):
+        raise ValueError("account_for_*_in_pipeline_split needs the model's layer count")
+    first, last = pipeline_stage_layers(overrides, num_layers or 0, pp, vpp)
     return ParallelLayout(
-        tp=tp, pp=megatron.pipeline_model_parallel_size, ep=megatron.expert_model_parallel_size,
-        etp=megatron.expert_tensor_parallel_size or 1, vpp=megatron.virtual_pipeline_model_parallel_size or 1,
-        sequence_parallel=bool(megatron.sequence_parallel and tp > 1))
+        tp=tp, pp=pp, ep=megatron.expert_model_parallel_size, etp=megatron.expert_tensor_parallel_size or 1,
+        vpp=vpp, sequence_parallel=bool(megatron.sequence_parallel and tp > 1),
+        first_stage_layers=first, last_stage_layers=last)
 
 
 def needs_reference(cfg) -> bool:
@@ -74,20 +93,22 @@ class MegatronWorker(DistributedWorker):
         from megarl.config import critic_enabled
         from megarl.engine import (MegatronActor, MegatronCritic, MegatronReference, actor_settings,
                                    critic_settings, reference_settings)
+        from megarl.models import model_dims
 
         torch.set_num_threads(1)
         cfg = OmegaConf.create(cfg_container)
         self.cfg = cfg
         megatron = cfg.actor_rollout_ref.actor.megatron
-        self.layout = layout_from_config(megatron)
+        path = cfg.actor_rollout_ref.model.path
+        self.layout = layout_from_config(megatron, model_dims(path).num_layers)
         platform.initialize_model_parallel(
             tp=self.layout.tp, pp=self.layout.pp, ep=self.layout.ep, etp=self.layout.etp,
-            vpp=megatron.virtual_pipeline_model_parallel_size, seed=megatron.seed)
+            vpp=megatron.virtual_pipeline_model_parallel_size, seed=megatron.seed,
+            timeout_s=cfg.actor_rollout_ref.nccl_timeout)
         from megatron.core import parallel_state
 
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
-        path = cfg.actor_rollout_ref.model.path
         start = initial_checkpoints(cfg)
         self.actor = MegatronActor(self._build(path, "actor", start["actor"]), actor_settings(cfg, self.dp_size))
         self.ref = None
@@ -98,6 +119,9 @@ class MegatronWorker(DistributedWorker):
         if critic_enabled(cfg):
             self.critic = MegatronCritic(self._build(cfg.critic.model.path, "critic", start["critic"]),
                                          critic_settings(cfg, self.dp_size))
+        self.residency = rank_residency({"actor": self.actor, "ref": self.ref, "critic": self.critic},
+                                        offload_flags(cfg), self.rank)
+        self.residency.need(PHASES["rollout"], "setup")  # the engines start next: give them the memory
 
     def _build(self, hf_path: str, role: str, dist_checkpoint: str | None) -> list:
         """This rank's model chunks: the HF weights, or a megatron dist checkpoint (any layout) when given.
@@ -105,15 +129,27 @@ class MegatronWorker(DistributedWorker):
         The checkpoint is loaded before the engine wraps the model, so optimizer master weights
         start from it.
         """
-        from megarl.engine import checkpoint_extra, load_checkpoint
+        from megarl import platform
+        from megarl.engine import checkpoint_extra, load_checkpoint, model_overrides
+        from megarl.engine.overrides import without_cpu_conflicts
         from megarl.models import build_model
 
+        overrides = without_cpu_conflicts(model_overrides(self.cfg, role), platform.transformer_config_overrides(), role,
+                                          log=self.rank == 0)
         if dist_checkpoint is None:
-            return build_model(hf_path, self.layout, role)
+            return build_model(hf_path, self.layout, role, config_overrides=overrides)
         check_same_architecture(dist_checkpoint, (checkpoint_extra(dist_checkpoint) or {}).get("hf_config"), hf_path)
-        chunks = build_model(hf_path, self.layout, role, load_weights=False)
+        chunks = build_model(hf_path, self.layout, role, load_weights=False, config_overrides=overrides)
         load_checkpoint(dist_checkpoint, chunks, load_rng=False)
         return chunks
+
+    def enter_phase(self, phase: str) -> None:
+        """Make exactly ``PHASES[phase]`` resident (among the groups with offload on)."""
+        self.residency.need(PHASES[phase], phase)
+
+    def resident(self) -> dict[str, bool]:
+        """Which groups with offload on are on the device now."""
+        return self.residency.resident()
 
     # ------------------------------------------------------------------ placement facts
     def coords(self) -> dict[str, int]:
@@ -129,43 +165,67 @@ class MegatronWorker(DistributedWorker):
 
     # ------------------------------------------------------------------ compute
     def compute_log_prob(self, batch, with_entropy: bool = True):
+        self.enter_phase("log_prob")
         return self.actor.compute_log_prob(self._shard(batch), with_entropy=with_entropy)
 
     def compute_ref_log_prob(self, batch):
         if self.ref is None:
             raise RuntimeError("no reference model: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
+        self.enter_phase("ref")
         return self.ref.compute_ref_log_prob(self._shard(batch))
 
     def compute_values(self, batch):
         if self.critic is None:
             raise RuntimeError("no critic: it is built when critic.enable is true or the estimator needs values")
+        self.enter_phase("values")
         return self.critic.compute_values(self._shard(batch))
 
     def update_actor(self, batch) -> dict[str, float]:
+        self.enter_phase("update_actor")
         return self.actor.update_policy(self._shard(batch))
 
     def update_critic(self, batch) -> dict[str, float]:
+        self.enter_phase("update_critic")
         return self.critic.update_critic(self._shard(batch))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, root: str, step: int, extra: dict | None) -> str:
-        from megarl.engine import save_checkpoint
+        """Save what ``<role>.checkpoint.save_contents`` asks for (the controller state ``extra`` always)."""
+        from megarl.trainer.checkpointing import save_engine
 
-        path = save_checkpoint(f"{root}/actor", step, self.actor.model, self.actor.optimizer, self.actor.scheduler,
-                               extra=extra)
+        path = save_engine(self.actor, self.cfg.actor_rollout_ref.actor.checkpoint.save_contents, f"{root}/actor",
+                           step, extra, lambda out: self._export_hf("actor", self.actor, out))
         if self.critic is not None:
-            save_checkpoint(f"{root}/critic", step, self.critic.model, self.critic.optimizer, self.critic.scheduler)
+            save_engine(self.critic, self.cfg.critic.checkpoint.save_contents, f"{root}/critic", step, None,
+                        lambda out: self._export_hf("critic", self.critic, out))
         return str(path)
 
-    def load_checkpoint(self, actor_path: str, critic_path: str | None) -> dict | None:
-        from megarl.engine import load_checkpoint
+    def _export_hf(self, role: str, engine, out) -> None:
+        """``hf_model``: the model as HF safetensors, config and tokenizer files (collective)."""
+        import torch.distributed as dist
 
-        extra = load_checkpoint(actor_path, self.actor.model, self.actor.optimizer, self.actor.scheduler)
+        from conversion.megatron_to_hf import copy_tokenizer_files
+        from megarl.models import default_transformer_impl, save_hf_checkpoint
+
+        hf_path = self.cfg.critic.model.path if role == "critic" else self.cfg.actor_rollout_ref.model.path
+        chunks = [getattr(m, "module", m) for m in engine.model]
+        with self.residency.also((f"{role}.params",), f"{role} hf export"):  # the gather runs collectives
+            save_hf_checkpoint(chunks, hf_path, self.layout, out, role=role, transformer_impl=default_transformer_impl())
+        if dist.get_rank() == 0:
+            copy_tokenizer_files(Path(hf_path), Path(out))
+
+    def load_checkpoint(self, actor_path: str, critic_path: str | None) -> dict | None:
+        """Resume: load what ``<role>.checkpoint.load_contents`` asks for; returns the controller state."""
+        from megarl.trainer.checkpointing import load_engine
+
+        self.enter_phase("load")
+        actor = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
+        extra = load_engine(self.actor, actor_path, actor, "actor_rollout_ref.actor.checkpoint.load_contents")
         if self.critic is not None:
             if critic_path is None:
                 raise FileNotFoundError(f"{actor_path} has no matching critic checkpoint")
-            load_checkpoint(critic_path, self.critic.model, self.critic.optimizer, self.critic.scheduler,
-                            load_rng=False)
+            load_engine(self.critic, critic_path, self.cfg.critic.checkpoint.load_contents,
+                        "critic.checkpoint.load_contents", load_rng=False)
         return extra
 
     # ------------------------------------------------------------------ weight sync (sender)
@@ -198,6 +258,7 @@ class MegatronWorker(DistributedWorker):
     def sync_send(self, version: int) -> dict:
         from megarl.weight_sync.sender import region_reader
 
+        self.enter_phase("sync")  # normally entered already, before the engines woke their weights
         torch.set_grad_enabled(False)
         try:
             stats = self.sync_transport.run(self.sync_plan, self.rank, get_region=region_reader(self._local_shards()))

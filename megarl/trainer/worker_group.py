@@ -5,12 +5,14 @@
 
 Rank 0 reports its address and a free port; every actor then gets torchrun's variables
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and initialises
-torch.distributed through ``megarl.platform`` (NCCL on GPU, gloo on CPU), so code written for
+torch.distributed through ``megarl.platform`` (NCCL on GPU, gloo on CPU; ``dist_timeout_s``
+bounds its collectives, verl's ``actor_rollout_ref.nccl_timeout``), so code written for
 torchrun runs unchanged inside Ray. Actors are placed into a placement group's bundles, one
 rank per bundle (``megarl.trainer.placement``).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from typing import Any, Sequence
@@ -24,6 +26,8 @@ class DistributedWorker:
         for key, value in (env or {}).items():
             os.environ[key] = str(value)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # megarl's INFO lines of a rank (set-up facts, offload memory) reach the driver's console through Ray
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     def address_and_port(self) -> tuple[str, int]:
         import ray
@@ -33,12 +37,12 @@ class DistributedWorker:
             port = sock.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def init_distributed(self, master_addr: str, master_port: int, local_rank: int) -> None:
+    def init_distributed(self, master_addr: str, master_port: int, local_rank: int, timeout_s: float) -> None:
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_rank),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         from megarl.platform import init_distributed
 
-        init_distributed()
+        init_distributed(timeout_s=timeout_s)
 
     def setup(self, *args, **kwargs) -> None:
         """Build engines; called on every rank after torch.distributed is up."""
@@ -57,7 +61,8 @@ class WorkerGroup:
 
     def __init__(self, worker_cls: type, world_size: int, *, init_args: Sequence[Any] = (),
                  init_kwargs: dict | None = None, num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
-                 slots: Sequence[Any] | None = None, env: dict[str, str] | None = None, name: str = "trainer"):
+                 slots: Sequence[Any] | None = None, env: dict[str, str] | None = None, name: str = "trainer",
+                 dist_timeout_s: float = 600):
         import ray
 
         if world_size < 1:
@@ -72,7 +77,7 @@ class WorkerGroup:
                                        dict(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker))
             self.actors.append(remote_cls.options(**options, max_concurrency=2).remote(rank, world_size, env))
         master_addr, master_port = ray.get(self.actors[0].address_and_port.remote())
-        ray.get([a.init_distributed.remote(master_addr, master_port, self._local_rank(rank))
+        ray.get([a.init_distributed.remote(master_addr, master_port, self._local_rank(rank), dist_timeout_s)
                  for rank, a in enumerate(self.actors)])
         self.call("setup", *init_args, **(init_kwargs or {}))
 

@@ -20,25 +20,43 @@ from tests.config._fixtures import write_model_config, write_prompts
 
 HERE = Path(__file__).parent / "verl_launches"
 LAUNCHES = [json.loads(line) for line in (HERE / "megatron-example-launches.jsonl").read_text().splitlines()]
-VALIDATED = 9  # the README ("Configuration") states this count
+VALIDATED = 8  # the README ("Configuration") states this count
 
-# model id (or path) -> (architecture, model_type) of that model's config.json
+# model id (or path) -> (architecture, model_type, the dims of that model's config.json that the
+# layout checks read: layers, heads, sizes and experts as published in the models' config.json)
+QWEN2_7B = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                intermediate_size=18944, vocab_size=152064)
+QWEN3_235B = dict(hidden_size=4096, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,
+                  head_dim=128, intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
+                  num_experts_per_tok=8, vocab_size=151936)
+QWEN3_30B = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                 intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                 vocab_size=151936)
 MODELS = {
-    "Qwen2": ("Qwen2ForCausalLM", "qwen2"), "Qwen2.5-VL": ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl"),
-    "Qwen3-VL-30B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"),
-    "Qwen3-VL-235B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"),
-    "Qwen3-VL-8B": ("Qwen3VLForConditionalGeneration", "qwen3_vl"),
-    "Qwen3-235B-A22B": ("Qwen3MoeForCausalLM", "qwen3_moe"), "Qwen3-30B-A3B": ("Qwen3MoeForCausalLM", "qwen3_moe"),
-    "Qwen1.5-MoE": ("Qwen2MoeForCausalLM", "qwen2_moe"), "deepseek-llm-7b": ("LlamaForCausalLM", "llama"),
-    "DeepSeek-V3": ("DeepseekV3ForCausalLM", "deepseek_v3"), "dsv3": ("DeepseekV3ForCausalLM", "deepseek_v3"),
-    "Moonlight": ("DeepseekV3ForCausalLM", "deepseek_v3"),
+    "Qwen2": ("Qwen2ForCausalLM", "qwen2", QWEN2_7B),
+    "Qwen2.5-3B": ("Qwen2ForCausalLM", "qwen2", dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+                                                     num_key_value_heads=2, intermediate_size=11008, vocab_size=151936)),
+    "Qwen2.5-32B": ("Qwen2ForCausalLM", "qwen2", dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=40,
+                                                      num_key_value_heads=8, intermediate_size=27648, vocab_size=152064)),
+    "Qwen2.5-VL": ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", {}),
+    "Qwen3-VL-30B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {}),
+    "Qwen3-VL-235B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {}),
+    "Qwen3-VL-8B": ("Qwen3VLForConditionalGeneration", "qwen3_vl", {}),
+    "Qwen3-235B-A22B": ("Qwen3MoeForCausalLM", "qwen3_moe", QWEN3_235B),
+    "Qwen3-30B-A3B": ("Qwen3MoeForCausalLM", "qwen3_moe", QWEN3_30B),
+    "Qwen1.5-MoE": ("Qwen2MoeForCausalLM", "qwen2_moe", {}),
+    "deepseek-llm-7b": ("LlamaForCausalLM", "llama", dict(hidden_size=4096, num_hidden_layers=30, num_attention_heads=32,
+                                                          num_key_value_heads=32, intermediate_size=11008,
+                                                          vocab_size=102400)),
+    "DeepSeek-V3": ("DeepseekV3ForCausalLM", "deepseek_v3", {}), "dsv3": ("DeepseekV3ForCausalLM", "deepseek_v3", {}),
+    "Moonlight": ("DeepseekV3ForCausalLM", "deepseek_v3", {}),
 }
 # dataset directory or file name -> the data_source verl's preprocessing writes
 DATA_SOURCES = {"gsm8k": "openai/gsm8k", "math": "DigitalLearningGmbH/MATH-lighteval", "dapo-math": "math_dapo",
                 "aime": "aime2024", "geo3k": "hiyouga/geometry3k"}
 
 
-def _architecture(model: str, script: str) -> tuple[str, str]:
+def _architecture(model: str, script: str) -> tuple[str, str, dict]:
     # Moonlight's PPO script leaves the path empty ($MODEL_PATH); its name says which model it is
     for name in sorted(MODELS, key=len, reverse=True):
         if name.lower() in (model or script).lower():
@@ -54,8 +72,8 @@ class Fixtures:
     def model(self, value: str, script: str) -> str:
         key = f"model:{value or script}"
         if key not in self.made:
-            architecture, model_type = _architecture(value, script)
-            self.made[key] = write_model_config(self.root / f"model{len(self.made)}", architecture, model_type)
+            architecture, model_type, dims = _architecture(value, script)
+            self.made[key] = write_model_config(self.root / f"model{len(self.made)}", architecture, model_type, **dims)
         return str(self.made[key])
 
     def data(self, value: str) -> str:

@@ -91,12 +91,11 @@ def actor_settings(
     mini_batch_size: int | None = None,
     loss: PolicyLossSettings = LOSS,
     optim: OptimizerSettings = OPTIM,
-    recompute: bool = False,
 ) -> ActorSettings:
     """One mini-batch of the whole (per-rank) batch by default, micro-batches of 2."""
     train = BatchSettings(mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz, max_token_len=max_token_len)
     log_prob = BatchSettings(micro_batch_size=3)
-    return ActorSettings(train=train, log_prob=log_prob, loss=loss, optim=optim, recompute=recompute)
+    return ActorSettings(train=train, log_prob=log_prob, loss=loss, optim=optim)
 
 
 def load(path: Path) -> dict:

@@ -11,12 +11,12 @@ WORKER = Path(__file__).with_name("_engine_worker.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
 
 
-def run_worker(work: Path, mode: str, processes: int, timeout: int) -> dict:
-    """Run ``_engine_worker.py <mode> <work>`` and return what it saved in ``<work>/<mode>.pt``."""
+def run_worker(work: Path, mode: str, processes: int, timeout: int, worker: Path = WORKER) -> dict:
+    """Run ``<worker> <mode> <work>`` (default ``_engine_worker.py``) and return what it saved in ``<work>/<mode>.pt``."""
     if processes == 1:
-        command = [sys.executable, str(WORKER), mode, str(work)]
+        command = [sys.executable, str(worker), mode, str(work)]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), str(WORKER), mode, str(work)]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), str(worker), mode, str(work)]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{mode} worker failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
     return torch.load(work / f"{mode}.pt", weights_only=False)

@@ -127,12 +127,14 @@ def single(work: Path, data: dict) -> dict:
         "mbs2": _data.actor_settings(micro_batch_size=2),
         "mbs4": _data.actor_settings(micro_batch_size=4),
         "dynamic": _data.actor_settings(micro_batch_size=None, use_dynamic_bsz=True, max_token_len=24),
-        "recompute": _data.actor_settings(micro_batch_size=2, recompute=True),
+        "recompute": _data.actor_settings(micro_batch_size=2),
         "two_mini_batches": _data.actor_settings(micro_batch_size=2, mini_batch_size=4),
         "seq_mean": _data.actor_settings(micro_batch_size=1, loss=_data.SEQ_MEAN_LOSS),
     }
+    full_recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     for name, settings in splits.items():
-        actor = actor_for(work, _data.DENSE, layout, settings)
+        overrides = full_recompute if name == "recompute" else None
+        actor = MegatronActor(build_model(dense, layout, "actor", config_overrides=overrides), settings)
         metrics = actor.update_policy(batch)
         results[f"update/{name}"] = {"metrics": metrics, "weights": weights(actor.model, dense, layout)}
 

@@ -67,6 +67,6 @@ def test_options():
         ),
         1,
     )
-    assert settings.recompute and settings.optim.offload
+    assert settings.optim.megatron_overrides == {}
     assert settings.loss.loss_mode == "gspo" and settings.loss.use_kl_loss
     assert settings.temperature == 0.7

@@ -182,7 +182,7 @@ def run(name, checkpoint, layout, role, extra, work):
 def main():
     work = Path(sys.argv[1])
     only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
-    platform.init_distributed(timeout_minutes=3)
+    platform.init_distributed(timeout_s=180)
     records = []
     for name, checkpoint, layout, role, extra in SCENARIOS:
         if only and name not in only:

@@ -34,8 +34,11 @@ EXPECTED_FAILURES = {
     "streams": ["torch.cuda.Stream requires CUDA support", "token_dispatcher.py"],
     "moe_split_sizes_numpy": ["all_to_all_single(): incompatible function arguments"],
     "moe_router_without_te": ["name 'te_general_gemm' is not defined"],
+    "checkpoint_without_output_fp8": ["name 'FP8GlobalStateManager' is not defined", "tensor_parallel/random.py"],
 }
-SINGLE_PROCESS = (["tp1", "optimizer"], ["rng_tracker", "current_device", "cuda_device_literals", "cuda_type_names"])
+SINGLE_PROCESS = (["tp1", "optimizer", "selective_recompute"],
+                  ["rng_tracker", "current_device", "cuda_device_literals", "cuda_type_names",
+                   "checkpoint_without_output_fp8"])
 TWO_RANKS = (
     ["tp2", "pp2", "moe_ep2"],
     [
@@ -119,6 +122,14 @@ def test_megatron_optimizer_matches_torch_adam_with_clipping(single_process):
         assert numbers["grad_norms"] == pytest.approx(numbers["reference_grad_norms"], rel=1e-6)
         assert min(numbers["reference_grad_norms"]) > 0.05  # the clip (max norm 0.05) was active
         assert numbers["param_diff"] < 1e-5, (kind, numbers)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(LAUNCH_TIMEOUT)
+def test_selective_recompute_of_norms_and_mlp_keeps_the_gradients(single_process):
+    assert_failed_without(single_process, ["checkpoint_without_output_fp8"])
+    (rank,) = single_process["ranks"]
+    assert rank["selective_recompute"]["grad_diff"] <= 1e-6
 
 
 @pytest.mark.distributed

@@ -73,22 +73,36 @@ def test_grpo_learns_and_logs(quickstart_inputs, tmp_path):
 
 @pytest.mark.timeout(1500)
 def test_resume_continues_with_identical_metrics(quickstart_inputs, tmp_path):
+    """Interrupted at step 3 and resumed, a run equals the uninterrupted one. The interrupted run also
+    keeps the actor's and the reference's weights, grads and optimizer state in host memory between
+    phases, exports an HF checkpoint with every save and keeps only the newest one: none of that
+    may change a number."""
+    from transformers import AutoModelForCausalLM
+
     from megarl.train import run
 
-    common = ["trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=3"]
+    common = ["trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=3",
+              "actor_rollout_ref.actor.use_kl_loss=true"]
+    memory = [f"actor_rollout_ref.actor.megatron.{kind}_offload=true" for kind in ("param", "grad", "optimizer")]
+    memory += ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+               "trainer.max_actor_ckpt_to_keep=1"]
     full = tmp_path / "full"
     run(load_config("quickstart", overrides(quickstart_inputs, full, *common, "trainer.total_training_steps=5")))
     part = tmp_path / "part"
-    run(load_config("quickstart", overrides(quickstart_inputs, part, *common, "trainer.total_training_steps=3")))
+    run(load_config("quickstart", overrides(quickstart_inputs, part, *common, *memory, "trainer.total_training_steps=3")))
     assert (part / "actor" / "latest").read_text().strip() == "step_3"
-    run(load_config("quickstart", overrides(quickstart_inputs, part, *common, "trainer.total_training_steps=5")))
+    run(load_config("quickstart", overrides(quickstart_inputs, part, *common, *memory, "trainer.total_training_steps=5")))
+    assert sorted(p.name for p in (part / "actor").iterdir()) == ["latest", "step_5"]  # step_3 pruned after step 5
+    assert sorted(p.name for p in (full / "actor").iterdir()) == ["latest", "step_3", "step_5"]
+    AutoModelForCausalLM.from_pretrained(str(part / "actor" / "step_5" / "huggingface"))  # the export loads
 
     a, b = scalars(full), scalars(part)
-    for name in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean"]:
+    for name in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss",
+                 "response_length/mean"]:
         steps_a = dict(a[name])
         steps_b = dict(b[name])
         assert sorted(steps_b) == [1, 2, 3, 4, 5], (name, sorted(steps_b))  # no step replayed or skipped
-        for step in (4, 5):
+        for step in (1, 2, 3, 4, 5):
             assert math.isclose(steps_a[step], steps_b[step], rel_tol=1e-5, abs_tol=1e-6), (name, step, steps_a, steps_b)
 
 
@@ -115,7 +129,9 @@ def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tm
         quickstart_inputs, out, "algorithm.adv_estimator=gae", "algorithm.lam=1.0", "algorithm.gamma=1.0",
         f"custom_reward_function.path={reward_file}",
         "critic.ppo_micro_batch_size_per_gpu=32", "critic.optim.lr=1e-3", "critic.optim.weight_decay=0.0",
-        "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"))
+        "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
+        # the critic's state lives in host memory between its phases (the offload's critic path)
+        "critic.megatron.param_offload=true", "critic.megatron.grad_offload=true", "critic.megatron.optimizer_offload=true"))
     run(cfg)
     logged = scalars(out)
     vf = [v for _, v in logged["critic/vf_loss"]]

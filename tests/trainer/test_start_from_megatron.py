@@ -64,9 +64,11 @@ def test_a_missing_start_checkpoint_fails_before_any_process_starts(tmp_path):
 def test_the_loop_syncs_the_fleet_to_a_megatron_start_checkpoint(tmp_path):
     from megarl.trainer.controller import TrainingLoop
 
+    from megarl.trainer.rollout_memory import RolloutMemory
+
     synced = []
     trainer = SimpleNamespace(cfg=config("m", "/ckpt/actor", f"trainer.default_local_dir={tmp_path}"), version=0,
-                              weight_sync=SimpleNamespace(sync=synced.append))
+                              weight_sync=SimpleNamespace(sync=synced.append), rollout_memory=RolloutMemory(None, False))
     assert TrainingLoop(trainer, None, str(tmp_path)).resume() == 0
     assert synced == [1] and trainer.version == 1
 
