@@ -150,9 +150,12 @@ def _plan_tensor(name: str, sources: list[Piece], needs: list[Piece], meta: Tens
             cell_dsts[cell].add(p.rank)
     # group cells by (candidate sources, destinations): one source is picked per group, so a
     # contiguous shard goes out from one rank rather than alternating between replicas
+    holders_of: dict[Region, list[int]] = defaultdict(list)  # data-parallel copies share one region
+    for p in sources:
+        holders_of[p.region].append(p.rank)
     groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[Region]] = defaultdict(list)
     for cell, dsts in cell_dsts.items():
-        holders = tuple(sorted({p.rank for p in sources if contains(p.region, cell)}))
+        holders = tuple(sorted({r for region, ranks in holders_of.items() if contains(region, cell) for r in ranks}))
         if not holders:
             raise PlanError(f"no trainer rank holds {name}{list(cell)} (needed by rollout ranks {sorted(dsts)})")
         groups[(holders, tuple(sorted(dsts)))].append(cell)
@@ -161,7 +164,7 @@ def _plan_tensor(name: str, sources: list[Piece], needs: list[Piece], meta: Tens
         nbytes = sum(region_numel(c) for c in cells) * meta.itemsize
         src = min(holders, key=lambda r: (load[r], r))
         load[src] += nbytes
-        for region in merge_adjacent(cells):
+        for region in merge_adjacent(cells) if len(cells) > 1 else cells:
             out.append(Transfer(src, dsts, name, region, region_numel(region) * meta.itemsize))
     return out
 
@@ -172,7 +175,7 @@ def _bucketize(transfers: list[Transfer], meta: Mapping[str, TensorMeta], bucket
         by_route[(t.src, t.dsts)].append(t)
     buckets: list[Bucket] = []
     for (src, dsts), items in sorted(by_route.items()):
-        current = Bucket(src, dsts)
+        current, current_bytes = Bucket(src, dsts), 0  # bytes kept here: Bucket.nbytes sums every call
         for t in sorted(items, key=lambda t: (t.name, t.region)):
             pieces = [t]
             if t.nbytes > bucket_bytes:
@@ -180,10 +183,11 @@ def _bucketize(transfers: list[Transfer], meta: Mapping[str, TensorMeta], bucket
                 pieces = [Transfer(src, dsts, t.name, r, region_numel(r) * meta[t.name].itemsize)
                           for r in split_rows(t.region, row_bytes, bucket_bytes)]
             for piece in pieces:
-                if current.transfers and current.nbytes + piece.nbytes > bucket_bytes:
+                if current.transfers and current_bytes + piece.nbytes > bucket_bytes:
                     buckets.append(current)
-                    current = Bucket(src, dsts)
+                    current, current_bytes = Bucket(src, dsts), 0
                 current.transfers.append(piece)
+                current_bytes += piece.nbytes
         if current.transfers:
             buckets.append(current)
     return buckets
