@@ -38,7 +38,7 @@ class WeightSyncSession:
     def __init__(self, cfg, workers, fleet):
         import ray
 
-        from megarl.models import hf_tensor_shapes, model_dims
+        from megarl.models import hf_tensor_shapes, vllm_splits
 
         sync_cfg = cfg.actor_rollout_ref.rollout.weight_sync
         self.timeout_s = float(sync_cfg.timeout_s)
@@ -55,7 +55,7 @@ class WeightSyncSession:
         mode = "full" if not fleet.use_gpu else "shard"
         layout = RolloutLayout(fleet.num_replicas, int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size),
                                mode=mode, first_rank=workers.world_size)
-        needs = rollout_needs(shapes, layout, model_dims(model_path).num_query_groups)
+        needs = rollout_needs(shapes, layout, vllm_splits(model_path))
         meta = {name: TensorMeta(shape, _ITEMSIZE[dtypes.get(name, "float32")], dtypes.get(name, "float32"))
                 for name, shape in shapes.items()}
         self.plan = plan_sync(sources, needs, meta, bucket_bytes=int(sync_cfg.bucket_mb) << 20)
