@@ -55,6 +55,8 @@ class MegatronConfig:
     use_dist_checkpointing: bool = True
     dist_checkpointing_path: Optional[str] = None  # pre-converted megatron checkpoint
     override_transformer_config: Dict[str, Any] = field(default_factory=dict)
+    # megarl (Megatron-LM's flag): the vocabulary is padded to a multiple of this x TP
+    make_vocab_size_divisible_by: int = 128
 
 
 def shared_layout(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronConfig:
@@ -62,7 +64,7 @@ def shared_layout(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronC
     layout defaults to the actor's (as in verl's megatron config)."""
     keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
             "context_parallel_size", "sequence_parallel", "expert_model_parallel_size",
-            "expert_tensor_parallel_size")
+            "expert_tensor_parallel_size", "make_vocab_size_divisible_by")
     return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in keys})
 
 

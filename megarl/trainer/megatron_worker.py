@@ -17,14 +17,29 @@ import torch
 from megarl.trainer.worker_group import DistributedWorker
 
 
+# megatron.override_transformer_config keys that describe the layout (the shard layout must know them)
+LAYOUT_OVERRIDES = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+
+
 def layout_from_config(megatron) -> "ParallelLayout":  # noqa: F821
+    """The parallel layout of ``actor_rollout_ref.actor.megatron``, uneven first/last pipeline stages
+    (verl's ``override_transformer_config.num_layers_in_{first,last}_pipeline_stage``) included."""
     from megarl.models import ParallelLayout
 
     tp = megatron.tensor_model_parallel_size
+    overrides = megatron.override_transformer_config or {}
     return ParallelLayout(
         tp=tp, pp=megatron.pipeline_model_parallel_size, ep=megatron.expert_model_parallel_size,
         etp=megatron.expert_tensor_parallel_size or 1, vpp=megatron.virtual_pipeline_model_parallel_size or 1,
-        sequence_parallel=bool(megatron.sequence_parallel and tp > 1))
+        sequence_parallel=bool(megatron.sequence_parallel and tp > 1),
+        first_stage_layers=overrides.get("num_layers_in_first_pipeline_stage"),
+        last_stage_layers=overrides.get("num_layers_in_last_pipeline_stage"),
+        make_vocab_size_divisible_by=megatron.make_vocab_size_divisible_by)
+
+
+def transformer_overrides(megatron) -> dict:
+    """``override_transformer_config`` fields other than the layout's, applied last to the model config."""
+    return {k: v for k, v in (megatron.override_transformer_config or {}).items() if k not in LAYOUT_OVERRIDES}
 
 
 def needs_reference(cfg) -> bool:
@@ -108,10 +123,12 @@ class MegatronWorker(DistributedWorker):
         from megarl.engine import checkpoint_extra, load_checkpoint
         from megarl.models import build_model
 
+        megatron = self.cfg.critic.megatron if role == "critic" else self.cfg.actor_rollout_ref.actor.megatron
+        overrides = transformer_overrides(megatron)
         if dist_checkpoint is None:
-            return build_model(hf_path, self.layout, role)
+            return build_model(hf_path, self.layout, role, config_overrides=overrides)
         check_same_architecture(dist_checkpoint, (checkpoint_extra(dist_checkpoint) or {}).get("hf_config"), hf_path)
-        chunks = build_model(hf_path, self.layout, role, load_weights=False)
+        chunks = build_model(hf_path, self.layout, role, load_weights=False, config_overrides=overrides)
         load_checkpoint(dist_checkpoint, chunks, load_rng=False)
         return chunks
 
