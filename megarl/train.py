@@ -50,6 +50,11 @@ def run(cfg) -> dict[str, float]:
     if not (Path(model_path) / "config.json").is_file():
         raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path} has no config.json: give a Hugging "
                                 "Face checkpoint directory (megarl make-tiny-model writes one)")
+    from megarl.models.loading import describe_skipped
+
+    skipped = describe_skipped(model_path)  # e.g. DeepSeek-V3's MTP layers: named, never silently dropped
+    if skipped:
+        logger.info(skipped)
     for role, checkpoint in initial_checkpoints(cfg).items():
         if checkpoint is not None:
             resolve_checkpoint(checkpoint)  # a missing or incomplete one fails here, before any process starts

@@ -107,20 +107,34 @@ def zero_vocab_padding(models: list, hf_config, layout: ParallelLayout, role: st
 _logged_skips: set[str] = set()
 
 
-def log_skipped_tensors(hf_config, names, where: str) -> None:
-    """Name, in one line (once per checkpoint, on rank 0), the checkpoint tensors the family leaves
-    out on purpose (DeepSeek-V3's multi-token-prediction layers)."""
-    import torch.distributed as dist
-
+def skipped_tensors_note(hf_config, names, where: str) -> str | None:
+    """One line naming the checkpoint tensors the family leaves out on purpose (DeepSeek-V3's
+    multi-token-prediction layers), or None when the checkpoint holds none."""
     pattern = family_for(hf_config).skipped_hf_tensors(hf_config)
     skipped = sorted(name for name in names if pattern is not None and pattern.search(name))
+    if not skipped:
+        return None
+    prefixes = sorted({pattern.search(name).group(0) for name in skipped})
+    return (f"{hf_config.model_type}: skipping {len(skipped)} tensors of {where} under "
+            f"{', '.join(p + '*' for p in prefixes)} (multi-token prediction, num_nextn_predict_layers="
+            f"{getattr(hf_config, 'num_nextn_predict_layers', '?')}): megarl trains and serves the main model only")
+
+
+def describe_skipped(model_dir: str | os.PathLike) -> str | None:
+    """``skipped_tensors_note`` for an HF checkpoint directory (reads the index or header only)."""
+    return skipped_tensors_note(load_hf_config(model_dir), checkpoint_files(model_dir), str(model_dir))
+
+
+def log_skipped_tensors(hf_config, names, where: str) -> None:
+    """Log ``skipped_tensors_note`` once per checkpoint and process, on rank 0."""
+    import torch.distributed as dist
+
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    if skipped and rank0 and where not in _logged_skips:
-        _logged_skips.add(where)
-        prefixes = sorted({pattern.search(name).group(0) for name in skipped})
-        logger.info("%s: skipping %d tensors of %s under %s (multi-token prediction, num_nextn_predict_layers=%s): "
-                    "megarl trains and serves the main model only", hf_config.model_type, len(skipped), where,
-                    ", ".join(p + "*" for p in prefixes), getattr(hf_config, "num_nextn_predict_layers", "?"))
+    if rank0 and where not in _logged_skips:
+        note = skipped_tensors_note(hf_config, names, where)
+        if note:
+            _logged_skips.add(where)
+            logger.info(note)
 
 
 @torch.no_grad()

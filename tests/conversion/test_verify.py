@@ -24,6 +24,13 @@ def test_verify_accepts_a_faithful_tp2_checkpoint(tiny_models, to_megatron):
     assert max_diff(done.stdout) < 1e-5
 
 
+def test_verify_accepts_a_faithful_deepseek_v3_ep2_checkpoint(tiny_models, to_megatron):
+    source = tiny_models / "deepseek_v3"
+    done = run_cli(["verify", "--hf", source, "--megatron", to_megatron("deepseek_v3", ("--ep", "2"), 2)])
+    assert_ok(done)
+    assert max_diff(done.stdout) < 1e-5
+
+
 def test_verify_rejects_a_perturbed_checkpoint(tiny_models, tmp_path):
     source = tiny_models / "llama"
     perturbed = tmp_path / "perturbed"
