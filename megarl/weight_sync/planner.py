@@ -129,19 +129,25 @@ def plan_sync(sources: Iterable[Piece], needs: Iterable[Piece], meta: Mapping[st
 
     load: dict[int, int] = defaultdict(int)  # bytes assigned per source rank so far
     transfers: list[Transfer] = []
+    # Tensors held and needed alike (an expert's weights in every layer of a stage) share their geometry.
+    geometry: dict[tuple, list[tuple[tuple[int, ...], tuple[int, ...], list[Region], int]]] = {}
     # Big tensors first, so the greedy least-loaded choice balances well.
     order = sorted(need_by_name, key=lambda n: -sum(region_numel(p.region) for p in need_by_name[n]))
     for name in order:
-        transfers.extend(_plan_tensor(name, src_by_name.get(name, []), need_by_name[name], meta[name], load))
+        tensor_sources, tensor_needs = src_by_name.get(name, []), need_by_name[name]
+        key = (tuple((p.rank, p.region) for p in tensor_sources), tuple((p.rank, p.region) for p in tensor_needs))
+        if key not in geometry:
+            geometry[key] = _cell_groups(name, tensor_sources, tensor_needs, len(meta[name].shape))
+        transfers.extend(_assign_sources(name, geometry[key], meta[name], load))
     return SyncPlan(_bucketize(transfers, meta, bucket_bytes), dict(meta), needs)
 
 
-def _plan_tensor(name: str, sources: list[Piece], needs: list[Piece], meta: TensorMeta,
-                 load: dict[int, int]) -> list[Transfer]:
+def _cell_groups(name: str, sources: list[Piece], needs: list[Piece], ndim: int):
+    """The tensor cut into cells, grouped by (ranks holding them, ranks needing them):
+    ``[(holders, dsts, merged regions, elements)]``."""
     if not sources:
         raise PlanError(f"no trainer rank holds '{name}' (needed by rollout ranks "
                         f"{sorted({p.rank for p in needs})})")
-    ndim = len(meta.shape)
     cuts = cut_points([p.region for p in sources] + [p.region for p in needs], ndim)
     # cell -> destination ranks that need it
     cell_dsts: dict[Region, set[int]] = defaultdict(set)
@@ -159,12 +165,17 @@ def _plan_tensor(name: str, sources: list[Piece], needs: list[Piece], meta: Tens
         if not holders:
             raise PlanError(f"no trainer rank holds {name}{list(cell)} (needed by rollout ranks {sorted(dsts)})")
         groups[(holders, tuple(sorted(dsts)))].append(cell)
+    return [(holders, dsts, merge_adjacent(cells) if len(cells) > 1 else cells, sum(region_numel(c) for c in cells))
+            for (holders, dsts), cells in sorted(groups.items())]
+
+
+def _assign_sources(name: str, groups, meta: TensorMeta, load: dict[int, int]) -> list[Transfer]:
+    """One source per group, the least loaded so far; its regions become transfers."""
     out = []
-    for (holders, dsts), cells in sorted(groups.items()):
-        nbytes = sum(region_numel(c) for c in cells) * meta.itemsize
+    for holders, dsts, regions, numel in groups:
         src = min(holders, key=lambda r: (load[r], r))
-        load[src] += nbytes
-        for region in merge_adjacent(cells) if len(cells) > 1 else cells:
+        load[src] += numel * meta.itemsize
+        for region in regions:
             out.append(Transfer(src, dsts, name, region, region_numel(region) * meta.itemsize))
     return out
 

@@ -51,15 +51,19 @@ def rollout_needs(shapes: Mapping[str, tuple[int, ...]], layout: RolloutLayout,
         unknown = sorted(set(shapes) - set(splits))
         if unknown:
             raise ValueError(f"no vLLM split rule for {unknown[:5]}; the model family must declare it")
+    regions: dict[tuple, list] = {}  # (split, shape) -> region per TP rank: most tensors share a few shapes
+
+    def per_tp_rank(name: str, shape: tuple[int, ...]) -> list:
+        key = (None if layout.mode == "full" else splits[name], shape)
+        if key not in regions:
+            regions[key] = [full_region(shape) if layout.mode == "full" else splits[name].region(name, shape, layout.tp, t)
+                            for t in range(layout.tp)]
+        return regions[key]
+
     needs = []
     for replica in range(layout.replicas):
-        for tp_rank in range(layout.tp):
-            rank = layout.rank(replica, tp_rank)
-            for name, shape in shapes.items():
-                if layout.mode == "full":
-                    region = full_region(shape)
-                else:
-                    region = splits[name].region(name, tuple(shape), layout.tp, tp_rank)
+        for name, shape in shapes.items():
+            for tp_rank, region in enumerate(per_tp_rank(name, tuple(shape))):
                 if region:
-                    needs.append(Piece(rank, name, region))
+                    needs.append(Piece(layout.rank(replica, tp_rank), name, region))
     return needs
