@@ -63,7 +63,8 @@ def initial_checkpoints(cfg) -> dict[str, str | None]:
 
 
 ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                     "intermediate_size", "vocab_size", "num_experts", "num_local_experts", "moe_intermediate_size")
+                     "intermediate_size", "vocab_size", "num_experts", "num_local_experts", "moe_intermediate_size",
+                     "n_routed_experts", "q_lora_rank", "kv_lora_rank", "first_k_dense_replace")
 
 
 def check_same_architecture(checkpoint: str, saved_hf_config: dict | None, hf_path: str) -> None:
