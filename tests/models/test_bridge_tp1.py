@@ -247,3 +247,27 @@ def test_padded_vocabulary_gives_hf_log_probs_and_entropy_with_zero_padding_grad
     (log_probs.sum() + entropy.sum()).backward()
     grad = model.output_layer.weight.grad
     assert torch.isfinite(grad).all() and torch.all(grad[504:] == 0) and grad[:504].abs().max() > 0
+
+
+def test_deepseek_without_a_q_latent_matches_hugging_face(world, tmp_path):
+    """q_lora_rank=None (DeepSeek-V2-Lite style): q_proj maps to MLA's linear_q_proj."""
+    from transformers import AutoModelForCausalLM
+
+    from megarl.tools.tiny_model import build_config
+
+    config = build_config("deepseek_v3", "tiny")
+    config.q_lora_rank = None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        with torch.no_grad():
+            for name, buffer in hf.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.add_(0.1 * torch.randn_like(buffer))
+    hf.save_pretrained(str(tmp_path))
+    [model] = build_model(tmp_path, ParallelLayout())
+    assert "decoder.layers.0.self_attention.linear_q_proj.weight" in dict(model.named_parameters())
+    ids = torch.randint(0, 512, (2, 80), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = hf(ids).logits
+    assert (_forward(model, ids) - reference).abs().max().item() <= TOLERANCE
