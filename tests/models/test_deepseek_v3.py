@@ -141,3 +141,20 @@ def test_mtp_layers_are_named_for_skipping():
     pattern = family_for(tiny()).skipped_hf_tensors(tiny())
     assert pattern.search("model.layers.3.eh_proj.weight") and not pattern.search("model.layers.2.mlp.gate.weight")
     assert family_for(deepseek_v3()).skipped_hf_tensors(deepseek_v3()).search("model.layers.61.enorm.weight")
+
+
+def test_shard_mode_plan_sends_each_vllm_rank_its_heads_and_the_replicated_latents():
+    """Trainer TP2 x EP2 (2 ranks) -> 2 replicas x vLLM TP2, shard mode: every rank gets exactly its
+    vLLM region (q_b/kv_b by heads, q_a/kv_a whole), each byte leaves one source."""
+    from megarl.weight_sync.layouts import plan_for_layouts
+    from megarl.weight_sync.rollout_layout import RolloutLayout
+
+    plan = plan_for_layouts(tiny(), ParallelLayout(tp=2, ep=2, sequence_parallel=True), 2,
+                            RolloutLayout(2, 2, "shard", first_rank=2), itemsize=4)
+    plan.check()
+    needs = {(p.rank, p.name): p.region for p in plan.needs}
+    assert needs[(3, P + "kv_b_proj.weight")] == ((128, 256), (0, 512))  # rank 1 of 2: heads 2-3 of 4
+    assert needs[(3, P + "q_a_proj.weight")] == ((0, 96), (0, 128))  # replicated in vLLM's fused_qkv_a_proj
+    assert needs[(3, P + "o_proj.weight")] == ((0, 128), (64, 128))
+    assert needs[(5, "model.layers.1.mlp.gate.e_score_correction_bias")] == ((0, 16),)
+    assert plan.bytes_delivered == plan.bytes_needed()
