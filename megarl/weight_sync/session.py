@@ -5,7 +5,8 @@
     session.close()
 
 Set-up: every trainer rank reports the regions of HF tensors it holds (metadata only); the
-rollout side's needs come from vLLM's sharding rules (``rollout_layout``); the planner computes
+rollout side's needs come from vLLM's TP split of each tensor, which the model family declares
+(``megarl.models.vllm_splits``, applied in ``rollout_layout``); the planner computes
 one plan, checked for exact coverage, which every participant receives. Trainer rank 0 hosts the
 rendezvous; trainer ranks are sync ranks ``0..T-1`` and the vLLM workers follow, replica by
 replica. ``sync`` starts the senders and the receivers together and waits for all of them: a
