@@ -38,6 +38,7 @@ from transformers import LlamaConfig
 
 from megarl.models.layout import ParallelLayout
 from megarl.models.shards import hf_tensor_shapes, rank_shards
+from megarl.models.vllm_layout import vllm_splits
 from megarl.weight_sync.planner import Piece, TensorMeta, plan_sync
 from megarl.weight_sync.receiver import WeightReceiver
 from megarl.weight_sync.rollout_layout import RolloutLayout, rollout_needs
@@ -202,7 +203,7 @@ def participant(rank: int, ports: list[int], bucket_bytes: int, iters: int, wind
     everyone = {r: pieces_of(r) for r in range(N_SOURCES)}
     sources = [Piece(r, name, tuple((s.start, s.stop) for s in hf_slice))
                for r, items in everyone.items() for name, hf_slice, _ in items]
-    needs = rollout_needs(shapes, ROLLOUT, num_kv_heads=llama_config().num_key_value_heads)
+    needs = rollout_needs(shapes, ROLLOUT, vllm_splits(llama_config()))
     plan = plan_sync(sources, needs, meta, bucket_bytes)
     local = export(rank, shapes) if rank < N_SOURCES else []
     shards = from_export((name, hf_slice, tensor) for name, hf_slice, tensor, _ in local)

@@ -37,11 +37,14 @@ def add_layout_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ep", type=int, default=1, help="expert parallel size (MoE only)")
     group.add_argument("--etp", type=int, default=1, help="expert tensor parallel size (MoE only)")
     group.add_argument("--vpp", type=int, default=1, help="virtual pipeline chunks per stage (needs pp >= 2)")
+    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                       help="pad the vocabulary to a multiple of this x tp (megatron's rule; the padding is never exported)")
 
 
 def layout_from_args(args: argparse.Namespace) -> ParallelLayout:
     try:
-        return ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp, vpp=args.vpp)
+        return ParallelLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp, vpp=args.vpp,
+                              make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)
     except ValueError as exc:
         raise ConversionError(str(exc)) from exc
 

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> Path:
     """Convert (collective over all ranks); returns the output directory."""
     from megarl.engine import save_checkpoint
     from megarl.models import build_model, load_hf_config
+    from megarl.models.loading import describe_skipped
 
     layout = layout_from_args(args)
     hf_dir = check_hf_dir(args.hf, need_weights=True, layout=layout)
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> Path:
         with clean_up_on_failure(staging):
             models = build_model(hf_dir, layout, "actor", load_weights=True, params_dtype=dtype)
             params = sum(p.numel() for m in models for p in m.parameters())
-            progress.step(f"loaded this rank's slices of {hf_dir} ({params:,} parameters on rank 0, {dtype})")
+            skipped = describe_skipped(hf_dir)  # e.g. DeepSeek-V3's MTP layers are not converted
+            progress.step(f"loaded this rank's slices of {hf_dir} ({params:,} parameters on rank 0, {dtype})"
+                          + (f"; {skipped}" if skipped else ""))
             config = load_hf_config(hf_dir)
             extra = {"hf_config": config.to_dict(), "source": str(hf_dir.resolve()), "converted_by": "conversion.hf_to_megatron"}
             save_checkpoint(staging, 0, models, extra=extra)

@@ -110,7 +110,9 @@ def stored_tensors(checkpoint: Path) -> dict[str, tuple[tuple[int, ...], torch.d
 
 
 def expected_tensors(models: list) -> dict[str, tuple[int, ...]]:
-    """Model tensor key -> global shape, as the freshly built models would load them."""
+    """Model tensor key -> global shape, as the freshly built models would load them. The first
+    dimension of a tensor megatron lets load at another shape (the padded vocabulary of the
+    embedding and output layer, ``allow_shape_mismatch``) is None: any padding loads."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
     from megatron.core.dist_checkpointing.dict_utils import nested_values
 
@@ -121,7 +123,8 @@ def expected_tensors(models: list) -> dict[str, tuple[int, ...]]:
         if isinstance(value, ShardedTensorFactory):
             pending.extend(nested_values(value.build()))
         elif isinstance(value, ShardedTensor):
-            shapes[value.key] = tuple(value.global_shape)
+            shape = tuple(value.global_shape)
+            shapes[value.key] = (None, *shape[1:]) if value.allow_shape_mismatch else shape
     return shapes
 
 
@@ -129,7 +132,12 @@ def check_matches(models: list, stored: dict, checkpoint: Path, hf_config: Path)
     """Raise naming the first tensors whose presence or shape differs between checkpoint and config."""
     expected = expected_tensors(models)
     missing = sorted(set(expected) - set(stored))
-    wrong = sorted(f"{k}: checkpoint {stored[k][0]} vs config {expected[k]}" for k in expected if k in stored and stored[k][0] != expected[k])
+    def differs(stored_shape, expected_shape) -> bool:
+        return len(stored_shape) != len(expected_shape) or any(
+            e is not None and s != e for s, e in zip(stored_shape, expected_shape))
+
+    wrong = sorted(f"{k}: checkpoint {stored[k][0]} vs config {expected[k]}" for k in expected
+                   if k in stored and differs(stored[k][0], expected[k]))
     problems = []
     if missing:
         problems.append(f"{len(missing)} tensor(s) the config needs are not in the checkpoint, e.g. {missing[:3]}")

@@ -165,6 +165,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             logits = full_vocab(logits)
             if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
                 reference = hf_logits(hf_dir, input_ids)
+                logits = logits[..., : reference.shape[-1]]  # the vocabulary padding (masked) is not HF's
                 if reference.shape != logits.shape:
                     raise ValueError(f"logit shapes differ: megatron {tuple(logits.shape)} vs HF {tuple(reference.shape)}")
                 difference[0] = (logits.double() - reference.double()).abs().max()

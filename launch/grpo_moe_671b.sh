@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GRPO on a DeepSeek-V3-sized MoE (671B, 256 experts) with PP16 x EP16 on the trainer and TP=32 rollout.
+# GRPO on DeepSeek-V3 (671B, MLA + 256 experts) with PP16 x EP16 on the trainer and TP=32 rollout (verl's layout).
 #
-#   MODEL_PATH=/models/<moe-checkpoint> TRAIN_FILES=... VAL_FILES=... sbatch launch/grpo_moe_671b.sh [key=value ...]
+#   MODEL_PATH=/models/DeepSeek-V3-bf16 TRAIN_FILES=... VAL_FILES=... CKPT_DIR=... sbatch launch/grpo_moe_671b.sh [key=value ...]
 #
-# Note: the bridge does not map MLA yet (see README, "Model bridge"); a Qwen3-MoE-architecture
-# checkpoint of this size runs today. Memory plan: configs/grpo_moe_671b.yaml.
+# MODEL_PATH: a bf16 safetensors checkpoint (the official release is FP8 block-quantised; dequantise it first).
+# Layout and memory plan: configs/grpo_moe_671b.yaml. Submit from the repository root (or set MEGARL_REPO).
 #SBATCH --job-name=megarl-grpo-moe-671b
 #SBATCH --nodes=32
 #SBATCH --ntasks-per-node=1

@@ -67,7 +67,8 @@ def check_model(cfg) -> None:
             "(actor_rollout_ref.actor.megatron.dist_checkpointing_path=MCORE starts the trainer from the conversion)"
         )
     try:
-        check_layout(model_dims(model_path), layout_from_config(cfg.actor_rollout_ref.actor.megatron))
+        dims = model_dims(model_path)
+        check_layout(dims, layout_from_config(cfg.actor_rollout_ref.actor.megatron, dims.num_layers))
     except ValueError as exc:
         raise ValueError(f"actor_rollout_ref.actor.megatron.* for actor_rollout_ref.model.path={model_path}: {exc}; "
                          "pick parallel sizes that divide these counts") from None
@@ -93,6 +94,11 @@ def run(cfg) -> dict[str, float]:
     local_model_paths(cfg)
     model_path = cfg.actor_rollout_ref.model.path
     check_model(cfg)
+    from megarl.models.loading import describe_skipped
+
+    skipped = describe_skipped(model_path)  # e.g. DeepSeek-V3's MTP layers: named, never silently dropped
+    if skipped:
+        logger.info(skipped)
     for role, checkpoint in initial_checkpoints(cfg).items():
         if checkpoint is not None:
             resolve_checkpoint(checkpoint)  # a missing or incomplete one fails here, before any process starts

@@ -17,6 +17,7 @@ import inspect
 import textwrap
 from functools import lru_cache
 
+from megarl.config.schema import LAYOUT_KEYS
 from megarl.config.screen import SECTION, schema_fields
 
 ENGINE = "megarl.engine.settings"
@@ -24,8 +25,7 @@ WORKER = "megarl.trainer.megatron_worker"
 VALIDATE = "megarl.config.validate"
 CONTROLLER = "megarl.trainer.controller"
 ROLES_WITH_ENGINE = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
-LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-          "context_parallel_size", "sequence_parallel", "expert_model_parallel_size", "expert_tensor_parallel_size")
+LAYOUT = LAYOUT_KEYS
 
 # (reader, key patterns it reads), fnmatch patterns; one of the readers listed for a key must read it.
 READERS: tuple[tuple[str, tuple[str, ...]], ...] = (

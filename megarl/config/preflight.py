@@ -18,8 +18,7 @@ from omegaconf import DictConfig
 from megarl.config.errors import Problem, refusal
 
 # Architectures the bridge lacks whose support is planned (or known to be a separate product line).
-PLANNED_ARCHITECTURES = {"DeepseekV3ForCausalLM": ("DeepSeek-V3 models (MLA + DeepSeekMoE)", 11),
-                         "DeepseekV2ForCausalLM": ("DeepSeek-V2 models (MLA + DeepSeekMoE)", 11)}
+PLANNED_ARCHITECTURES = {"DeepseekV2ForCausalLM": ("DeepSeek-V2 models (softmax group-limited greedy routing)", None)}
 
 
 def preflight_problems(cfg: DictConfig) -> list[Problem]:

@@ -63,22 +63,26 @@ class MegatronConfig:
     # verl lists recompute_granularity/method/num_layers: null and recompute_modules: [core_attn], which
     # are megatron's own defaults.
     override_transformer_config: Dict[str, Any] = field(default_factory=dict)
+    # megarl (Megatron-LM's flag): the vocabulary is padded to a multiple of this x TP
+    make_vocab_size_divisible_by: int = 128
 
 
-_LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-                "context_parallel_size", "sequence_parallel", "expert_model_parallel_size", "expert_tensor_parallel_size")
+# The keys that shape one megatron parallel layout (shared by actor, reference and critic).
+LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                "context_parallel_size", "sequence_parallel", "expert_model_parallel_size", "expert_tensor_parallel_size",
+                "make_vocab_size_divisible_by")
 
 
 def shared_layout(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronConfig:
     """The reference and the critic run on the actor's ranks and megatron parallel state, so their
     layout defaults to the actor's (as in verl's megatron config)."""
-    return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in _LAYOUT_KEYS})
+    return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in LAYOUT_KEYS})
 
 
 def reference_megatron(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronConfig:
     """The reference: the actor's layout, and (as in verl) the actor's param_offload and
     override_transformer_config unless set."""
-    keys = _LAYOUT_KEYS + ("param_offload", "override_transformer_config")
+    keys = LAYOUT_KEYS + ("param_offload", "override_transformer_config")
     return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in keys})
 
 

@@ -105,7 +105,8 @@ def _check_layout_and_batches(cfg, add) -> None:
         _check_batches(add, "critic", cfg.critic, cfg.critic.megatron, trainer_devices, d.train_batch_size, rollout.n)
     layout_keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                    "expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
-                   "sequence_parallel")
+                   "sequence_parallel", "make_vocab_size_divisible_by")  # schema.LAYOUT_KEYS, spelled out for
+    # megarl.config.consumers, which finds the keys a function reads in its source
     actor_layout = {k: actor.megatron[k] for k in layout_keys}
     for section, megatron in (("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref.megatron), ("critic", cfg.critic.megatron)):
         if section == "critic" and not critic_enabled(cfg):

@@ -132,8 +132,8 @@ def transformer_override_problems(overrides: Mapping[str, Any], key: str, derive
     problems = []
     for name, value in overrides.items():
         if name in VOCAB_FIELDS:
-            problems.append(f"{key}.{name}: the vocabulary comes from the HF config at actor_rollout_ref.model.path "
-                            "(megarl does not pad it: it must divide by the tensor-parallel size).")
+            problems.append(f"{key}.{name}: the vocabulary comes from the HF config at actor_rollout_ref.model.path; "
+                            "its padding is set by actor_rollout_ref.actor.megatron.make_vocab_size_divisible_by.")
         elif name not in known:
             problems.append(_unknown(name, known, key, "TransformerConfig"))
         elif name in LAYOUT_FIELDS:

@@ -3,6 +3,8 @@
 Each TP rank holds ``[..., vocab / tp]`` logits. The full-vocabulary logits are never gathered:
 the softmax normaliser, the target logit and the entropy's ``sum p * z`` are reduced over TP as
 scalars per token. Both functions are differentiable, and every TP rank returns the same values.
+Logits of ``-inf`` (the masked vocabulary padding, ``megarl.models.vocab_padding``) have
+probability 0 and contribute nothing, to the values or the gradients.
 """
 from __future__ import annotations
 
@@ -38,5 +40,6 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     shifted = logits - global_max
     exp = shifted.exp()
     sum_exp = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
-    weighted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1))
+    # p * log p is 0 where p = 0: a -inf logit must not turn 0 * -inf into NaN (nor its gradient)
+    weighted = reduce_from_tensor_model_parallel_region((exp * shifted.nan_to_num(neginf=0.0)).sum(dim=-1))
     return sum_exp.log() - weighted / sum_exp

@@ -3,6 +3,8 @@
 Public API:
   ParallelLayout, RankCoords, rank_coords          -- layout.py: TP/PP/VPP/EP/ETP arithmetic
   ModelDims, model_dims, load_hf_config            -- dims.py / shards.py: what the bridge reads from an HF config
+  VllmSplit, vllm_splits, vllm_hf_overrides,       -- vllm_layout.py: how vLLM splits each HF tensor over TP,
+  uses_mla                                            the config fields it needs, its attention kind
   HFPiece, ShardSpec, param_shards, rank_shards,   -- shards.py: the public shard layout (pure functions)
   hf_tensor_shapes, check_layout
   FAMILIES, FamilySpec, ParamMap, family_for,      -- families/: the per-family declarative maps
@@ -21,6 +23,7 @@ from megarl.models.layout import ParallelLayout, RankCoords, rank_coords
 from megarl.models.loading import LoadReport, load_hf_weights
 from megarl.models.shards import HFPiece, ShardSpec, check_layout, hf_tensor_shapes, model_dims, param_shards, rank_shards
 from megarl.models.value_head import ValueHead
+from megarl.models.vllm_layout import VllmSplit, uses_mla, vllm_hf_overrides, vllm_splits
 
 __all__ = [
     "FAMILIES",
@@ -34,6 +37,7 @@ __all__ = [
     "RankCoords",
     "ShardSpec",
     "ValueHead",
+    "VllmSplit",
     "build_model",
     "check_layout",
     "default_transformer_impl",
@@ -49,4 +53,7 @@ __all__ = [
     "rank_shards",
     "register_family",
     "save_hf_checkpoint",
+    "uses_mla",
+    "vllm_hf_overrides",
+    "vllm_splits",
 ]

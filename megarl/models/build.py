@@ -8,6 +8,10 @@ directory it loads the weights shard by shard (``megarl.models.loading``).
 
 Roles: ``actor`` and ``ref`` are the causal LM (``ref`` frozen, in eval mode); ``critic`` swaps the
 LM head for a scalar ``ValueHead`` and returns values [batch, seq, 1].
+
+After the build: a vocabulary padded for TP gets zero padding rows and masked padding logits
+(``megarl.models.vocab_padding``); Llama-3 RoPE gets transformers' exact inverse frequencies
+(megatron-core's own llama3 scaling fixes low/high factors and the original context to 1/4/8192).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import torch
 from transformers import PretrainedConfig
 
 from megarl.models.config import build_transformer_config, gpt_model_kwargs, transformer_config_kwargs
-from megarl.models.dims import load_hf_config
+from megarl.models.dims import Llama3Rope, load_hf_config
 from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
 from megarl.models.shards import ROLES, check_layout
@@ -88,7 +92,8 @@ def build_model(
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 
-    from megarl.models.loading import load_hf_weights
+    from megarl.models.loading import load_hf_weights, zero_vocab_padding
+    from megarl.models.vocab_padding import mask_padding_logits
     from megarl.platform import default_dtype, device, ensure_platform, transformer_config_overrides
 
     if role not in ROLES:
@@ -110,7 +115,7 @@ def build_model(
         dims, family, layout, params_dtype, moe_token_dispatcher, getattr(config, "initializer_range", 0.02)
     )
     overrides = {"perform_initialization": checkpoint is None, **(config_overrides or {})}
-    transformer_config = build_transformer_config(kwargs, transformer_config_overrides(), overrides)
+    transformer_config = build_transformer_config(kwargs, transformer_config_overrides(), overrides, family.config_class)
 
     pp_rank = ps.get_pipeline_model_parallel_rank()
     models = []
@@ -122,6 +127,8 @@ def build_model(
             vp_stage=vpp_chunk,
             pp_rank=pp_rank,
         )
+        for layer_spec in spec.layer_specs:
+            family.prepare_layer_spec(layer_spec)
         pre, post = layout.is_first_chunk(pp_rank, vpp_chunk), layout.is_last_chunk(pp_rank, vpp_chunk)
         model = GPTModel(
             transformer_config,
@@ -129,8 +136,10 @@ def build_model(
             pre_process=pre,
             post_process=post,
             vp_stage=vpp_chunk if layout.vpp > 1 else None,
-            **gpt_model_kwargs(dims, role),
+            **gpt_model_kwargs(dims, layout, role),
         )
+        if isinstance(dims.rope, Llama3Rope):
+            model.rotary_pos_emb.inv_freq = llama3_inverse_frequencies(config)
         if role == "critic" and post:
             model.output_layer = ValueHead(
                 dims.hidden_size,
@@ -146,8 +155,20 @@ def build_model(
 
     if checkpoint is not None:
         load_hf_weights(models, checkpoint, layout, role, impl)
+    else:
+        zero_vocab_padding(models, config, layout, role, impl)
+    if role != "critic":
+        mask_padding_logits(models, dims.vocab_size, layout)
     if role == "ref":
         for model in models:
             model.requires_grad_(False)
             model.eval()
     return models
+
+
+def llama3_inverse_frequencies(hf_config: PretrainedConfig) -> torch.Tensor:
+    """transformers' own Llama-3 RoPE inverse frequencies for this config (any low/high factors and context)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")
+    return inv_freq.float()

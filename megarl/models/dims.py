@@ -1,11 +1,20 @@
 """The facts about a Hugging Face model config that the bridge needs, read once and checked.
 
-``ModelDims`` hides the differences between config classes and transformers versions:
-transformers 5 keeps the RoPE base in ``config.rope_parameters`` (4.x: ``config.rope_theta`` and
-``config.rope_scaling``); Mixtral's ``head_dim`` may be None; MoE configs name the expert count
-``num_local_experts`` (Mixtral) or ``num_experts`` (Qwen3-MoE). Features the megatron-core local
-spec cannot reproduce exactly (sliding-window attention, unknown RoPE scaling, non-SiLU
-activations) are rejected here with an error that says what to change.
+``ModelDims`` is what every decoder-only family shares (vocabulary, width, depth, norms, the
+dense MLP) plus three typed blocks that families fill in their own way:
+
+* ``attention``: ``GQAttention`` (Llama, Qwen, Mixtral: grouped-query heads, optional QKV bias and
+  qk-norm) or ``MLAttention`` (DeepSeek-V3: multi-latent attention, low-rank q/kv projections);
+* ``rope``: ``DefaultRope``, ``Llama3Rope`` (any original context and low/high factors) or
+  ``YarnRope`` (DeepSeek-V3, with mscale);
+* ``moe``: ``MoE`` or None for a dense model (softmax or sigmoid routing, expert groups, the
+  routed scaling factor, the expert-bias buffer, shared experts).
+
+The readers here hide the differences between config classes and transformers versions
+(transformers 5 keeps RoPE in ``config.rope_parameters``, 4.x in ``rope_theta``/``rope_scaling``;
+Mixtral's ``head_dim`` may be None). Features the megatron-core local spec cannot reproduce
+exactly (sliding-window attention, unknown RoPE types, non-SiLU activations) are rejected here
+with an error that says what to change.
 """
 from __future__ import annotations
 
@@ -15,8 +24,114 @@ from pathlib import Path
 
 from transformers import AutoConfig, PretrainedConfig
 
-# Megatron's built-in Llama-3 RoPE scaling hard-codes these (rotary_pos_embedding._apply_scaling).
-_MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+@dataclass(frozen=True)
+class GQAttention:
+    """Grouped-query self-attention: q/k/v projections fused per query group in megatron."""
+
+    num_heads: int
+    num_query_groups: int
+    head_dim: int
+    qkv_bias: bool
+    qk_norm: bool
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_query_groups
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_query_groups * self.head_dim
+
+    def tp_problems(self, tp: int) -> list[str]:
+        return [f"{what}={size} is not divisible by tp={tp}"
+                for what, size in (("num_attention_heads", self.num_heads),
+                                   ("num_key_value_heads (query groups)", self.num_query_groups)) if size % tp]
+
+
+@dataclass(frozen=True)
+class MLAttention:
+    """Multi-latent attention (DeepSeek-V2/V3): q (optionally low-rank) and a shared kv latent.
+
+    HF names: ``q_a_proj`` [q_lora_rank, hidden] -> ``q_a_layernorm`` -> ``q_b_proj``
+    [heads * (nope + rope), q_lora_rank] (or ``q_proj`` without a q latent);
+    ``kv_a_proj_with_mqa`` [kv_lora_rank + rope, hidden] -> ``kv_a_layernorm`` (latent part) ->
+    ``kv_b_proj`` [heads * (nope + v), kv_lora_rank]; ``o_proj`` [hidden, heads * v].
+    """
+
+    num_heads: int
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def tp_problems(self, tp: int) -> list[str]:
+        return [f"num_attention_heads={self.num_heads} is not divisible by tp={tp}"] if self.num_heads % tp else []
+
+
+@dataclass(frozen=True)
+class DefaultRope:
+    theta: float
+
+
+@dataclass(frozen=True)
+class Llama3Rope:
+    """Llama-3.1 frequency scaling; every parameter is honoured (megatron-core's own fixes 1/4/8192)."""
+
+    theta: float
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class YarnRope:
+    """YaRN (DeepSeek-V3): interpolated frequencies, cos/sin and softmax scaled by mscale factors."""
+
+    theta: float
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    mscale: float  # megatron's meaning: the cos/sin factor is mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+    mscale_all_dim: float
+
+
+Rope = DefaultRope | Llama3Rope | YarnRope
+
+
+@dataclass(frozen=True)
+class MoE:
+    """The routed-expert MLP of the MoE layers.
+
+    Routing: ``score_function`` (softmax or sigmoid) over ``num_experts``; optionally only the
+    ``group_topk`` best of ``num_groups`` expert groups compete; top-``topk``; renormalised when
+    ``norm_topk_prob``; multiplied by ``scaling_factor``. ``expert_bias``: a per-expert fp32 bias
+    added for the choice only (DeepSeek-V3's ``e_score_correction_bias``), a buffer that megatron
+    updates every step. ``shared_expert_ffn_hidden_size``: an always-on SwiGLU MLP next to the experts.
+    """
+
+    num_experts: int
+    ffn_hidden_size: int
+    topk: int
+    layers: tuple[bool, ...]  # per decoder layer: True where the MLP is a MoE block
+    norm_topk_prob: bool = True
+    score_function: str = "softmax"
+    num_groups: int | None = None
+    group_topk: int | None = None
+    scaling_factor: float | None = None
+    expert_bias: bool = False
+    shared_expert_ffn_hidden_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -28,41 +143,24 @@ class ModelDims:
     vocab_size: int
     hidden_size: int
     num_layers: int
-    num_attention_heads: int
-    num_query_groups: int
-    head_dim: int
-    ffn_hidden_size: int
+    ffn_hidden_size: int  # the dense MLP (every layer of a dense model, the dense layers of a MoE model)
     norm_eps: float
     tie_word_embeddings: bool
-    qkv_bias: bool
-    qk_norm: bool
-    rope_theta: float
-    rope_llama3_factor: float | None  # Llama-3.1 style RoPE scaling factor, None when unscaled
     max_position_embeddings: int
-    num_experts: int = 0  # 0 for dense models
-    moe_ffn_hidden_size: int = 0
-    moe_topk: int = 0
-    moe_layers: tuple[bool, ...] = ()  # per decoder layer: True where the MLP is a MoE block
-    moe_norm_topk_prob: bool = True  # renormalise the top-k routing probabilities (Mixtral always does)
+    attention: GQAttention | MLAttention
+    rope: Rope
+    moe: MoE | None = None
 
     @property
     def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def heads_per_group(self) -> int:
-        return self.num_attention_heads // self.num_query_groups
-
-    @property
-    def q_size(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_query_groups * self.head_dim
+        return self.moe is not None
 
     def is_moe_layer(self, layer: int) -> bool:
-        return self.is_moe and self.moe_layers[layer]
+        return self.moe is not None and self.moe.layers[layer]
+
+    @property
+    def has_dense_layers(self) -> bool:
+        return self.moe is None or not all(self.moe.layers)
 
 
 def load_hf_config(hf_config_or_dir: PretrainedConfig | str | os.PathLike) -> PretrainedConfig:
@@ -77,32 +175,66 @@ def load_hf_config(hf_config_or_dir: PretrainedConfig | str | os.PathLike) -> Pr
     return AutoConfig.from_pretrained(str(path))
 
 
-def rope_settings(config: PretrainedConfig) -> tuple[float, float | None]:
-    """(rope_theta, llama3 scaling factor or None), from transformers 5 or 4.x config fields."""
+def rope_parameters(config: PretrainedConfig) -> tuple[str, dict]:
+    """(rope type, parameters incl. ``rope_theta``) from transformers 5 or 4.x config fields."""
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
-        theta, scaling = params["rope_theta"], params
+        scaling = dict(params)
     else:
-        theta, scaling = getattr(config, "rope_theta", 10000.0), getattr(config, "rope_scaling", None) or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+        scaling = dict(getattr(config, "rope_scaling", None) or {})
+        scaling["rope_theta"] = getattr(config, "rope_theta", 10000.0)
+    return scaling.get("rope_type", scaling.get("type", "default")), scaling
+
+
+def read_rope(config: PretrainedConfig, supported: tuple[str, ...] = ("default", "llama3")) -> Rope:
+    """The config's RoPE, if its type is one the family supports."""
+    rope_type, p = rope_parameters(config)
+    theta = float(p["rope_theta"])
+    if rope_type not in supported:
+        raise ValueError(
+            f"RoPE type {rope_type!r} is not supported by the megatron bridge for {config.model_type} "
+            f"(supported: {', '.join(supported)}); use a model without that RoPE scaling"
+        )
     if rope_type == "default":
-        return float(theta), None
+        return DefaultRope(theta)
     if rope_type == "llama3":
-        for key, expected in _MEGATRON_LLAMA3_ROPE.items():
-            if float(scaling.get(key, expected)) != expected:
-                raise ValueError(
-                    f"llama3 RoPE scaling with {key}={scaling[key]} is not reproducible: megatron-core's "
-                    f"rope_scaling fixes it to {expected}"
-                )
-        return float(theta), float(scaling["factor"])
-    raise ValueError(
-        f"RoPE type {rope_type!r} is not supported by the megatron bridge (supported: default, llama3); "
-        "use a model without that RoPE scaling"
-    )
+        return Llama3Rope(theta, float(p["factor"]), float(p.get("low_freq_factor", 1.0)),
+                          float(p.get("high_freq_factor", 4.0)), int(p.get("original_max_position_embeddings", 8192)))
+    return _read_yarn(config, theta, p)
 
 
-def common_dims(config: PretrainedConfig, *, qkv_bias: bool, qk_norm: bool, **moe) -> ModelDims:
-    """ModelDims of a Llama-like config; families pass their own bias/norm/MoE facts."""
+def _read_yarn(config: PretrainedConfig, theta: float, p: dict) -> YarnRope:
+    """YaRN as transformers computes it, in megatron-core's ``YarnRotaryEmbedding`` terms."""
+    original = int(p["original_max_position_embeddings"])
+    factor = p.get("factor") or config.max_position_embeddings / original
+    if p.get("truncate", True) is False:
+        raise ValueError(f"{config.model_type}: YaRN with rope_parameters.truncate=False is not supported "
+                         "(megatron-core always truncates the correction range); use truncate=true")
+    mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+    # transformers uses mscale only together with mscale_all_dim (else the cos/sin factor is mscale(factor, 1)).
+    megatron_mscale = float(mscale) if mscale and mscale_all_dim else 1.0
+    rope = YarnRope(theta, float(factor), original, float(p.get("beta_fast") or 32), float(p.get("beta_slow") or 1),
+                    megatron_mscale, float(mscale_all_dim or 0.0))
+    if p.get("attention_factor") is not None and abs(float(p["attention_factor"]) - yarn_attention_factor(rope)) > 1e-12:
+        raise ValueError(f"{config.model_type}: YaRN rope_parameters.attention_factor={p['attention_factor']} differs "
+                         f"from the value its mscale fields give ({yarn_attention_factor(rope)}); megatron-core derives "
+                         "it from mscale/mscale_all_dim only: remove attention_factor")
+    return rope
+
+
+def _yarn_mscale(scale: float, mscale: float) -> float:
+    import math
+
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_attention_factor(rope: YarnRope) -> float:
+    """The factor on cos/sin (megatron-core's and transformers' formula)."""
+    return _yarn_mscale(rope.factor, rope.mscale) / _yarn_mscale(rope.factor, rope.mscale_all_dim)
+
+
+def check_common(config: PretrainedConfig) -> None:
+    """Reject features no family of the bridge reproduces."""
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={config.hidden_act!r}: only SwiGLU (silu) MLPs are supported")
     if _uses_sliding_window(config):
@@ -112,9 +244,11 @@ def common_dims(config: PretrainedConfig, *, qkv_bias: bool, qk_norm: bool, **mo
         )
     if getattr(config, "mlp_bias", False):
         raise ValueError("mlp_bias=True is not supported by the bridge (no family uses it)")
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    theta, llama3_factor = rope_settings(config)
+
+
+def common_dims(config: PretrainedConfig, *, attention, rope: Rope, moe: MoE | None = None) -> ModelDims:
+    """ModelDims from the fields every family shares plus the family's attention, RoPE and MoE blocks."""
+    check_common(config)
     architectures = getattr(config, "architectures", None) or [""]
     return ModelDims(
         architecture=architectures[0],
@@ -122,18 +256,24 @@ def common_dims(config: PretrainedConfig, *, qkv_bias: bool, qk_norm: bool, **mo
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers,
-        num_attention_heads=heads,
-        num_query_groups=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=head_dim,
         ffn_hidden_size=config.intermediate_size,
         norm_eps=config.rms_norm_eps,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        max_position_embeddings=config.max_position_embeddings,
+        attention=attention,
+        rope=rope,
+        moe=moe,
+    )
+
+
+def gqa_attention(config: PretrainedConfig, *, qkv_bias: bool, qk_norm: bool) -> GQAttention:
+    heads = config.num_attention_heads
+    return GQAttention(
+        num_heads=heads,
+        num_query_groups=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
         qkv_bias=qkv_bias,
         qk_norm=qk_norm,
-        rope_theta=theta,
-        rope_llama3_factor=llama3_factor,
-        max_position_embeddings=config.max_position_embeddings,
-        **moe,
     )
 
 

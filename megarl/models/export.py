@@ -111,19 +111,21 @@ def gather_hf_tensors(
     """Full HF tensors, in checkpoint order, yielded on rank ``dst`` (CPU tensors).
 
     Every rank must call this and exhaust the iterator (the other ranks yield nothing but send
-    their pieces as the iteration reaches them).
+    their pieces as the iteration reaches them). ``dtype`` casts the parameters; buffers (the
+    router's expert bias) stay fp32, as megatron and HF keep them. Vocabulary padding is not part
+    of any piece, so it never leaves the model.
     """
     from megarl.platform import device
 
     config = load_hf_config(hf_config)
     rank = dist.get_rank()
-    local = {
-        (spec.vpp_chunk, spec.name): param
-        for spec, param in chunk_parameters(models, this_rank_shards(config, layout, role, transformer_impl))
-    }
-    comm_dtype = next(iter(local.values())).dtype
+    pairs = chunk_parameters(models, this_rank_shards(config, layout, role, transformer_impl))
+    local = {(spec.vpp_chunk, spec.name): tensor for spec, tensor in pairs}
+    param_dtype = next(tensor.dtype for spec, tensor in pairs if not spec.buffer)
     sources = _sources(param_shards(config, layout, role, transformer_impl))
     for name, shape in hf_tensor_shapes(config, role).items():
+        is_buffer = sources[name][0][1].buffer
+        comm_dtype = torch.float32 if is_buffer else param_dtype
         full = torch.empty(shape, dtype=comm_dtype) if rank == dst else None
         for src, spec, piece in sources[name]:
             if src == rank:
@@ -137,17 +139,21 @@ def gather_hf_tensors(
                 dist.recv(buffer, src)
                 full[piece.hf_slice] = buffer.cpu()
         if rank == dst:
-            yield name, full if dtype is None else full.to(dtype)
+            yield name, full if dtype is None or is_buffer else full.to(dtype)
 
 
 def _export_config(hf_config, role: str):
     """The config.json to write: a critic becomes ``<Family>ForTokenClassification`` with one label;
-    an FP8 block-quantised source loses its ``quantization_config`` (the weights were dequantised)."""
+    an FP8 block-quantised source loses its ``quantization_config`` (the weights were dequantised);
+    the fields vLLM needs that transformers drops (``FamilySpec.vllm_hf_overrides``) are kept."""
     config = copy.deepcopy(hf_config)
     if block_fp8(config) is not None:
         del config.quantization_config
+    family = family_for(config)
+    for key, value in family.vllm_hf_overrides.items():
+        setattr(config, key, value)
     if role == "critic":
-        causal_lm = family_for(config).architectures[0]
+        causal_lm = family.architectures[0]
         config.architectures = [causal_lm.replace("ForCausalLM", "ForTokenClassification")]
         config.num_labels = 1
     return config

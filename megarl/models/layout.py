@@ -28,6 +28,9 @@ class ParallelLayout:
     first_stage_layers / last_stage_layers: uneven pipelines, as megatron's
         ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``; the other
         layers are split evenly over the middle stages.
+    make_vocab_size_divisible_by: the embedding and output layer hold the vocabulary padded to a
+        multiple of this times ``tp`` (megatron's rule and default, 128); the padding rows hold no
+        HF data and their logits are masked.
     """
 
     tp: int = 1
@@ -38,9 +41,10 @@ class ParallelLayout:
     sequence_parallel: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    make_vocab_size_divisible_by: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "ep", "etp", "vpp"):
+        for name in ("tp", "pp", "ep", "etp", "vpp", "make_vocab_size_divisible_by"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ParallelLayout.{name}={value!r}: must be an integer >= 1")
@@ -56,6 +60,11 @@ class ParallelLayout:
                 raise ValueError(
                     f"an uneven first/last stage needs >= 1 layers and a multiple of vpp={self.vpp}, got {n}"
                 )
+
+    def padded_vocab_size(self, vocab_size: int) -> int:
+        """The vocabulary rounded up to a multiple of ``make_vocab_size_divisible_by * tp`` (megatron's rule)."""
+        multiple = self.make_vocab_size_divisible_by * self.tp
+        return -(-vocab_size // multiple) * multiple
 
     @property
     def model_parallel_size(self) -> int:

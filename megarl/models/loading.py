@@ -9,6 +9,7 @@ block-quantised checkpoints are dequantised slice by slice as they are read (``m
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -19,8 +20,11 @@ from safetensors import safe_open
 
 from megarl.models.dims import load_hf_config
 from megarl.models.fp8 import Dequantizer, block_fp8
+from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
 from megarl.models.shards import HF_VALUE_BIAS, HF_VALUE_WEIGHT, ShardSpec, rank_shards
+
+logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -69,24 +73,70 @@ def this_rank_shards(hf_config, layout: ParallelLayout, role: str, transformer_i
     )
 
 
-def chunk_parameters(models: list, specs: list[ShardSpec]) -> list[tuple[ShardSpec, torch.nn.Parameter]]:
-    """Pair every spec with its parameter; raise if the models and the layout disagree on any name."""
+def chunk_parameters(models: list, specs: list[ShardSpec]) -> list[tuple[ShardSpec, torch.Tensor]]:
+    """Pair every spec with its parameter (or buffer); raise if the models and the layout disagree on any name."""
     pairs = []
     for chunk, model in enumerate(models):
-        params = dict(unwrap(model).named_parameters())
+        module = unwrap(model)
+        params = dict(module.named_parameters())
         chunk_specs = {spec.name: spec for spec in specs if spec.vpp_chunk == chunk}
-        missing, extra = sorted(set(chunk_specs) - set(params)), sorted(set(params) - set(chunk_specs))
+        expected = {name for name, spec in chunk_specs.items() if not spec.buffer}
+        missing, extra = sorted(expected - set(params)), sorted(set(params) - expected)
+        buffers = dict(module.named_buffers())
+        missing += sorted(name for name, spec in chunk_specs.items() if spec.buffer and name not in buffers)
         if missing or extra:
             raise ValueError(
-                f"model chunk {chunk} does not match the shard layout: params the layout expects but the model "
+                f"model chunk {chunk} does not match the shard layout: tensors the layout expects but the model "
                 f"lacks {missing[:5]}, params the layout does not know {extra[:5]}; build the model with the same "
                 "layout, role and transformer_impl"
             )
         for name, spec in chunk_specs.items():
-            if tuple(params[name].shape) != spec.local_shape:
-                raise ValueError(f"{name}: model shape {tuple(params[name].shape)} != layout shape {spec.local_shape}")
-            pairs.append((spec, params[name]))
+            tensor = buffers[name] if spec.buffer else params[name]
+            if tuple(tensor.shape) != spec.local_shape:
+                raise ValueError(f"{name}: model shape {tuple(tensor.shape)} != layout shape {spec.local_shape}")
+            pairs.append((spec, tensor))
     return pairs
+
+
+@torch.no_grad()
+def zero_vocab_padding(models: list, hf_config, layout: ParallelLayout, role: str = "actor", transformer_impl: str = "local") -> None:
+    """Zero the vocabulary padding rows of this rank's embedding and output layer."""
+    for spec, tensor in chunk_parameters(models, this_rank_shards(hf_config, layout, role, transformer_impl)):
+        if spec.padding is not None:
+            tensor.data[spec.padding].zero_()
+
+
+_logged_skips: set[str] = set()
+
+
+def skipped_tensors_note(hf_config, names, where: str) -> str | None:
+    """One line naming the checkpoint tensors the family leaves out on purpose (DeepSeek-V3's
+    multi-token-prediction layers), or None when the checkpoint holds none."""
+    pattern = family_for(hf_config).skipped_hf_tensors(hf_config)
+    skipped = sorted(name for name in names if pattern is not None and pattern.search(name))
+    if not skipped:
+        return None
+    prefixes = sorted({pattern.search(name).group(0) for name in skipped})
+    return (f"{hf_config.model_type}: skipping {len(skipped)} tensors of {where} under "
+            f"{', '.join(p + '*' for p in prefixes)} (multi-token prediction, num_nextn_predict_layers="
+            f"{getattr(hf_config, 'num_nextn_predict_layers', '?')}): megarl trains and serves the main model only")
+
+
+def describe_skipped(model_dir: str | os.PathLike) -> str | None:
+    """``skipped_tensors_note`` for an HF checkpoint directory (reads the index or header only)."""
+    return skipped_tensors_note(load_hf_config(model_dir), checkpoint_files(model_dir), str(model_dir))
+
+
+def log_skipped_tensors(hf_config, names, where: str) -> None:
+    """Log ``skipped_tensors_note`` once per checkpoint and process, on rank 0."""
+    import torch.distributed as dist
+
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0 and where not in _logged_skips:
+        note = skipped_tensors_note(hf_config, names, where)
+        if note:
+            _logged_skips.add(where)
+            logger.info(note)
 
 
 @torch.no_grad()
@@ -107,9 +157,12 @@ def load_hf_weights(
     pairs = chunk_parameters(models, this_rank_shards(hf_config, layout, role, transformer_impl))
     files = checkpoint_files(model_dir)
     dequantize = Dequantizer(model_dir, files, block_fp8(hf_config))  # refuses other quantisations
+    log_skipped_tensors(hf_config, files, str(model_dir))
     report = LoadReport()
     by_file: dict[str, list] = defaultdict(list)
     for spec, param in pairs:
+        if spec.padding is not None:
+            param.data[spec.padding].zero_()
         for piece in spec.pieces:
             if piece.hf_name in files:
                 by_file[files[piece.hf_name]].append((piece, param))

@@ -13,6 +13,9 @@ Kinds:
   FusedQKV     megatron's ``linear_qkv``: per query group g, [q rows of g's heads; k_g; v_g];
                TP ranks hold whole groups.
   FusedGateUp  megatron's ``linear_fc1`` with SwiGLU: each TP rank holds [its gate rows; its up rows].
+  VocabSplit   the embedding / output layer: the vocabulary padded to ``padded`` rows (megatron's
+               ``make_vocab_size_divisible_by`` rule), split evenly; the padding rows, at the end
+               of the last rank(s), come from no HF tensor.
 """
 from __future__ import annotations
 
@@ -114,4 +117,26 @@ class FusedGateUp:
         return [Block(self.gate, start, stop), Block(self.up, start, stop)]
 
 
-Mapping = Replicated | Split | FusedQKV | FusedGateUp
+@dataclass(frozen=True)
+class VocabSplit:
+    """[vocab, hidden] padded to ``padded`` rows and split along dim 0; padding rows hold no HF data."""
+
+    tensor: HFTensor
+    padded: int
+    split_dim = 0
+
+    def tensors(self) -> tuple[HFTensor, ...]:
+        return (self.tensor,)
+
+    def local_rows(self, parts: int) -> int:
+        if self.padded % parts:
+            raise ValueError(f"{self.tensor.name}: padded vocabulary {self.padded} is not divisible by {parts} ranks")
+        return self.padded // parts
+
+    def blocks(self, parts: int, rank: int) -> list[Block]:
+        rows = self.local_rows(parts)
+        start, stop = rank * rows, min((rank + 1) * rows, self.tensor.shape[0])
+        return [Block(self.tensor, start, stop)] if start < stop else []
+
+
+Mapping = Replicated | Split | FusedQKV | FusedGateUp | VocabSplit

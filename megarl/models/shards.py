@@ -19,6 +19,10 @@ Owners and replicas:
     tied output layer of the last stage (PP > 1 with tied embeddings) mirrors the first stage's
     embedding and is never primary.
   * Over the primary specs of all ranks, every element of every HF tensor is covered exactly once.
+  * The embedding and output layer hold the vocabulary padded to ``layout.padded_vocab_size``;
+    the padding rows (``ShardSpec.padding``) come from no HF tensor: they are zeroed when loading,
+    never exported or synced, and their logits are masked.
+  * A buffer spec (``buffer=True``, the router's expert bias) is a module buffer, not a parameter.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from transformers import PretrainedConfig
 from megarl.models.dims import ModelDims, load_hf_config
 from megarl.models.families import FamilySpec, ParamMap, family_for
 from megarl.models.layout import ParallelLayout
-from megarl.models.mappings import HFTensor, Mapping, Replicated, Split
+from megarl.models.mappings import HFTensor, Mapping, Replicated, VocabSplit
 
 ROLES = ("actor", "ref", "critic")
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
@@ -70,6 +74,8 @@ class ShardSpec:
     split_dim: int | None  # the dim split over TP (or expert-TP); None when replicated
     primary: bool  # the copy to read from when every element must be sent once
     pieces: tuple[HFPiece, ...]
+    padding: tuple[slice, ...] | None = None  # the local region holding vocabulary padding (no HF data)
+    buffer: bool = False  # a module buffer (the router's fp32 expert bias), not a parameter
 
     @property
     def is_expert(self) -> bool:
@@ -85,6 +91,7 @@ class ModelParam:
     mapping: Mapping
     expert: int | None = None
     primary: bool = True
+    buffer: bool = False
 
 
 def model_dims(hf_config_or_dir) -> ModelDims:
@@ -95,22 +102,16 @@ def model_dims(hf_config_or_dir) -> ModelDims:
 
 def check_layout(dims: ModelDims, layout: ParallelLayout) -> None:
     """Raise a ValueError naming the problem when ``layout`` cannot split this model exactly."""
-    problems = []
-    for what, size, parts in [
-        ("num_attention_heads", dims.num_attention_heads, layout.tp),
-        ("num_key_value_heads (query groups)", dims.num_query_groups, layout.tp),
-        ("vocab_size", dims.vocab_size, layout.tp),
-    ]:
-        if size % parts:
-            problems.append(f"{what}={size} is not divisible by tp={parts}")
-    has_dense_mlp = not dims.is_moe or not all(dims.moe_layers)
-    if has_dense_mlp and dims.ffn_hidden_size % layout.tp:
+    problems = list(dims.attention.tp_problems(layout.tp))
+    if dims.has_dense_layers and dims.ffn_hidden_size % layout.tp:
         problems.append(f"intermediate_size={dims.ffn_hidden_size} is not divisible by tp={layout.tp}")
-    if dims.is_moe:
-        if dims.num_experts % layout.ep:
-            problems.append(f"num_experts={dims.num_experts} is not divisible by ep={layout.ep}")
-        if dims.moe_ffn_hidden_size % layout.etp:
-            problems.append(f"expert ffn size {dims.moe_ffn_hidden_size} is not divisible by etp={layout.etp}")
+    if dims.moe is not None:
+        if dims.moe.num_experts % layout.ep:
+            problems.append(f"num_experts={dims.moe.num_experts} is not divisible by ep={layout.ep}")
+        if dims.moe.ffn_hidden_size % layout.etp:
+            problems.append(f"expert ffn size {dims.moe.ffn_hidden_size} is not divisible by etp={layout.etp}")
+        if dims.moe.shared_expert_ffn_hidden_size % layout.tp:
+            problems.append(f"shared expert ffn size {dims.moe.shared_expert_ffn_hidden_size} is not divisible by tp={layout.tp}")
     elif layout.ep > 1 or layout.etp > 1:
         problems.append(f"ep={layout.ep}, etp={layout.etp} need a MoE model; set both to 1 for a dense model")
     if problems:
@@ -118,19 +119,12 @@ def check_layout(dims: ModelDims, layout: ParallelLayout) -> None:
     layout.stage_layer_counts(dims.num_layers)  # raises on an impossible pipeline split
 
 
-def _te_name(suffix: str, moe_layer: bool) -> str:
-    """Transformer Engine fuses the pre-attention norm (and pre-MLP norm of dense layers) into the linear."""
-    if suffix == "input_layernorm.weight":
-        return "self_attention.linear_qkv.layer_norm_weight"
-    if suffix == "pre_mlp_layernorm.weight" and not moe_layer:
-        return "mlp.linear_fc1.layer_norm_weight"
-    return suffix
+def _layer_param(family: FamilySpec, dims: ModelDims, param: ParamMap, layer: int, impl: str) -> ParamMap:
+    return family.transformer_engine(param, dims, layer) if impl == "transformer_engine" else param
 
 
-def _layer_name(layer_index: int, param: ParamMap, expert_index: int | None, moe_layer: bool, impl: str) -> str:
+def _layer_name(layer_index: int, param: ParamMap, expert_index: int | None) -> str:
     suffix = param.megatron
-    if impl == "transformer_engine":
-        suffix = _te_name(suffix, moe_layer)
     if param.expert is not None:
         suffix = suffix.format(expert=expert_index)
     return f"decoder.layers.{layer_index}.{suffix}"
@@ -156,24 +150,27 @@ def chunk_params(
     if transformer_impl not in TRANSFORMER_IMPLS:
         raise ValueError(f"transformer_impl={transformer_impl!r}; expected one of {TRANSFORMER_IMPLS}")
     first, last = layout.is_first_chunk(pp_stage, vpp_chunk), layout.is_last_chunk(pp_stage, vpp_chunk)
-    embedding = Split(HFTensor("model.embed_tokens.weight", (dims.vocab_size, dims.hidden_size)), dim=0)
+    vocab = (dims.vocab_size, dims.hidden_size)
+    padded = layout.padded_vocab_size(dims.vocab_size)
+    embedding = VocabSplit(HFTensor("model.embed_tokens.weight", vocab), padded)
     params: list[ModelParam] = []
     if first:
         params.append(ModelParam(EMBEDDING, EMBEDDING, embedding))
     for local, layer in enumerate(layout.chunk_layers(dims.num_layers, pp_stage, vpp_chunk)):
-        moe_layer = dims.is_moe_layer(layer)
         for param in family.layer_params(dims, layer):
+            param = _layer_param(family, dims, param, layer, transformer_impl)
             local_expert = None
             if param.expert is not None:
-                owner, local_expert = layout.expert_owner(dims.num_experts, param.expert)
+                owner, local_expert = layout.expert_owner(dims.moe.num_experts, param.expert)
                 if ep_rank is not None and owner != ep_rank:
                     continue
             params.append(
                 ModelParam(
-                    name=_layer_name(local, param, local_expert, moe_layer, transformer_impl),
-                    global_name=_layer_name(layer, param, param.expert, moe_layer, transformer_impl),
+                    name=_layer_name(local, param, local_expert),
+                    global_name=_layer_name(layer, param, param.expert),
                     mapping=param.mapping,
                     expert=param.expert,
+                    buffer=param.buffer,
                 )
             )
     if last:
@@ -183,7 +180,7 @@ def chunk_params(
             params.append(ModelParam(VALUE_HEAD_WEIGHT, VALUE_HEAD_WEIGHT, weight))
             params.append(ModelParam(VALUE_HEAD_BIAS, VALUE_HEAD_BIAS, Replicated(HFTensor(HF_VALUE_BIAS, (1,)))))
         elif not dims.tie_word_embeddings:
-            lm_head = Split(HFTensor("lm_head.weight", (dims.vocab_size, dims.hidden_size)), dim=0)
+            lm_head = VocabSplit(HFTensor("lm_head.weight", vocab), padded)
             params.append(ModelParam(OUTPUT_LAYER, OUTPUT_LAYER, lm_head))
         elif not first:
             # Tied embeddings across stages: the last stage keeps a copy of the embedding.
@@ -195,8 +192,8 @@ def _full(shape: tuple[int, ...]) -> tuple[slice, ...]:
     return tuple(slice(0, n) for n in shape)
 
 
-def place(mapping: Mapping, parts: int, rank: int) -> tuple[tuple[int, ...], tuple[HFPiece, ...]]:
-    """(local shape, pieces) of ``mapping`` on split rank ``rank`` of ``parts``."""
+def place(mapping: Mapping, parts: int, rank: int) -> tuple[tuple[int, ...], tuple[HFPiece, ...], tuple[slice, ...] | None]:
+    """(local shape, pieces, padding region or None) of ``mapping`` on split rank ``rank`` of ``parts``."""
     dim = mapping.split_dim
     pieces, offset = [], 0
     for block in mapping.blocks(parts, rank):
@@ -209,10 +206,15 @@ def place(mapping: Mapping, parts: int, rank: int) -> tuple[tuple[int, ...], tup
             megatron_slice = tuple(slice(offset, offset + rows) if d == dim else slice(0, n) for d, n in enumerate(shape))
             offset += rows
         pieces.append(HFPiece(block.tensor.name, shape, hf_slice, megatron_slice))
-    local_shape = list(pieces[0].hf_shape)
-    if dim is not None:
+    local_shape = list(mapping.tensors()[0].shape)
+    padding = None
+    if isinstance(mapping, VocabSplit):
+        local_shape[0] = mapping.local_rows(parts)
+        if offset < local_shape[0]:
+            padding = (slice(offset, local_shape[0]),) + _full(tuple(local_shape[1:]))
+    elif dim is not None:
         local_shape[dim] = offset
-    return tuple(local_shape), tuple(pieces)
+    return tuple(local_shape), tuple(pieces), padding
 
 
 def _rank_specs(
@@ -227,21 +229,16 @@ def _rank_specs(
     for param in params:
         split = param.mapping.split_dim is not None
         if param.expert is None:
-            for t in tp_ranks:
-                shape, pieces = place(param.mapping, layout.tp, t)
-                primary = param.primary and (split or t == 0)
-                yield ShardSpec(
-                    param.name, param.global_name, shape, pp_stage, vpp_chunk, t, None, None,
-                    param.mapping.split_dim, primary, pieces,
-                )
+            owners = [(t, None, None, layout.tp, t) for t in tp_ranks]
         else:
-            ep_rank, _ = layout.expert_owner(dims.num_experts, param.expert)
-            for t in etp_ranks:
-                shape, pieces = place(param.mapping, layout.etp, t)
-                yield ShardSpec(
-                    param.name, param.global_name, shape, pp_stage, vpp_chunk, None, ep_rank, t,
-                    param.mapping.split_dim, param.primary and (split or t == 0), pieces,
-                )
+            ep_rank, _ = layout.expert_owner(dims.moe.num_experts, param.expert)
+            owners = [(None, ep_rank, t, layout.etp, t) for t in etp_ranks]
+        for tp_rank, ep_rank, etp_rank, parts, rank in owners:
+            shape, pieces, padding = place(param.mapping, parts, rank)
+            yield ShardSpec(
+                param.name, param.global_name, shape, pp_stage, vpp_chunk, tp_rank, ep_rank, etp_rank,
+                param.mapping.split_dim, param.primary and (split or rank == 0), pieces, padding, param.buffer,
+            )
 
 
 def param_shards(

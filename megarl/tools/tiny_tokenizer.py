@@ -60,6 +60,19 @@ INST_TEMPLATE = (
     "{%- endfor %}"
 )
 
+# DeepSeek-V3's format: BOS, then <｜User｜>/<｜Assistant｜> turns, each answer closed by EOS.
+DEEPSEEK_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{- message['content'] }}"
+    "{%- elif message['role'] == 'user' %}{{- '<｜User｜>' + message['content'] }}"
+    "{%- elif message['role'] == 'assistant' %}{{- '<｜Assistant｜>' + message['content'] + eos_token }}"
+    "{%- else %}{{- raise_exception('unknown role: ' + message['role']) }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<｜Assistant｜>' }}{%- endif %}"
+)
+
 CHATML = TokenizerStyle(
     special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     bos_token=None,
@@ -94,12 +107,22 @@ MISTRAL_INST = TokenizerStyle(
     add_bos_on_encode=True,
 )
 
+DEEPSEEK_V3 = TokenizerStyle(
+    special_tokens=("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜▁pad▁｜>"),
+    bos_token="<｜begin▁of▁sentence｜>",
+    eos_token="<｜end▁of▁sentence｜>",
+    pad_token="<｜▁pad▁｜>",
+    chat_template=DEEPSEEK_TEMPLATE,
+    add_bos_on_encode=True,
+)
+
 TOKENIZER_STYLES = {
     "llama": LLAMA3,
     "qwen2": CHATML,
     "qwen3": CHATML,
     "qwen3_moe": CHATML,
     "mixtral": MISTRAL_INST,
+    "deepseek_v3": DEEPSEEK_V3,
 }
 
 _ENGLISH = """\

@@ -89,7 +89,7 @@ def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
     path = Path(cfg.actor_rollout_ref.model.path)
     hf_config = load_hf_config(path)
     try:
-        family_for(hf_config)
+        family = family_for(hf_config)
     except ValueError:
         return {}, []  # no bridge for this architecture: the pre-flight check refuses it
     dims = model_dims(path)
@@ -100,7 +100,7 @@ def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
     except ValueError as exc:
         return {}, [f"{ACTOR}.megatron.override_transformer_config: the pipeline stages of a {dims.num_layers}-layer "
                     f"model over pipeline_model_parallel_size={megatron.pipeline_model_parallel_size}: {exc}."]
-    derived = transformer_config_kwargs(dims, family_for(hf_config), layout)
+    derived = transformer_config_kwargs(dims, family, layout)
     problems = []
     actor_overrides = _plain(megatron.override_transformer_config)
     for section, megatron_section, _, model in roles:
@@ -110,11 +110,12 @@ def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
                                                             model.enable_gradient_checkpointing).items()
                      if k in RECOMPUTE_FIELDS}
         if recompute:
-            problems += _megatron_refuses(derived, recompute, f"{section}.megatron.override_transformer_config")
+            problems += _megatron_refuses(derived, recompute, f"{section}.megatron.override_transformer_config",
+                                          family.config_class)
     return derived, problems
 
 
-def _megatron_refuses(derived: dict, fields: dict, key: str) -> list[str]:
+def _megatron_refuses(derived: dict, fields: dict, key: str, config_class: str) -> list[str]:
     """megatron-core's own TransformerConfig checks of ``fields`` on the model's dimensions."""
     from megarl.models.config import build_transformer_config
     from megarl.platform import cpu_transformer_config_overrides
@@ -122,7 +123,7 @@ def _megatron_refuses(derived: dict, fields: dict, key: str) -> list[str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            build_transformer_config(derived, cpu_transformer_config_overrides(), fields)
+            build_transformer_config(derived, cpu_transformer_config_overrides(), fields, config_class)
     except (ValueError, AssertionError, TypeError) as exc:
         return [f"{key} {fields}: megatron-core refuses it for this model: {exc}"]
     return []

@@ -24,6 +24,7 @@ import torch
 from megarl.trainer.offload_phases import PHASES, offload_flags, rank_residency
 from megarl.trainer.worker_group import DistributedWorker
 
+
 def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayout":  # noqa: F821
     """The layout of ``megatron`` (a ``*.megatron`` section); ``num_layers`` (the model's) is needed
     to turn ``override_transformer_config.account_for_*_in_pipeline_split`` into stage sizes."""
@@ -43,7 +44,8 @@ def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayo
     return ParallelLayout(
         tp=tp, pp=pp, ep=megatron.expert_model_parallel_size, etp=megatron.expert_tensor_parallel_size or 1,
         vpp=vpp, sequence_parallel=bool(megatron.sequence_parallel and tp > 1),
-        first_stage_layers=first, last_stage_layers=last)
+        first_stage_layers=first, last_stage_layers=last,
+        make_vocab_size_divisible_by=megatron.make_vocab_size_divisible_by)
 
 
 def needs_reference(cfg) -> bool:
@@ -67,7 +69,8 @@ def initial_checkpoints(cfg) -> dict[str, str | None]:
 
 
 ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                     "intermediate_size", "vocab_size", "num_experts", "num_local_experts", "moe_intermediate_size")
+                     "intermediate_size", "vocab_size", "num_experts", "num_local_experts", "moe_intermediate_size",
+                     "n_routed_experts", "q_lora_rank", "kv_lora_rank", "first_k_dense_replace")
 
 
 def check_same_architecture(checkpoint: str, saved_hf_config: dict | None, hf_path: str) -> None:

@@ -20,7 +20,13 @@ def _region(hf_slice, hf_shape) -> Region:
 
 
 def trainer_sources(hf_config, layout, world_size: int) -> list[Piece]:
-    from megarl.models import param_shards, rank_coords
+    from megarl.models import param_shards
+
+    return _sources(param_shards(hf_config, layout), layout, world_size)
+
+
+def _sources(specs, layout, world_size: int) -> list[Piece]:
+    from megarl.models import rank_coords
 
     dense: dict[tuple[int, int], list[int]] = defaultdict(list)
     expert: dict[tuple[int, int, int], list[int]] = defaultdict(list)
@@ -29,7 +35,7 @@ def trainer_sources(hf_config, layout, world_size: int) -> list[Piece]:
         dense[(c.pp, c.tp)].append(rank)
         expert[(c.pp, c.ep, c.etp)].append(rank)
     pieces = []
-    for spec in param_shards(hf_config, layout):
+    for spec in specs:
         holders = (expert[(spec.pp_stage, spec.ep_rank, spec.etp_rank or 0)] if spec.is_expert
                    else dense[(spec.pp_stage, spec.tp_rank or 0)])
         for piece in spec.pieces:
@@ -40,12 +46,16 @@ def trainer_sources(hf_config, layout, world_size: int) -> list[Piece]:
 
 def plan_for_layouts(hf_config, layout, world_size: int, rollout: RolloutLayout, itemsize: int = 2,
                      bucket_bytes: int = 512 << 20) -> SyncPlan:
-    """The sync plan from a trainer layout on ``world_size`` ranks to ``rollout`` (bf16 by default)."""
-    from megarl.models import hf_tensor_shapes, model_dims
+    """The sync plan from a trainer layout on ``world_size`` ranks to ``rollout`` (bf16 by default;
+    buffers such as the router's expert bias stay fp32, as the trainer keeps them)."""
+    from megarl.models import hf_tensor_shapes, param_shards, vllm_splits
 
     shapes = {name: tuple(shape) for name, shape in hf_tensor_shapes(hf_config).items()}
     if rollout.first_rank < world_size:
         raise ValueError(f"rollout ranks must follow the {world_size} trainer ranks (first_rank >= {world_size})")
-    needs = rollout_needs(shapes, rollout, model_dims(hf_config).num_query_groups)
-    meta = {name: TensorMeta(shape, itemsize, "bfloat16" if itemsize == 2 else "float32") for name, shape in shapes.items()}
-    return plan_sync(trainer_sources(hf_config, layout, world_size), needs, meta, bucket_bytes)
+    needs = rollout_needs(shapes, rollout, vllm_splits(hf_config))
+    specs = param_shards(hf_config, layout)
+    fp32 = {piece.hf_name for spec in specs if spec.buffer for piece in spec.pieces}
+    meta = {name: TensorMeta(shape, 4, "float32") if name in fp32 or itemsize == 4 else TensorMeta(shape, itemsize, "bfloat16")
+            for name, shape in shapes.items()}
+    return plan_sync(_sources(specs, layout, world_size), needs, meta, bucket_bytes)

@@ -129,19 +129,25 @@ def plan_sync(sources: Iterable[Piece], needs: Iterable[Piece], meta: Mapping[st
 
     load: dict[int, int] = defaultdict(int)  # bytes assigned per source rank so far
     transfers: list[Transfer] = []
+    # Tensors held and needed alike (an expert's weights in every layer of a stage) share their geometry.
+    geometry: dict[tuple, list[tuple[tuple[int, ...], tuple[int, ...], list[Region], int]]] = {}
     # Big tensors first, so the greedy least-loaded choice balances well.
     order = sorted(need_by_name, key=lambda n: -sum(region_numel(p.region) for p in need_by_name[n]))
     for name in order:
-        transfers.extend(_plan_tensor(name, src_by_name.get(name, []), need_by_name[name], meta[name], load))
+        tensor_sources, tensor_needs = src_by_name.get(name, []), need_by_name[name]
+        key = (tuple((p.rank, p.region) for p in tensor_sources), tuple((p.rank, p.region) for p in tensor_needs))
+        if key not in geometry:
+            geometry[key] = _cell_groups(name, tensor_sources, tensor_needs, len(meta[name].shape))
+        transfers.extend(_assign_sources(name, geometry[key], meta[name], load))
     return SyncPlan(_bucketize(transfers, meta, bucket_bytes), dict(meta), needs)
 
 
-def _plan_tensor(name: str, sources: list[Piece], needs: list[Piece], meta: TensorMeta,
-                 load: dict[int, int]) -> list[Transfer]:
+def _cell_groups(name: str, sources: list[Piece], needs: list[Piece], ndim: int):
+    """The tensor cut into cells, grouped by (ranks holding them, ranks needing them):
+    ``[(holders, dsts, merged regions, elements)]``."""
     if not sources:
         raise PlanError(f"no trainer rank holds '{name}' (needed by rollout ranks "
                         f"{sorted({p.rank for p in needs})})")
-    ndim = len(meta.shape)
     cuts = cut_points([p.region for p in sources] + [p.region for p in needs], ndim)
     # cell -> destination ranks that need it
     cell_dsts: dict[Region, set[int]] = defaultdict(set)
@@ -150,18 +156,26 @@ def _plan_tensor(name: str, sources: list[Piece], needs: list[Piece], meta: Tens
             cell_dsts[cell].add(p.rank)
     # group cells by (candidate sources, destinations): one source is picked per group, so a
     # contiguous shard goes out from one rank rather than alternating between replicas
+    holders_of: dict[Region, list[int]] = defaultdict(list)  # data-parallel copies share one region
+    for p in sources:
+        holders_of[p.region].append(p.rank)
     groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[Region]] = defaultdict(list)
     for cell, dsts in cell_dsts.items():
-        holders = tuple(sorted({p.rank for p in sources if contains(p.region, cell)}))
+        holders = tuple(sorted({r for region, ranks in holders_of.items() if contains(region, cell) for r in ranks}))
         if not holders:
             raise PlanError(f"no trainer rank holds {name}{list(cell)} (needed by rollout ranks {sorted(dsts)})")
         groups[(holders, tuple(sorted(dsts)))].append(cell)
+    return [(holders, dsts, merge_adjacent(cells) if len(cells) > 1 else cells, sum(region_numel(c) for c in cells))
+            for (holders, dsts), cells in sorted(groups.items())]
+
+
+def _assign_sources(name: str, groups, meta: TensorMeta, load: dict[int, int]) -> list[Transfer]:
+    """One source per group, the least loaded so far; its regions become transfers."""
     out = []
-    for (holders, dsts), cells in sorted(groups.items()):
-        nbytes = sum(region_numel(c) for c in cells) * meta.itemsize
+    for holders, dsts, regions, numel in groups:
         src = min(holders, key=lambda r: (load[r], r))
-        load[src] += nbytes
-        for region in merge_adjacent(cells):
+        load[src] += numel * meta.itemsize
+        for region in regions:
             out.append(Transfer(src, dsts, name, region, region_numel(region) * meta.itemsize))
     return out
 
@@ -172,7 +186,7 @@ def _bucketize(transfers: list[Transfer], meta: Mapping[str, TensorMeta], bucket
         by_route[(t.src, t.dsts)].append(t)
     buckets: list[Bucket] = []
     for (src, dsts), items in sorted(by_route.items()):
-        current = Bucket(src, dsts)
+        current, current_bytes = Bucket(src, dsts), 0  # bytes kept here: Bucket.nbytes sums every call
         for t in sorted(items, key=lambda t: (t.name, t.region)):
             pieces = [t]
             if t.nbytes > bucket_bytes:
@@ -180,10 +194,11 @@ def _bucketize(transfers: list[Transfer], meta: Mapping[str, TensorMeta], bucket
                 pieces = [Transfer(src, dsts, t.name, r, region_numel(r) * meta[t.name].itemsize)
                           for r in split_rows(t.region, row_bytes, bucket_bytes)]
             for piece in pieces:
-                if current.transfers and current.nbytes + piece.nbytes > bucket_bytes:
+                if current.transfers and current_bytes + piece.nbytes > bucket_bytes:
                     buckets.append(current)
-                    current = Bucket(src, dsts)
+                    current, current_bytes = Bucket(src, dsts), 0
                 current.transfers.append(piece)
+                current_bytes += piece.nbytes
         if current.transfers:
             buckets.append(current)
     return buckets

@@ -1,4 +1,4 @@
-"""What each rollout rank needs: vLLM's tensor-parallel sharding rules, on HF names.
+"""What each rollout rank needs: the fleet's layout and, per HF tensor, vLLM's TP split.
 
 The rollout fleet is ``replicas x tp`` vLLM workers. A worker's need is a set of regions of HF
 tensors, in one of two modes:
@@ -10,28 +10,17 @@ tensors, in one of two modes:
   hands vLLM a full-shape tensor whose other regions are never read by the loader. This moves
   ``1/tp`` of the bytes per worker and is the GPU default.
 
-vLLM's rules (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py, fused_moe):
-column-parallel layers split output rows (dim 0), row-parallel layers split input columns
-(dim 1); the vocabulary is padded to a multiple of 64 and split evenly, the last rank holding
-fewer real rows; with fewer KV heads than TP ranks each KV head is replicated on
-``tp // num_kv_heads`` consecutive ranks; experts (without EP) split their intermediate dim
-like dense MLPs; norms and the router are replicated.
+How vLLM splits each tensor is the model family's knowledge: ``megarl.models.vllm_splits``
+derives it from the bridge's parameter maps (with the family's exceptions).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from megarl.models.vllm_layout import VllmSplit
 from megarl.weight_sync.planner import Piece
-from megarl.weight_sync.regions import Region, full_region
-
-VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
-
-_COLUMN = re.compile(r"\.(q_proj|gate_proj|up_proj|w1|w3)\.(weight|bias)$")
-_KV = re.compile(r"\.(k_proj|v_proj)\.(weight|bias)$")
-_ROW = re.compile(r"\.(o_proj|down_proj|w2)\.weight$")
-_VOCAB = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight$")
+from megarl.weight_sync.regions import full_region
 
 
 @dataclass(frozen=True)
@@ -55,50 +44,26 @@ class RolloutLayout:
         return [self.rank(r, t) for r in range(self.replicas) for t in range(self.tp)]
 
 
-def vllm_shard_region(name: str, shape: tuple[int, ...], tp: int, tp_rank: int, num_kv_heads: int) -> Region:
-    """The region of HF tensor ``name`` that vLLM's TP rank ``tp_rank`` keeps."""
-    region = full_region(shape)
-    if tp == 1:
-        return region
-    if _VOCAB.search(name):
-        padded = -(-shape[0] // VOCAB_PADDING) * VOCAB_PADDING
-        per = padded // tp
-        start, stop = min(tp_rank * per, shape[0]), min((tp_rank + 1) * per, shape[0])
-        if start >= stop:  # this rank holds only padding rows
-            return ()
-        return ((start, stop),) + region[1:]
-    if _KV.search(name):
-        if num_kv_heads >= tp:
-            return _split(region, 0, tp, tp_rank, name)
-        head_dim = shape[0] // num_kv_heads
-        head = tp_rank // (tp // num_kv_heads)
-        return ((head * head_dim, (head + 1) * head_dim),) + region[1:]
-    if _COLUMN.search(name):
-        return _split(region, 0, tp, tp_rank, name)
-    if _ROW.search(name):
-        return _split(region, 1, tp, tp_rank, name)
-    return region  # norms, q/k norms, router, row-parallel biases: replicated
-
-
-def _split(region: Region, dim: int, tp: int, rank: int, name: str) -> Region:
-    size = region[dim][1]
-    if size % tp:
-        raise ValueError(f"{name}: dim {dim} of size {size} does not split over rollout TP={tp}")
-    step = size // tp
-    return tuple((rank * step, (rank + 1) * step) if d == dim else iv for d, iv in enumerate(region))
-
-
-def rollout_needs(shapes: Mapping[str, tuple[int, ...]], layout: RolloutLayout, num_kv_heads: int) -> list[Piece]:
+def rollout_needs(shapes: Mapping[str, tuple[int, ...]], layout: RolloutLayout,
+                  splits: Mapping[str, VllmSplit]) -> list[Piece]:
     """Every (rollout rank, HF tensor, region) the fleet needs after a sync."""
+    if layout.mode == "shard":
+        unknown = sorted(set(shapes) - set(splits))
+        if unknown:
+            raise ValueError(f"no vLLM split rule for {unknown[:5]}; the model family must declare it")
+    regions: dict[tuple, list] = {}  # (split, shape) -> region per TP rank: most tensors share a few shapes
+
+    def per_tp_rank(name: str, shape: tuple[int, ...]) -> list:
+        key = (None if layout.mode == "full" else splits[name], shape)
+        if key not in regions:
+            regions[key] = [full_region(shape) if layout.mode == "full" else splits[name].region(name, shape, layout.tp, t)
+                            for t in range(layout.tp)]
+        return regions[key]
+
     needs = []
     for replica in range(layout.replicas):
-        for tp_rank in range(layout.tp):
-            rank = layout.rank(replica, tp_rank)
-            for name, shape in shapes.items():
-                if layout.mode == "full":
-                    region = full_region(shape)
-                else:
-                    region = vllm_shard_region(name, tuple(shape), layout.tp, tp_rank, num_kv_heads)
+        for name, shape in shapes.items():
+            for tp_rank, region in enumerate(per_tp_rank(name, tuple(shape))):
                 if region:
-                    needs.append(Piece(rank, name, region))
+                    needs.append(Piece(layout.rank(replica, tp_rank), name, region))
     return needs

@@ -5,7 +5,8 @@
     session.close()
 
 Set-up: every trainer rank reports the regions of HF tensors it holds (metadata only); the
-rollout side's needs come from vLLM's sharding rules (``rollout_layout``); the planner computes
+rollout side's needs come from vLLM's TP split of each tensor, which the model family declares
+(``megarl.models.vllm_splits``, applied in ``rollout_layout``); the planner computes
 one plan, checked for exact coverage, which every participant receives. Trainer rank 0 hosts the
 rendezvous; trainer ranks are sync ranks ``0..T-1`` and the vLLM workers follow, replica by
 replica. ``sync`` starts the senders and the receivers together and waits for all of them: a
@@ -38,7 +39,7 @@ class WeightSyncSession:
     def __init__(self, cfg, workers, fleet):
         import ray
 
-        from megarl.models import hf_tensor_shapes, model_dims
+        from megarl.models import hf_tensor_shapes, vllm_splits
 
         sync_cfg = cfg.actor_rollout_ref.rollout.weight_sync
         self.timeout_s = float(sync_cfg.timeout_s)
@@ -55,7 +56,7 @@ class WeightSyncSession:
         mode = "full" if not fleet.use_gpu else "shard"
         layout = RolloutLayout(fleet.num_replicas, int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size),
                                mode=mode, first_rank=workers.world_size)
-        needs = rollout_needs(shapes, layout, model_dims(model_path).num_query_groups)
+        needs = rollout_needs(shapes, layout, vllm_splits(model_path))
         meta = {name: TensorMeta(shape, _ITEMSIZE[dtypes.get(name, "float32")], dtypes.get(name, "float32"))
                 for name, shape in shapes.items()}
         self.plan = plan_sync(sources, needs, meta, bucket_bytes=int(sync_cfg.bucket_mb) << 20)

@@ -188,3 +188,14 @@ def test_reference_and_critic_share_the_actor_layout():
     msg = error_of("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4",
                    "critic.megatron.pipeline_model_parallel_size=1")
     assert "critic.megatron must use the actor's parallel layout" in msg
+
+
+def test_the_layout_comparison_covers_every_layout_key():
+    """validate spells the layout keys out (the reader check reads its source); they must be the schema's."""
+    import inspect
+
+    from megarl.config import validate
+    from megarl.config.schema import LAYOUT_KEYS
+
+    source = inspect.getsource(validate._check_layout_and_batches)
+    assert all(f'"{key}"' in source for key in LAYOUT_KEYS)

@@ -20,7 +20,7 @@ from tests.config._fixtures import write_model_config, write_prompts
 
 HERE = Path(__file__).parent / "verl_launches"
 LAUNCHES = [json.loads(line) for line in (HERE / "megatron-example-launches.jsonl").read_text().splitlines()]
-VALIDATED = 8  # the README ("Configuration") states this count
+VALIDATED = 12  # the README ("Configuration") states this count
 
 # model id (or path) -> (architecture, model_type, the dims of that model's config.json that the
 # layout checks read: layers, heads, sizes and experts as published in the models' config.json)
@@ -32,6 +32,16 @@ QWEN3_235B = dict(hidden_size=4096, num_hidden_layers=94, num_attention_heads=64
 QWEN3_30B = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                  intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                  vocab_size=151936)
+# DeepSeek-V3's published config.json (bf16: verl's scripts point at a dequantised copy)
+DEEPSEEK_V3 = {k: v for k, v in json.loads((Path(__file__).parents[1] / "models" / "fixtures" / "deepseek-v3" /
+                                             "config.json").read_text()).items()
+               if k not in ("architectures", "model_type", "quantization_config")}
+MOONLIGHT = dict(hidden_size=2048, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+                 intermediate_size=11264, moe_intermediate_size=1408, n_routed_experts=64, n_shared_experts=2,
+                 num_experts_per_tok=6, n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=None,
+                 kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=163840,
+                 routed_scaling_factor=2.446, scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True,
+                 rope_theta=50000.0, max_position_embeddings=8192)
 MODELS = {
     "Qwen2": ("Qwen2ForCausalLM", "qwen2", QWEN2_7B),
     "Qwen2.5-3B": ("Qwen2ForCausalLM", "qwen2", dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
@@ -48,8 +58,9 @@ MODELS = {
     "deepseek-llm-7b": ("LlamaForCausalLM", "llama", dict(hidden_size=4096, num_hidden_layers=30, num_attention_heads=32,
                                                           num_key_value_heads=32, intermediate_size=11008,
                                                           vocab_size=102400)),
-    "DeepSeek-V3": ("DeepseekV3ForCausalLM", "deepseek_v3", {}), "dsv3": ("DeepseekV3ForCausalLM", "deepseek_v3", {}),
-    "Moonlight": ("DeepseekV3ForCausalLM", "deepseek_v3", {}),
+    "DeepSeek-V3": ("DeepseekV3ForCausalLM", "deepseek_v3", DEEPSEEK_V3),
+    "dsv3": ("DeepseekV3ForCausalLM", "deepseek_v3", DEEPSEEK_V3),
+    "Moonlight": ("DeepseekV3ForCausalLM", "deepseek_v3", MOONLIGHT),
 }
 # dataset directory or file name -> the data_source verl's preprocessing writes
 DATA_SOURCES = {"gsm8k": "openai/gsm8k", "math": "DigitalLearningGmbH/MATH-lighteval", "dapo-math": "math_dapo",

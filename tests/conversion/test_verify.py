@@ -24,6 +24,23 @@ def test_verify_accepts_a_faithful_tp2_checkpoint(tiny_models, to_megatron):
     assert max_diff(done.stdout) < 1e-5
 
 
+def test_verify_accepts_a_faithful_deepseek_v3_ep2_checkpoint(tiny_models, to_megatron):
+    source = tiny_models / "deepseek_v3"
+    done = run_cli(["verify", "--hf", source, "--megatron", to_megatron("deepseek_v3", ("--ep", "2"), 2)])
+    assert_ok(done)
+    assert max_diff(done.stdout) < 1e-5
+
+
+def test_a_checkpoint_loads_under_another_vocabulary_padding(tiny_models, to_megatron):
+    """Converted with the vocabulary padded to 512 rows, loaded padded to 768 (megatron's
+    allow_shape_mismatch for the embedding and output layer): the logits are HF's."""
+    source = tiny_models / "llama"
+    checkpoint = to_megatron("llama", (), 1)
+    done = run_cli(["verify", "--hf", source, "--megatron", checkpoint, "--make-vocab-size-divisible-by", "384"])
+    assert_ok(done)
+    assert max_diff(done.stdout) < 1e-5
+
+
 def test_verify_rejects_a_perturbed_checkpoint(tiny_models, tmp_path):
     source = tiny_models / "llama"
     perturbed = tmp_path / "perturbed"

@@ -6,9 +6,15 @@
   llama_small     4 layers (for PP=2 x VPP=2)
   llama_sharded   the llama weights split over several safetensors files with an index
   llama_critic    LlamaForTokenClassification(num_labels=1) on the llama backbone (value head)
+  deepseek_v3     tiny DeepSeek-V3 (MLA, YaRN, 16 experts in 4 groups, shared expert, random router
+                  bias, one dense layer then two MoE layers, an MTP layer in the checkpoint)
+  llama_rope3     llama with Llama-3 RoPE whose factors and original context differ from megatron's 1/4/8192
+  llama_vocab504  llama with a vocabulary of 504 (padded to 512 for megatron)
   reference.pt    {checkpoint: {"input_ids", "output"}}: HF transformers logits (values for the
                   critic) in fp32 on a fixed random batch, the reference every test compares to.
+                  RoPE checkpoints get sequences past their original context (YaRN / Llama-3 scaling).
 """
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,9 @@ import torch
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
 BATCH, SEQ = 2, 16
+LONG = {"deepseek_v3": 96, "llama_rope3": 160}  # past YaRN's original 64 / the Llama-3 original 32
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 2.0,
+               "high_freq_factor": 8.0, "original_max_position_embeddings": 32}
 
 
 def _hf_output(checkpoint: Path, input_ids: torch.Tensor, critic: bool) -> torch.Tensor:
@@ -40,6 +49,15 @@ def _make_critic(backbone: Path, out_dir: Path) -> None:
     model.save_pretrained(str(out_dir))
 
 
+def with_rope(checkpoint: Path, rope_parameters: dict) -> Path:
+    """The checkpoint with other RoPE parameters in its config.json (RoPE has no weights)."""
+    path = checkpoint / "config.json"
+    config = json.loads(path.read_text())
+    config["rope_parameters"] = rope_parameters
+    path.write_text(json.dumps(config, indent=2))
+    return checkpoint
+
+
 def build_zoo(root: Path) -> Path:
     """Write every checkpoint and reference.pt under ``root`` (see the module docstring)."""
     from megarl.tools.tiny_model import make_tiny_model
@@ -50,11 +68,16 @@ def build_zoo(root: Path) -> Path:
     make_tiny_model("llama", "small", root / "llama_small", seed=2)
     make_tiny_model("llama", "tiny", root / "llama_sharded", seed=0, shards=6)
     _make_critic(root / "llama", root / "llama_critic")
+    make_tiny_model("deepseek_v3", "tiny", root / "deepseek_v3", seed=0)
+    with_rope(make_tiny_model("llama", "tiny", root / "llama_rope3", seed=4), LLAMA3_ROPE)
+    make_tiny_model("llama", "tiny", root / "llama_vocab504", seed=5, vocab_size=504)
 
     generator = torch.Generator().manual_seed(0)
     reference = {}
-    for name in FAMILIES + ["llama_tied", "llama_small", "llama_sharded", "llama_critic"]:
-        input_ids = torch.randint(0, 512, (BATCH, SEQ), generator=generator)
+    extra = ["llama_tied", "llama_small", "llama_sharded", "llama_critic", "deepseek_v3", "llama_rope3", "llama_vocab504"]
+    for name in FAMILIES + extra:
+        vocab = 504 if name == "llama_vocab504" else 512
+        input_ids = torch.randint(0, vocab, (BATCH, LONG.get(name, SEQ)), generator=generator)
         output = _hf_output(root / name, input_ids, critic=name == "llama_critic")
         reference[name] = {"input_ids": input_ids, "output": output}
     torch.save(reference, root / "reference.pt")

@@ -1,4 +1,8 @@
-"""The bridge at TP=2 (with and without SP), PP=2, PP=2 x VPP=2 and EP=2: one torchrun launch, 2 ranks.
+"""The bridge at TP=2 (with and without SP), PP=2, PP=2 x VPP=2, EP=2 and expert-TP=2: one torchrun launch, 2 ranks.
+
+DeepSeek-V3 (MLA, sigmoid group-limited routing with the router bias, shared expert, a dense first
+layer) runs at TP=2+SP, uneven PP=2 (1+2 and 2+1 layers), EP=2 (alltoall and allgather),
+TP=2 x EP=2 and TP=2 x expert-TP=2; a padded vocabulary (504 -> 512) at TP=2.
 
 The worker (``_dist_worker.py``) runs every scenario and records measurements; the tests here
 compare them with Hugging Face transformers (logits within 1e-5 in fp32), with the original
@@ -25,11 +29,14 @@ FORWARD_SCENARIOS = (
     + [f"{f}/{layout}" for f in MOE for layout in ("ep2", "tp2_ep2_sp")]
     + ["mixtral/ep2_allgather", "mixtral/tp2_etp2", "llama_tied/tp2", "llama_tied/pp2", "llama_small/pp2_vpp2"]
     + ["llama_sharded/pp2", "llama_sharded/tp2", "llama_critic/tp2_sp", "llama_critic/pp2"]
+    + ["llama_vocab504/tp2", "llama_vocab504/tp2_sp"]
+    + [f"deepseek_v3/{layout}" for layout in ("tp2_sp", "pp2_1_2", "pp2_2_1", "ep2", "ep2_allgather", "tp2_ep2_sp", "tp2_etp2_sp")]
 )
 EXPORT_SCENARIOS = (
     [f"{f}/{layout}" for f in FAMILIES for layout in ("tp2", "pp2")]
     + [f"{f}/ep2" for f in MOE]
     + ["mixtral/tp2_etp2", "llama_tied/tp2", "llama_tied/pp2", "llama_small/pp2_vpp2", "llama_critic/tp2_sp"]
+    + ["llama_vocab504/tp2"] + [f"deepseek_v3/{layout}" for layout in ("tp2_sp", "pp2_1_2", "ep2", "tp2_etp2_sp")]
 )
 
 
@@ -64,6 +71,23 @@ def test_tensor_parallel_ranks_hold_half_the_vocab(results):
         assert record["output_shape"] == [2, 16, 256]  # vocab 512 over TP=2
     values = _records(results, "llama_critic/tp2_sp")
     assert all(r["output_shape"] == [2, 16, 1] for r in values)
+
+
+def test_padded_vocabulary_is_masked_on_the_rank_that_holds_it(results):
+    """504 rows padded to 512 at TP=2: rank 1 holds 248 real columns and 8 padding columns at -inf."""
+    for scenario in ("llama_vocab504/tp2", "llama_vocab504/tp2_sp"):
+        by_rank = {r["tp_rank"]: r for r in _records(results, scenario)}
+        assert (by_rank[0]["padding_columns"], by_rank[1]["padding_columns"]) == (0, 8)
+        assert by_rank[1]["padding_masked"] and by_rank[1]["output_shape"] == [2, 16, 248]
+
+
+def test_deepseek_v3_uneven_pipeline_stages(results):
+    """3 layers as 1 + 2 and as 2 + 1: the loads read only each stage's layers."""
+    for scenario, first_stage in (("deepseek_v3/pp2_1_2", {0}), ("deepseek_v3/pp2_2_1", {0, 1})):
+        stages = {r["pp_rank"]: r for r in _records(results, scenario)}
+        layers = {int(name.split(".")[2]) for name in stages[0]["reads"]["tensors"] if name.startswith("model.layers.")}
+        assert layers == first_stage, scenario
+        assert "max_diff" in stages[1] and "max_diff" not in stages[0]
 
 
 def test_pipeline_outputs_only_on_the_last_stage(results):

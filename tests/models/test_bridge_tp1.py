@@ -13,7 +13,7 @@ from megarl.models import (
 )
 
 TOLERANCE = 1e-5
-CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small"]
+CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3"]
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +167,113 @@ def test_layout_must_match_parallel_state(world, model_zoo):
 def test_unknown_role_is_rejected(world, model_zoo):
     with pytest.raises(ValueError, match="role='reward'"):
         build_model(model_zoo / "llama", ParallelLayout(), role="reward")
+
+
+# ---------------------------------------------------------------- DeepSeek-V3, RoPE, vocab padding
+
+
+def test_deepseek_v3_export_is_bit_exact_and_skips_the_mtp_layer(world, model_zoo, caplog, monkeypatch):
+    import logging
+
+    from megarl.models import loading
+
+    monkeypatch.setattr(loading, "_logged_skips", set())  # once per checkpoint and process: forget earlier builds
+    with caplog.at_level(logging.INFO, logger="megarl.models.loading"):
+        [model] = build_model(model_zoo / "deepseek_v3", ParallelLayout())
+    skip_lines = [r.getMessage() for r in caplog.records if "multi-token prediction" in r.getMessage()]
+    assert len(skip_lines) == 1 and "skipping 4 tensors" in skip_lines[0] and "model.layers.3.*" in skip_lines[0]
+    original = _checkpoint_tensors(model_zoo / "deepseek_v3")
+    exported = dict(gather_hf_tensors([model], model_zoo / "deepseek_v3", ParallelLayout()))
+    mtp = sorted(name for name in original if name.startswith("model.layers.3."))
+    assert len(mtp) == 4 and sorted(exported) == sorted(set(original) - set(mtp))
+    for name, tensor in exported.items():
+        assert tensor.dtype == original[name].dtype and torch.equal(tensor, original[name]), name
+    assert exported["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
+
+
+def test_deepseek_v3_router_bias_is_loaded_and_changes_the_routing(world, model_zoo):
+    [model] = build_model(model_zoo / "deepseek_v3", ParallelLayout())
+    reference = _reference(model_zoo, "deepseek_v3")
+    router = model.decoder.layers[1].mlp.router
+    assert router.expert_bias.dtype == torch.float32 and router.expert_bias.abs().min() > 0
+    with torch.no_grad():
+        router.expert_bias.zero_()
+    assert (_forward(model, reference["input_ids"]) - reference["output"]).abs().max().item() > 1e-3
+
+
+def test_llama3_rope_with_other_factors_matches_hugging_face_at_long_positions(world, model_zoo):
+    """The exact HF inverse frequencies are used (megatron-core's llama3 scaling fixes 1/4/8192)."""
+    from tests.models.conftest import LLAMA3_ROPE
+
+    from megarl.models import model_dims
+
+    rope = model_dims(model_zoo / "llama_rope3").rope
+    assert (rope.low_freq_factor, rope.high_freq_factor, rope.original_max_position_embeddings) == (2.0, 8.0, 32)
+    [model] = build_model(model_zoo / "llama_rope3", ParallelLayout())
+    reference = _reference(model_zoo, "llama_rope3")
+    assert reference["input_ids"].shape[1] > 4 * LLAMA3_ROPE["original_max_position_embeddings"]
+    assert (_forward(model, reference["input_ids"]) - reference["output"]).abs().max().item() <= TOLERANCE
+
+
+def test_padded_vocabulary_is_masked_zero_and_stripped(world, model_zoo):
+    """504 tokens padded to 512: HF's logits on the real columns, -inf on the padding, zero padding rows,
+    and an export without padding."""
+    [model] = build_model(model_zoo / "llama_vocab504", ParallelLayout())
+    assert model.embedding.word_embeddings.weight.shape[0] == 512 and model.output_layer.weight.shape[0] == 512
+    assert torch.all(model.embedding.word_embeddings.weight[504:] == 0) and torch.all(model.output_layer.weight[504:] == 0)
+    reference = _reference(model_zoo, "llama_vocab504")
+    logits = _forward(model, reference["input_ids"])
+    assert (logits[..., :504] - reference["output"]).abs().max().item() <= TOLERANCE
+    assert torch.all(logits[..., 504:] == float("-inf"))
+    exported = dict(gather_hf_tensors([model], model_zoo / "llama_vocab504", ParallelLayout()))
+    original = _checkpoint_tensors(model_zoo / "llama_vocab504")
+    assert exported["lm_head.weight"].shape == (504, 128)
+    assert all(torch.equal(exported[name], original[name]) for name in original)
+
+
+def test_padded_vocabulary_gives_hf_log_probs_and_entropy_with_zero_padding_grads(world, model_zoo):
+    from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
+
+    [model] = build_model(model_zoo / "llama_vocab504", ParallelLayout())
+    reference = _reference(model_zoo, "llama_vocab504")
+    ids = reference["input_ids"]
+    position_ids = torch.arange(ids.shape[1]).unsqueeze(0)
+    logits = model(ids, position_ids, None)[:, :-1]
+    log_probs = vocab_parallel_log_probs(logits, ids[:, 1:])
+    entropy = vocab_parallel_entropy(logits)
+    expected = torch.log_softmax(reference["output"][:, :-1], dim=-1)
+    assert (log_probs - expected.gather(-1, ids[:, 1:, None])[..., 0]).abs().max().item() <= TOLERANCE
+    assert (entropy + (expected.exp() * expected).sum(-1)).abs().max().item() <= TOLERANCE
+    (log_probs.sum() + entropy.sum()).backward()
+    grad = model.output_layer.weight.grad
+    assert torch.isfinite(grad).all() and torch.all(grad[504:] == 0) and grad[:504].abs().max() > 0
+
+
+@pytest.mark.parametrize("variant", ["no_q_latent", "one_expert_group"])
+def test_deepseek_variants_match_hugging_face(world, tmp_path, variant):
+    """q_lora_rank=None (DeepSeek-V2-Lite style): q_proj maps to MLA's linear_q_proj. One expert group
+    kept whole (Moonlight: n_group = topk_group = 1, 6 of 64 experts): no group limit, any top-k."""
+    from transformers import AutoModelForCausalLM
+
+    from megarl.tools.tiny_model import build_config
+
+    config = build_config("deepseek_v3", "tiny")
+    if variant == "no_q_latent":
+        config.q_lora_rank = None
+    else:
+        config.n_group, config.topk_group, config.num_experts_per_tok = 1, 1, 3
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        with torch.no_grad():
+            for name, buffer in hf.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.add_(0.1 * torch.randn_like(buffer))
+    hf.save_pretrained(str(tmp_path))
+    [model] = build_model(tmp_path, ParallelLayout())
+    if variant == "no_q_latent":
+        assert "decoder.layers.0.self_attention.linear_q_proj.weight" in dict(model.named_parameters())
+    ids = torch.randint(0, 512, (2, 80), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = hf(ids).logits
+    assert (_forward(model, ids) - reference).abs().max().item() <= TOLERANCE

@@ -9,9 +9,12 @@ import math
 from collections import Counter, defaultdict
 
 import pytest
-from transformers import LlamaConfig, MixtralConfig, Qwen3MoeConfig
+from pathlib import Path
 
-from megarl.models import FAMILIES, ParallelLayout, family_for, hf_tensor_shapes, model_dims, param_shards, rank_shards
+from transformers import LlamaConfig, MixtralConfig
+
+from megarl.models import (FAMILIES, ParallelLayout, family_for, hf_tensor_shapes, load_hf_config, model_dims, param_shards,
+                           rank_shards)
 from megarl.tools.tiny_model import build_config
 
 
@@ -32,12 +35,14 @@ def assert_exact_cover(shape, boxes, what):
 
 
 def check_layout_exact(config, layout, role="actor"):
-    """Every HF tensor covered once by primary specs; every local tensor tiled by its pieces."""
+    """Every HF tensor covered once by primary specs; every local tensor tiled by its pieces (and its
+    vocabulary padding, which holds no HF data)."""
     specs = param_shards(config, layout, role)
     shapes = hf_tensor_shapes(config, role)
     primary_boxes = defaultdict(list)
     for spec in specs:
-        assert_exact_cover(spec.local_shape, [_box(p.megatron_slice) for p in spec.pieces], spec.name)
+        padding = [_box(spec.padding)] if spec.padding is not None else []
+        assert_exact_cover(spec.local_shape, [_box(p.megatron_slice) for p in spec.pieces] + padding, spec.name)
         for piece in spec.pieces:
             assert piece.hf_shape == shapes[piece.hf_name]
             sizes = [hi - lo for lo, hi in _box(piece.hf_slice)]
@@ -68,7 +73,7 @@ MOE_LAYOUTS = [ParallelLayout(ep=2), ParallelLayout(ep=4), ParallelLayout(tp=2, 
 def test_tiny_families_are_covered_exactly(family, tied):
     config = build_config(family, "small", tie_word_embeddings=tied)
     layouts = TINY_LAYOUTS + [ParallelLayout(pp=2, vpp=2), ParallelLayout(tp=2, pp=2, vpp=2)]
-    if family in ("qwen3_moe", "mixtral"):
+    if family in ("qwen3_moe", "mixtral", "deepseek_v3"):
         layouts += MOE_LAYOUTS
     for layout in layouts:
         check_layout_exact(config, layout)
@@ -162,7 +167,7 @@ def test_qwen3_moe_dense_layers():
     config = build_config("qwen3_moe", "tiny")
     config.mlp_only_layers = [0]
     dims = model_dims(config)
-    assert dims.moe_layers == (False, True)
+    assert dims.moe.layers == (False, True)
     names = {s.name for s in param_shards(config, ParallelLayout(ep=2))}
     assert "decoder.layers.0.mlp.linear_fc1.weight" in names and "decoder.layers.1.mlp.router.weight" in names
     check_layout_exact(config, ParallelLayout(tp=2, ep=2))
@@ -181,13 +186,9 @@ def llama3_70b():
     )
 
 
-def deepseek_v3_sized_moe():
-    """DeepSeek-V3's size and expert layout on Qwen3-MoE attention (MLA is not bridged yet)."""
-    return Qwen3MoeConfig(
-        vocab_size=129280, hidden_size=7168, num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=8,
-        head_dim=128, intermediate_size=18432, moe_intermediate_size=2048, num_experts=256, num_experts_per_tok=8,
-        mlp_only_layers=[0, 1, 2], norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"],
-    )
+def deepseek_v3():
+    """The real DeepSeek-V3 (671B) config.json, as published with the checkpoint."""
+    return load_hf_config(Path(__file__).with_name("fixtures") / "deepseek-v3")
 
 
 def test_llama3_70b_tp8_pp4():
@@ -215,25 +216,34 @@ def test_llama3_70b_with_virtual_pipeline():
     assert chunk_first_layers[:5] == [(0, 0, 0), (0, 1, 4), (0, 2, 8), (0, 3, 12), (1, 0, 16)]
 
 
-def test_deepseek_v3_sized_moe_pp16_ep16():
-    layout = ParallelLayout(pp=16, ep=16, last_stage_layers=1)
-    specs = check_layout_exact(deepseek_v3_sized_moe(), layout)
+def test_deepseek_v3_pp16_ep16_with_verl_uneven_stages():
+    """verl's 671B layout: PP16 x EP16, 61 layers as 4 + 14 x 4 + 1."""
+    layout = ParallelLayout(pp=16, ep=16, first_stage_layers=4, last_stage_layers=1)
+    specs = check_layout_exact(deepseek_v3(), layout)
     experts_by_rank = defaultdict(set)
+    layers_by_stage = defaultdict(set)
     for spec in specs:
+        if spec.global_name.startswith("decoder.layers."):
+            layers_by_stage[spec.pp_stage].add(int(spec.global_name.split(".")[2]))
         if spec.is_expert:
             experts_by_rank[(spec.pp_stage, spec.ep_rank)].add(int(spec.global_name.split(".")[6]))
     for (stage, ep_rank), experts in experts_by_rank.items():
         assert experts == set(range(16 * ep_rank, 16 * ep_rank + 16)), (stage, ep_rank)
-    assert {stage for stage, _ in experts_by_rank} == set(range(16))
-    last_stage = {s.global_name for s in specs if s.pp_stage == 15 and s.global_name.startswith("decoder.layers.")}
-    assert {int(name.split(".")[2]) for name in last_stage} == {60}
+    assert [len(layers_by_stage[s]) for s in range(16)] == [4] + [4] * 14 + [1]
+    assert layers_by_stage[0] == {0, 1, 2, 3} and layers_by_stage[15] == {60}
+    assert {stage for stage, _ in experts_by_rank} == set(range(16))  # stage 0 holds MoE layer 3
+    params = sum(math.prod(shape) for shape in hf_tensor_shapes(deepseek_v3()).values())
+    assert 671.0e9 < params < 671.1e9  # the main model; the MTP layer is not part of it
+    names = {s.name for s in specs if s.pp_stage == 1 and s.ep_rank in (None, 0)}
+    assert "decoder.layers.0.mlp.router.expert_bias" in names  # the fp32 buffer travels with the router
+    assert "decoder.layers.0.mlp.shared_experts.linear_fc1.weight" in names
 
 
 @pytest.mark.parametrize(
     "config,layout,message",
     [
         (build_config("llama", "tiny"), ParallelLayout(tp=4 * 2), "num_key_value_heads"),
-        (build_config("llama", "tiny", vocab_size=500), ParallelLayout(tp=8), "vocab_size=500"),
+        (build_config("llama", "tiny"), ParallelLayout(tp=8), "num_attention_heads=4 is not divisible by tp=8"),
         (build_config("mixtral", "tiny"), ParallelLayout(ep=3), "num_experts=4"),
         (build_config("llama", "tiny"), ParallelLayout(ep=2), "need a MoE model"),
         (build_config("llama", "tiny"), ParallelLayout(pp=4), "cannot be split evenly"),
@@ -256,15 +266,40 @@ def test_family_registry():
 
 def test_config_reading_across_transformers_conventions():
     mixtral = MixtralConfig(hidden_size=256, num_attention_heads=8, head_dim=None)
-    assert model_dims(mixtral).head_dim == 32
+    assert model_dims(mixtral).attention.head_dim == 32
     old_style = LlamaConfig(hidden_size=64, num_attention_heads=4)
     old_style.rope_parameters = None
     old_style.rope_theta, old_style.rope_scaling = 123.0, None
-    assert model_dims(old_style).rope_theta == 123.0
-    assert model_dims(llama3_70b()).rope_llama3_factor == 8.0
+    assert model_dims(old_style).rope.theta == 123.0
+    assert model_dims(llama3_70b()).rope.factor == 8.0
     yarn = LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
     with pytest.raises(ValueError, match="RoPE type 'yarn' is not supported"):
         model_dims(yarn)
     windowed = MixtralConfig(sliding_window=4096)
     with pytest.raises(ValueError, match="sliding-window attention"):
         model_dims(windowed)
+
+
+def test_vocabulary_is_padded_for_tensor_parallelism():
+    """megatron's rule: a multiple of make_vocab_size_divisible_by * tp; padding rows hold no HF data."""
+    config = build_config("llama", "small", vocab_size=504)
+    for layout, padded in [(ParallelLayout(), 512), (ParallelLayout(tp=2), 512), (ParallelLayout(tp=4), 512),
+                           (ParallelLayout(tp=2, make_vocab_size_divisible_by=1), 504),
+                           (ParallelLayout(tp=2, make_vocab_size_divisible_by=100), 600)]:
+        assert layout.padded_vocab_size(504) == padded
+        specs = check_layout_exact(config, layout)
+        embedding = [s for s in specs if s.name == "embedding.word_embeddings.weight"]
+        assert [s.local_shape[0] for s in embedding] == [padded // layout.tp] * layout.tp
+        held = sum(p.hf_slice[0].stop - p.hf_slice[0].start for s in embedding for p in s.pieces)
+        assert held == 504  # only real rows are loaded, exported and synced
+    # TP=4 of 512 rows: 128 per rank; the last rank holds 120 real rows and 8 padding rows.
+    last = [s for s in param_shards(config, ParallelLayout(tp=4)) if s.name == "output_layer.weight"][-1]
+    assert _box(last.pieces[0].hf_slice)[0] == (384, 504) and _box(last.padding)[0] == (120, 128)
+    # A rank may hold only padding.
+    tiny_vocab = build_config("llama", "tiny", vocab_size=264)
+    layout = ParallelLayout(tp=2, make_vocab_size_divisible_by=200)  # 264 -> 400: rank 1 holds rows 200..263
+    assert [len(s.pieces) for s in param_shards(tiny_vocab, layout) if s.name == "output_layer.weight"] == [1, 1]
+    layout = ParallelLayout(tp=2, make_vocab_size_divisible_by=300)  # 264 -> 600: rank 1 holds only padding
+    out = [s for s in param_shards(tiny_vocab, layout) if s.name == "output_layer.weight"]
+    assert [len(s.pieces) for s in out] == [1, 0] and _box(out[1].padding)[0] == (0, 300)
+    check_layout_exact(tiny_vocab, layout)

@@ -43,6 +43,7 @@ FAILURE_SIGNATURES = {
     "cuda_type_names": lambda error, line: "torch.cuda.FloatTensor" in line + error,
     "sequence_parallel_norm": lambda error, line: "sequence parallel not supported" in error,
     "checkpoint_without_output_fp8": lambda error, line: "name 'FP8GlobalStateManager' is not defined" in error,
+    "mla_without_te": lambda error, line: "isinstance() arg 2 must be a type" in error and "multi_latent_attention" in line,
 }
 
 
@@ -203,6 +204,36 @@ def scenario_tp2():
             ),
         }
     return result
+
+
+# ---------------------------------------------------------------- MLA + DeepSeekMoE, one process
+
+
+def scenario_mla():
+    """DeepSeek-V3's MLA layers and sigmoid router with expert bias, forward and backward in training mode.
+
+    Training mode runs the router's torch.compile'd expert-bias update (token counts per expert),
+    which dynamo can trace only if torch.cuda.synchronize is a function of its own on CPU.
+    """
+    from megarl.models import ParallelLayout, build_model
+    from megarl.tools.tiny_model import build_config
+
+    _reset_parallel()
+    config = build_config("deepseek_v3", "tiny")
+    [model] = build_model(config, ParallelLayout())
+    model.train()
+    tokens = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(SEED))
+    logits = model(tokens, torch.arange(24).unsqueeze(0), None)
+    logits.float().logsumexp(-1).mean().backward()
+    routers = [layer.mlp.router for layer in model.decoder.layers if hasattr(layer.mlp, "router")]
+    counted = [float(router.local_tokens_per_expert.sum()) for router in routers]
+    return {
+        "logits_shape": list(logits.shape),
+        "finite": bool(torch.isfinite(logits).all()),
+        "tokens_counted": counted,  # 2 x 24 tokens, top-4 each, per MoE layer
+        "grads": all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad),
+        "synchronize_is_its_own": torch.cuda.synchronize is not torch.cpu.synchronize,
+    }
 
 
 # ---------------------------------------------------------------- PP=2 1F1B, torchrun 2
@@ -404,6 +435,7 @@ def scenario_selective_recompute():
 
 
 SCENARIOS = {
+    "mla": scenario_mla,
     "tp1": scenario_tp1,
     "selective_recompute": scenario_selective_recompute,
     "tp2": scenario_tp2,

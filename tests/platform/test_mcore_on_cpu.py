@@ -35,10 +35,11 @@ EXPECTED_FAILURES = {
     "moe_split_sizes_numpy": ["all_to_all_single(): incompatible function arguments"],
     "moe_router_without_te": ["name 'te_general_gemm' is not defined"],
     "checkpoint_without_output_fp8": ["name 'FP8GlobalStateManager' is not defined", "tensor_parallel/random.py"],
+    "mla_without_te": ["isinstance() arg 2 must be a type", "multi_latent_attention.py", "TELinear"],
 }
-SINGLE_PROCESS = (["tp1", "optimizer", "selective_recompute"],
+SINGLE_PROCESS = (["tp1", "optimizer", "selective_recompute", "mla"],
                   ["rng_tracker", "current_device", "cuda_device_literals", "cuda_type_names",
-                   "checkpoint_without_output_fp8"])
+                   "checkpoint_without_output_fp8", "mla_without_te"])
 TWO_RANKS = (
     ["tp2", "pp2", "moe_ep2"],
     [
@@ -110,6 +111,16 @@ def test_tp1_forward_backward_against_plain_torch_and_rng_tracker(single_process
     assert tp1["tracker_draws_match"] and tp1["default_generator_restored"]
     assert tp1["dropout_passes_differ"] and tp1["dropout_reseed_repeats"]
     assert "not divisible by tp*pp*cp" in tp1["bad_sizes_error"]
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT)
+def test_mla_and_the_compiled_router_bias_update_run_on_cpu(single_process):
+    assert_failed_without(single_process, ["mla_without_te"])
+    (rank,) = single_process["ranks"]
+    mla = rank["mla"]
+    assert mla["logits_shape"] == [2, 24, 512] and mla["finite"] and mla["grads"]
+    assert mla["tokens_counted"] == [2 * 24 * 4] * 2  # the compiled expert-bias update ran in both MoE layers
+    assert mla["synchronize_is_its_own"]
 
 
 @pytest.mark.distributed

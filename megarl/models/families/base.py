@@ -1,40 +1,74 @@
-"""What a model family declares, and the building blocks the Llama-like families share.
+"""What a model family declares, and the building blocks families share.
 
-A family is a ``FamilySpec``: the HF architectures it serves, how to read its config into
-``ModelDims``, and ``layer_params``: for decoder layer ``i``, the list of ``ParamMap`` entries
-naming each megatron-core parameter of that layer (local layer-spec names, relative to
-``decoder.layers.<n>.``) and the mapping from HF tensors that makes it. The top-level
-parameters (embedding, final norm, output layer or value head) use the standard HF names and
-live in ``megarl.models.shards``.
+A family is one ``FamilySpec`` in one module of this package. It declares everything the bridge
+knows about the architecture:
+
+* ``architectures`` / ``model_types``: the HF configs it serves;
+* ``read_dims``: the HF config -> ``ModelDims`` (its attention kind, RoPE kind, MoE block), with
+  the refusals of variants megatron-core cannot reproduce;
+* ``layer_params``: for decoder layer ``i``, one ``ParamMap`` per megatron-core tensor (local
+  layer-spec names, relative to ``decoder.layers.<n>.``) and the HF tensors it is made of. The
+  loader, the exporter, the shard layout and the weight sync all read these maps;
+* ``transformer_config``: the family's megatron-core config fields (attention, RoPE, routing),
+  built into ``config_class`` (``TransformerConfig`` or ``MLATransformerConfig``);
+* ``transformer_engine``: how a ``ParamMap`` changes under Transformer Engine's layer spec (fused
+  norms, replicated down-projections);
+* ``vllm_replicated``: HF tensors vLLM replicates over its TP ranks although megatron splits them;
+  every other tensor's vLLM split follows from its megatron mapping (``megarl.models.vllm_layout``);
+  ``vllm_hf_overrides``: config fields vLLM needs that transformers does not write (given to the
+  engine and written into exported config.json files);
+* ``prepare_layer_spec``: fixes to megatron's layer spec before the model is built;
+* ``skipped_hf_tensors``: checkpoint tensors the bridge leaves out on purpose (named in a log line).
+
+The top-level parameters (embedding, final norm, output layer or value head) use the standard HF
+names and live in ``megarl.models.shards``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from transformers import PretrainedConfig
 
-from megarl.models.dims import ModelDims
+from megarl.models.dims import GQAttention, ModelDims, MoE
 from megarl.models.mappings import FusedGateUp, FusedQKV, HFTensor, Mapping, Replicated, Split
 
 
 @dataclass(frozen=True)
 class ParamMap:
-    """One megatron parameter and the HF tensors it is made of.
+    """One megatron tensor and the HF tensors it is made of.
 
     ``megatron`` is relative to the decoder layer; expert weights contain ``{expert}``, filled
     with the local expert index in stage-local names and the global one in global names.
     ``expert`` is the global expert index for expert weights (split over EP), else None.
+    ``buffer``: a module buffer rather than a parameter (the router's fp32 ``expert_bias``); it is
+    loaded, exported and synced like a parameter but has no gradient.
     """
 
     megatron: str
     mapping: Mapping
     expert: int | None = None
+    buffer: bool = False
+
+
+def gqa_transformer_engine(param: ParamMap, dims: ModelDims, layer: int) -> ParamMap:
+    """Transformer Engine fuses the pre-attention norm into ``linear_qkv`` and, in dense layers, the
+    pre-MLP norm into ``linear_fc1``."""
+    if param.megatron == "input_layernorm.weight":
+        return replace(param, megatron="self_attention.linear_qkv.layer_norm_weight")
+    return fused_pre_mlp_norm(param, dims, layer)
+
+
+def fused_pre_mlp_norm(param: ParamMap, dims: ModelDims, layer: int) -> ParamMap:
+    if param.megatron == "pre_mlp_layernorm.weight" and not dims.is_moe_layer(layer):
+        return replace(param, megatron="mlp.linear_fc1.layer_norm_weight")
+    return param
 
 
 @dataclass(frozen=True)
 class FamilySpec:
-    """A model family: adding one is one new module with one of these, registered in ``families``."""
+    """A model family (see the module docstring); registered in ``megarl.models.families``."""
 
     name: str
     architectures: tuple[str, ...]  # HF CausalLM architecture names it serves
@@ -42,8 +76,16 @@ class FamilySpec:
     description: str
     read_dims: Callable[[PretrainedConfig], ModelDims]
     layer_params: Callable[[ModelDims, int], list[ParamMap]]
-    # Family-specific TransformerConfig fields on top of the ones derived from ModelDims.
-    extra_transformer_config: Callable[[ModelDims], dict] = field(default=lambda dims: {})
+    transformer_config: Callable[[ModelDims], dict]
+    config_class: str = "TransformerConfig"  # a class of megatron.core.transformer
+    transformer_engine: Callable[[ParamMap, ModelDims, int], ParamMap] = gqa_transformer_engine
+    vllm_replicated: tuple[str, ...] = ()  # HF name suffixes (after ``model.layers.<i>.``)
+    vllm_hf_overrides: dict = field(default_factory=dict)  # config.json fields vLLM needs that transformers drops
+    prepare_layer_spec: Callable[[object], None] = field(default=lambda layer_spec: None)
+    skipped_hf_tensors: Callable[[PretrainedConfig], re.Pattern | None] = field(default=lambda config: None)
+
+
+# ---------------------------------------------------------------- parameter maps
 
 
 def layer_norm_params(dims: ModelDims, i: int) -> list[ParamMap]:
@@ -59,8 +101,9 @@ def layer_norm_params(dims: ModelDims, i: int) -> list[ParamMap]:
 def attention_params(dims: ModelDims, i: int) -> list[ParamMap]:
     """GQA self-attention: fused QKV (optionally with bias), output projection, optional qk-norm."""
     p = f"model.layers.{i}.self_attn."
-    hidden, q_size, kv_size = dims.hidden_size, dims.q_size, dims.kv_size
-    groups = dict(num_groups=dims.num_query_groups, heads_per_group=dims.heads_per_group, head_dim=dims.head_dim)
+    attn: GQAttention = dims.attention
+    hidden, q_size, kv_size = dims.hidden_size, attn.q_size, attn.kv_size
+    groups = dict(num_groups=attn.num_query_groups, heads_per_group=attn.heads_per_group, head_dim=attn.head_dim)
 
     def qkv(suffix: str, tail: tuple[int, ...]) -> FusedQKV:
         return FusedQKV(
@@ -71,11 +114,11 @@ def attention_params(dims: ModelDims, i: int) -> list[ParamMap]:
         )
 
     params = [ParamMap("self_attention.linear_qkv.weight", qkv("weight", (hidden,)))]
-    if dims.qkv_bias:
+    if attn.qkv_bias:
         params.append(ParamMap("self_attention.linear_qkv.bias", qkv("bias", ())))
     params.append(ParamMap("self_attention.linear_proj.weight", Split(HFTensor(p + "o_proj.weight", (hidden, q_size)), dim=1)))
-    if dims.qk_norm:
-        d = (dims.head_dim,)
+    if attn.qk_norm:
+        d = (attn.head_dim,)
         params.append(ParamMap("self_attention.q_layernorm.weight", Replicated(HFTensor(p + "q_norm.weight", d))))
         params.append(ParamMap("self_attention.k_layernorm.weight", Replicated(HFTensor(p + "k_norm.weight", d))))
     return params
@@ -105,17 +148,12 @@ def moe_params(dims: ModelDims, router: str, expert_prefix: str, gate: str, up: 
     ``expert_prefix`` holds ``{e}``, the global expert index; gate/up/down are the expert's
     tensor names under it.
     """
-    params = [ParamMap("mlp.router.weight", Replicated(HFTensor(router, (dims.num_experts, dims.hidden_size))))]
-    for e in range(dims.num_experts):
+    moe: MoE = dims.moe
+    params = [ParamMap("mlp.router.weight", Replicated(HFTensor(router, (moe.num_experts, dims.hidden_size))))]
+    for e in range(moe.num_experts):
         p = expert_prefix.format(e=e)
         params += swiglu_params(
-            "mlp.experts.local_experts.{expert}.",
-            p + gate,
-            p + up,
-            p + down,
-            dims.hidden_size,
-            dims.moe_ffn_hidden_size,
-            expert=e,
+            "mlp.experts.local_experts.{expert}.", p + gate, p + up, p + down, dims.hidden_size, moe.ffn_hidden_size, expert=e
         )
     return params
 
@@ -132,3 +170,35 @@ def reject_attention_bias(config: PretrainedConfig) -> None:
             f"{config.model_type} with attention_bias=True is not supported (bias on the output projection); "
             "use a checkpoint without attention biases"
         )
+
+
+# ---------------------------------------------------------------- megatron-core config fields
+
+
+def gqa_transformer_config(dims: ModelDims) -> dict:
+    """megatron-core fields of GQA self-attention."""
+    attn: GQAttention = dims.attention
+    return dict(
+        num_query_groups=attn.num_query_groups,
+        kv_channels=attn.head_dim,
+        add_qkv_bias=attn.qkv_bias,
+        qk_layernorm=attn.qk_norm,
+    )
+
+
+def softmax_moe_config(dims: ModelDims) -> dict:
+    """Softmax top-k routing, matching HF exactly.
+
+    * renormalised top-k (Mixtral; Qwen3-MoE with ``norm_topk_prob``): megatron's
+      ``moe_router_pre_softmax=False`` = top-k on the logits, then softmax over the k chosen = HF's
+      softmax -> top-k -> divide by the sum. (``True`` here measured 6.2e-2 logits error on Mixtral.)
+    * without renormalisation (``norm_topk_prob=False``): ``moe_router_pre_softmax=True``.
+    * ``moe_router_dtype`` stays unset: the router logits are computed in the model dtype, as in HF
+      (and megatron-core 0.16.1's fp32 router GEMM path needs Transformer Engine).
+    """
+    return dict(moe_router_pre_softmax=not dims.moe.norm_topk_prob, moe_router_score_function="softmax")
+
+
+def gqa_family_config(dims: ModelDims) -> dict:
+    """GQA attention plus, for MoE families, softmax routing."""
+    return {**gqa_transformer_config(dims), **(softmax_moe_config(dims) if dims.is_moe else {})}

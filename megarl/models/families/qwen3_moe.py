@@ -3,11 +3,12 @@
 Routing: softmax over all experts, top-k, then renormalise when ``norm_topk_prob`` (as in
 Qwen3-30B-A3B / 235B-A22B); ``mlp_only_layers`` and ``decoder_sparse_step`` make some layers dense.
 """
-from megarl.models.dims import ModelDims, common_dims
+from megarl.models.dims import MoE, ModelDims, common_dims, gqa_attention, read_rope
 from megarl.models.families.base import (
     FamilySpec,
     attention_params,
     dense_mlp_params,
+    gqa_family_config,
     layer_norm_params,
     moe_params,
     reject_attention_bias,
@@ -21,16 +22,14 @@ def _is_moe_layer(config, i: int) -> bool:
 
 def read_dims(config):
     reject_attention_bias(config)
-    return common_dims(
-        config,
-        qkv_bias=False,
-        qk_norm=True,
+    moe = MoE(
         num_experts=config.num_experts,
-        moe_ffn_hidden_size=config.moe_intermediate_size,
-        moe_topk=config.num_experts_per_tok,
-        moe_layers=tuple(_is_moe_layer(config, i) for i in range(config.num_hidden_layers)),
-        moe_norm_topk_prob=bool(config.norm_topk_prob),
+        ffn_hidden_size=config.moe_intermediate_size,
+        topk=config.num_experts_per_tok,
+        layers=tuple(_is_moe_layer(config, i) for i in range(config.num_hidden_layers)),
+        norm_topk_prob=bool(config.norm_topk_prob),
     )
+    return common_dims(config, attention=gqa_attention(config, qkv_bias=False, qk_norm=True), rope=read_rope(config), moe=moe)
 
 
 def layer_params(dims: ModelDims, i: int):
@@ -49,4 +48,5 @@ SPEC = FamilySpec(
     description="Qwen3-MoE: qk-norm, softmax top-k routing (renormalised if norm_topk_prob)",
     read_dims=read_dims,
     layer_params=layer_params,
+    transformer_config=gqa_family_config,
 )

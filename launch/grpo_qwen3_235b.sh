@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# GRPO on Qwen3-235B-A22B with TP4 x PP8 x EP4 on the trainer and TP=8 rollout replicas.
+#
+#   MODEL_PATH=/models/Qwen3-235B-A22B TRAIN_FILES=... VAL_FILES=... CKPT_DIR=... sbatch launch/grpo_qwen3_235b.sh [key=value ...]
+#
+# Layout and memory plan: configs/grpo_qwen3_235b.yaml. Submit from the repository root (or set MEGARL_REPO).
+#SBATCH --job-name=megarl-grpo-qwen3-235b
+#SBATCH --nodes=8
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=96
+#SBATCH --mem=0
+#SBATCH --exclusive
+#SBATCH --time=72:00:00
+#SBATCH --output=megarl-%x-%j.out
+set -euo pipefail
+exec bash "${MEGARL_REPO:-${SLURM_SUBMIT_DIR:-.}}/slurm/launch.sh" grpo_qwen3_235b "$@"

@@ -1,0 +1,110 @@
+"""How vLLM splits each HF tensor over its tensor-parallel ranks, derived from the bridge's maps.
+
+A vLLM layer keeps, on TP rank ``r``, one region of each HF tensor it loads
+(vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py, fused_moe):
+
+* ``column``: output rows split evenly (column-parallel linears: q, gate, up, MLA's q_b / kv_b);
+* ``row``: input columns split evenly (row-parallel linears: o, down);
+* ``kv_heads``: k/v rows by KV head; with fewer KV heads than TP ranks each head is replicated on
+  ``tp // num_kv_heads`` consecutive ranks;
+* ``vocab``: the vocabulary padded to a multiple of 64 and split evenly, the last rank(s) holding
+  fewer real rows (or none);
+* ``replicated``: norms, routers, the expert bias, MLA's down-projections.
+
+The split follows from the megatron mapping of the same tensor (``megarl.models.mappings``):
+a megatron split along dim 0 is column-parallel in vLLM as well, along dim 1 row-parallel, a fused
+QKV's q is column-parallel and its k/v split by head, the embedding and output layer split the
+vocabulary, a replicated tensor is replicated. Where vLLM differs from megatron's local layer spec,
+the family says so (``FamilySpec.vllm_replicated``: DeepSeek-V3's ``q_a_proj`` and
+``kv_a_proj_with_mqa``, which megatron splits by rows and vLLM stacks into a replicated
+``fused_qkv_a_proj``). Experts without expert parallelism split like dense MLPs in both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PretrainedConfig
+
+from megarl.models.dims import MLAttention, load_hf_config
+from megarl.models.families import family_for
+from megarl.models.layout import ParallelLayout
+from megarl.models.mappings import FusedGateUp, FusedQKV, Mapping, Replicated, Split, VocabSplit
+from megarl.models.shards import chunk_params
+
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
+KINDS = ("replicated", "column", "row", "kv_heads", "vocab")
+
+Region = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class VllmSplit:
+    kind: str
+    num_kv_heads: int = 0  # kv_heads only
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"vLLM split kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind == "kv_heads" and self.num_kv_heads < 1:
+            raise ValueError("a kv_heads split needs num_kv_heads >= 1")
+
+    def region(self, name: str, shape: tuple[int, ...], tp: int, tp_rank: int) -> Region:
+        """The region of HF tensor ``name`` that vLLM's TP rank ``tp_rank`` keeps (``()``: none of it)."""
+        region = tuple((0, int(n)) for n in shape)
+        if tp == 1 or self.kind == "replicated":
+            return region
+        if self.kind == "vocab":
+            padded = -(-shape[0] // VOCAB_PADDING) * VOCAB_PADDING
+            per = padded // tp
+            start, stop = min(tp_rank * per, shape[0]), min((tp_rank + 1) * per, shape[0])
+            return ((start, stop),) + region[1:] if start < stop else ()
+        if self.kind == "kv_heads" and self.num_kv_heads < tp:
+            head_dim = shape[0] // self.num_kv_heads
+            head = tp_rank // (tp // self.num_kv_heads)
+            return ((head * head_dim, (head + 1) * head_dim),) + region[1:]
+        dim = 1 if self.kind == "row" else 0
+        size = shape[dim]
+        if size % tp:
+            raise ValueError(f"{name}: dim {dim} of size {size} does not split over rollout TP={tp}")
+        step = size // tp
+        return tuple((tp_rank * step, (tp_rank + 1) * step) if d == dim else iv for d, iv in enumerate(region))
+
+
+def _splits_of(mapping: Mapping) -> dict[str, VllmSplit]:
+    if isinstance(mapping, Replicated):
+        return {mapping.tensor.name: VllmSplit("replicated")}
+    if isinstance(mapping, VocabSplit):
+        return {mapping.tensor.name: VllmSplit("vocab")}
+    if isinstance(mapping, Split):
+        return {mapping.tensor.name: VllmSplit("column" if mapping.dim == 0 else "row")}
+    if isinstance(mapping, FusedQKV):
+        kv = VllmSplit("kv_heads", mapping.num_groups)
+        return {mapping.q.name: VllmSplit("column"), mapping.k.name: kv, mapping.v.name: kv}
+    if isinstance(mapping, FusedGateUp):
+        return {mapping.gate.name: VllmSplit("column"), mapping.up.name: VllmSplit("column")}
+    raise TypeError(f"no vLLM split rule for mapping {type(mapping).__name__}")
+
+
+def vllm_splits(hf_config_or_dir: PretrainedConfig | str) -> dict[str, VllmSplit]:
+    """HF tensor name -> how vLLM splits it over TP, for every tensor of the causal LM."""
+    config = load_hf_config(hf_config_or_dir)
+    family = family_for(config)
+    dims = family.read_dims(config)
+    splits: dict[str, VllmSplit] = {}
+    for param in chunk_params(dims, family, ParallelLayout(), 0, 0, "actor"):
+        splits.update(_splits_of(param.mapping))
+    for name in splits:
+        if name.startswith("model.layers.") and name.split(".", 3)[3] in family.vllm_replicated:
+            splits[name] = VllmSplit("replicated")
+    return splits
+
+
+def vllm_hf_overrides(hf_config_or_dir: PretrainedConfig | str) -> dict:
+    """The config fields vLLM needs for this model that transformers does not write (may be empty)."""
+    return dict(family_for(load_hf_config(hf_config_or_dir)).vllm_hf_overrides)
+
+
+def uses_mla(hf_config_or_dir: PretrainedConfig | str) -> bool:
+    """Whether the model's attention is multi-latent (vLLM's MLA backends serve it)."""
+    config = load_hf_config(hf_config_or_dir)
+    return isinstance(family_for(config).read_dims(config).attention, MLAttention)
