@@ -69,7 +69,7 @@ def run(name, layout, model_dir: Path, work: Path) -> dict:
 
 def main():
     model_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
-    platform.init_distributed(timeout_minutes=5)
+    platform.init_distributed(timeout_s=300)
     world = dist.get_world_size()
     records = []
     for name, layout in SCENARIOS[world].items():
