@@ -47,10 +47,11 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
             layer = OmegaConf.load(path)
         except Exception as exc:  # yaml syntax errors
             raise ConfigError(f"{path}: cannot parse YAML: {exc}") from exc
+        layer = OmegaConf.create(apply_renames(OmegaConf.to_container(layer), source=str(path)))
         check_known_keys(OmegaConf.to_container(layer), source=str(path))
         layers.append(layer)
     if overrides:
-        layer = parse_overrides(overrides)
+        layer = OmegaConf.create(apply_renames(OmegaConf.to_container(parse_overrides(overrides)), "command line"))
         check_known_keys(OmegaConf.to_container(layer), source="command line")
         layers.append(layer)
 
@@ -78,6 +79,41 @@ def parse_overrides(overrides: Iterable[str]) -> DictConfig:
         return OmegaConf.from_dotlist(items)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"cannot parse overrides {items}: {exc}") from exc
+
+
+# Old spellings of keys that verl users still write, and the key that holds each now.
+RENAMED_KEYS = {
+    "actor_rollout_ref.rollout.tool_kwargs.tools_config_file": "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+}
+
+
+def apply_renames(tree: Any, source: str) -> Any:
+    """Move every old-spelled key of ``tree`` to its current name, with one warning each."""
+    import logging
+
+    if not isinstance(tree, dict):
+        return tree
+    for old, new in RENAMED_KEYS.items():
+        *parents, leaf = old.split(".")
+        node = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        logging.getLogger(__name__).warning("%s: '%s' is an old spelling; read as '%s'", source, old, new)
+        target = tree
+        *new_parents, new_leaf = new.split(".")
+        for part in new_parents:
+            target = target.setdefault(part, {})
+        target[new_leaf] = value
+        for depth in range(len(parents), 0, -1):  # drop sections the move left empty
+            holder = tree
+            for part in parents[:depth - 1]:
+                holder = holder[part]
+            if holder.get(parents[depth - 1]) == {}:
+                del holder[parents[depth - 1]]
+    return tree
 
 
 def schema_keys(schema: type = MegaRLConfig, prefix: str = "") -> list[str]:

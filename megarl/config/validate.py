@@ -95,6 +95,8 @@ def validate_config(cfg: DictConfig) -> None:
     if rollout.weight_sync.bucket_mb < 1:
         add(f"actor_rollout_ref.rollout.weight_sync.bucket_mb={rollout.weight_sync.bucket_mb}: must be >= 1.")
 
+    _check_agent(add, rollout)
+
     # data
     if d.max_prompt_length < 1 or d.max_response_length < 1:
         add("data.max_prompt_length and data.max_response_length must be >= 1.")
@@ -133,6 +135,43 @@ def validate_config(cfg: DictConfig) -> None:
 
     if problems:
         raise ConfigError(_format(problems))
+
+
+def _check_agent(add, rollout) -> None:
+    """``rollout.multi_turn.*`` and ``rollout.agent.*`` (the agent loops, megarl.agent)."""
+    import os
+
+    from megarl.agent.settings import MultiTurnSettings
+
+    prefix = "actor_rollout_ref.rollout"
+    mt, agent = rollout.multi_turn, rollout.agent
+    try:
+        MultiTurnSettings.from_config(mt)
+    except ValueError as exc:
+        add(f"{prefix}.{exc}.")
+    if mt.enable and not (mt.tool_config_path or mt.function_tool_path):
+        add(f"{prefix}.multi_turn.enable=True needs tools: set {prefix}.multi_turn.tool_config_path (verl's tool "
+            "YAML) or multi_turn.function_tool_path (a .py file of functions).")
+    for key in ("tool_config_path", "function_tool_path"):
+        if mt[key] and not os.path.isfile(os.path.expanduser(mt[key])):
+            add(f"{prefix}.multi_turn.{key}={mt[key]}: file not found.")
+    if mt.interaction_config_path:
+        add(f"{prefix}.multi_turn.interaction_config_path: verl's interactions (a simulated user that answers the "
+            "model) are not supported by megarl; tools are (multi_turn.tool_config_path). For the old spelling of "
+            "the tool config, use multi_turn.tool_config_path.")
+    if mt.use_inference_chat_template:
+        add(f"{prefix}.multi_turn.use_inference_chat_template=True: megarl keeps the tokens of every turn as "
+            "sampled and never re-renders earlier turns, so there is no template to choose; set it to false (the "
+            "drift check, multi_turn.tokenization_sanity_check_mode, reports where a re-render would differ).")
+    if mt.num_repeat_rollouts is not None:
+        add(f"{prefix}.multi_turn.num_repeat_rollouts is not supported; use {prefix}.n for samples per prompt.")
+    if agent.num_workers < 0:
+        add(f"{prefix}.agent.num_workers={agent.num_workers}: use 0 (loops in the controller) or a count of workers.")
+    if agent.agent_loop_config_path and not os.path.isfile(os.path.expanduser(agent.agent_loop_config_path)):
+        add(f"{prefix}.agent.agent_loop_config_path={agent.agent_loop_config_path}: file not found.")
+    if agent.custom_async_server.path or agent.custom_async_server.name:
+        add(f"{prefix}.agent.custom_async_server: megarl's rollout replicas are vLLM AsyncLLM engines and cannot "
+            "be replaced; register an agent loop instead (megarl.agent.register_agent_loop).")
 
 
 def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_size: int, n: int) -> None:

@@ -43,6 +43,7 @@ def collate(items: list[PromptItem]) -> dict[str, list[Any]]:
         "ground_truth": [it.ground_truth for it in items],
         "reward_model": [it.reward_model for it in items],
         "extra_info": [it.extra_info for it in items],
+        "agent_name": [it.agent_name for it in items],
     }
 
 
@@ -86,8 +87,11 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def build_dataset(data_cfg: Any, tokenizer: Any, split: str) -> PromptDataset:
-    """The train (``split="train"``) or validation (``split="val"``) dataset from ``data.*``."""
+def build_dataset(data_cfg: Any, tokenizer: Any, split: str, chat_tools=None) -> PromptDataset:
+    """The train (``split="train"``) or validation (``split="val"``) dataset from ``data.*``.
+
+    ``chat_tools(agent_name)`` gives the tool schemas to render into a row's prompt (None: none).
+    """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     files = _get(data_cfg, f"{split}_files")
@@ -103,16 +107,17 @@ def build_dataset(data_cfg: Any, tokenizer: Any, split: str) -> PromptDataset:
         truncation=_get(data_cfg, "truncation", "error"),
         filter_overlong_prompts=bool(_get(data_cfg, "filter_overlong_prompts", True)),
         apply_chat_template_kwargs=dict(_get(data_cfg, "apply_chat_template_kwargs", {})),
+        chat_tools=chat_tools,
     )
 
 
-def build_train_loader(data_cfg: Any, tokenizer: Any) -> PromptDataLoader:
+def build_train_loader(data_cfg: Any, tokenizer: Any, chat_tools=None) -> PromptDataLoader:
     """The training loader: ``data.train_batch_size`` prompts per batch, shuffled per epoch."""
     batch_size = _get(data_cfg, "train_batch_size")
     if batch_size is None:
         raise ValueError("data.train_batch_size is not set")
     return PromptDataLoader(
-        build_dataset(data_cfg, tokenizer, "train"),
+        build_dataset(data_cfg, tokenizer, "train", chat_tools),
         int(batch_size),
         shuffle=bool(_get(data_cfg, "shuffle", True)),
         seed=int(_get(data_cfg, "seed", 1)),
