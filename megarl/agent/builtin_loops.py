@@ -67,8 +67,7 @@ class ToolAgentLoop(AgentLoop):
         ctx, settings, tools = self.context, self.settings, self.context.tools
         tokenizer = ctx.tokenizer
         builder = TrajectoryBuilder(sample.prompt_ids, ctx.response_length)
-        messages = [dict(m) for m in sample.messages]  # as the chat API would store them (for the drift check)
-        history = [dict(m) for m in sample.messages]  # with the model's text verbatim (for token deltas)
+        messages = [dict(m) for m in sample.messages]  # as a chat API would store them (for the drift check)
         counts = dict(tool_calls=0, tool_errors=0, tool_timeouts=0, tool_malformed=0, tool_truncated=0)
         step_rewards, assistant_turns, user_turns = 0.0, 0, 0
         instances = await tools.create(sample.tools_kwargs)
@@ -83,10 +82,7 @@ class ToolAgentLoop(AgentLoop):
                                                    max_tokens=room)
                 assistant_turns += 1
                 builder.add_model(generation.token_ids, generation.logprobs)
-                sampled = tokenizer.decode(generation.token_ids, skip_special_tokens=False)
-                content = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-                turn = self.parser.parse(content)
-                history.append({"role": "assistant", "content": content})
+                turn = self.parser.parse(tokenizer.decode(generation.token_ids, skip_special_tokens=True))
                 messages.append(_assistant_message(turn))
                 if generation.finish_reason == "length":
                     finish = "length"
@@ -103,8 +99,8 @@ class ToolAgentLoop(AgentLoop):
                 step_rewards += sum(reward for _, reward in replies)
                 tool_messages = [{"role": "tool", "content": text} for text, _ in replies]
                 user_turns += 1
-                ids = env_turn_ids(tokenizer, history, tool_messages, sampled, self.schemas, ctx.chat_template_kwargs)
-                history += tool_messages
+                last = generation.token_ids[-1] if generation.token_ids else None
+                ids = env_turn_ids(tokenizer, messages[-1], tool_messages, last, self.schemas, ctx.chat_template_kwargs)
                 messages += tool_messages
                 if not builder.add_env(ids):
                     finish = "length"

@@ -3,9 +3,9 @@ drift check (verl's ``tokenization_sanity_check_mode``).
 
 Token in, token out: a trajectory keeps the exact tokens the model sampled, and appends the tokens
 of each tool turn as the chat template renders it. ``env_turn_ids`` finds those tokens as the
-difference between two renders of the conversation (before and after the tool messages), starting
-right after the model's last sampled token, so the template's own separators (e.g. the newline
-after ``<|im_end|>``) are included and nothing is rendered twice.
+difference between two renders (without and with the tool messages), starting right after the
+model's last sampled token, so the template's own separators (e.g. the newline after
+``<|im_end|>``) are included and nothing is rendered twice.
 
 Drift: re-applying the template to the whole conversation may give other tokens than the turn by
 turn concatenation the model was trained on (templates that drop ``<think>`` from earlier turns,
@@ -31,23 +31,30 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def env_turn_ids(tokenizer: Any, history: Sequence[dict], new_messages: Sequence[dict], model_text: str,
+def env_turn_ids(tokenizer: Any, assistant_message: dict, new_messages: Sequence[dict], last_token_id: int | None,
                  tools: list | None = None, kwargs: dict[str, Any] | None = None) -> list[int]:
-    """Token ids that follow the model's last turn: the rest of its turn's template markup, the
+    """Token ids that follow the model's turn: the rest of that turn's template markup, the
     ``new_messages`` (tool responses) and the generation prompt of the next assistant turn.
 
-    ``history`` ends with the assistant message holding ``model_text`` verbatim (the decoded
-    sampled tokens, special tokens included) as its content.
+    The tool messages are rendered after a stand-in conversation (a one-character user message and
+    an assistant message with a one-character content and the turn's tool calls), not after the
+    real history: a template may render earlier turns differently once more follow (Qwen3 drops
+    their ``<think>``), and the sampled tokens of those turns must stay as they are. ``last_token_id`` is the model's last
+    sampled token: when it is a special token (end of turn), what the template writes after it
+    (e.g. the newline after ``<|im_end|>``) is part of the environment's tokens.
     """
-    before = render_text(tokenizer, history, tools, False, kwargs)
-    after = render_text(tokenizer, list(history) + list(new_messages), tools, True, kwargs)
+    stand_in = [{"role": "user", "content": "."}, {**assistant_message, "content": "."}]
+    before = render_text(tokenizer, stand_in, tools, False, kwargs)
+    after = render_text(tokenizer, stand_in + list(new_messages), tools, True, kwargs)
     if not after.startswith(before):
-        raise ValueError("the chat template renders the earlier turns differently once tool messages follow; "
-                         "megarl cannot append tool turns token by token with it")
+        raise ValueError("the chat template renders an assistant turn differently once tool messages follow it; "
+                         "megarl cannot append tool turns token by token with this template")
     tail = ""
-    end = before.rfind(model_text) if model_text else -1
-    if end >= 0:  # the template's markup after what the model sampled (e.g. "\n" after <|im_end|>)
-        tail = before[end + len(model_text):]
+    if last_token_id is not None and last_token_id in set(tokenizer.all_special_ids):
+        end_text = tokenizer.decode([last_token_id])
+        at = before.rfind(end_text)
+        if at >= 0:
+            tail = before[at + len(end_text):]
     return encode(tokenizer, tail + after[len(before):])
 
 

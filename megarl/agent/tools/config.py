@@ -69,7 +69,7 @@ def _build(entry: Any, where: str) -> BaseTool:
         raise ValueError(f"{where}: config.type={kind!r}: megarl runs native (in-process) tools only; MCP tools "
                          "are not supported")
     name = entry["class_name"]
-    cls = load_object(VERL_CLASS_NAMES.get(name, name), f"{where} class_name")
+    cls = load_object(VERL_CLASS_NAMES.get(name) or BUILTIN_TOOLS.get(name) or name, f"{where} class_name")
     if not isinstance(cls, type) or not all(callable(getattr(cls, m, None)) for m in _METHODS):
         raise TypeError(f"{where}: class_name {name} is not a tool class (it needs {', '.join(_METHODS)})")
     schema = entry.get("tool_schema")
