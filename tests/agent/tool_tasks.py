@@ -1,0 +1,117 @@
+"""Tool-calling tasks for the training tests: data, tool configs and format warm-ups on a tiny model.
+
+``gsm8k``: verl's multi-turn GSM8K (``prepare gsm8k --multiturn`` rows, verl's own
+``gsm8k_tool_config.yaml``). Its warm-up teaches the format only: call ``calc_gsm8k_reward`` with a
+*random* number, read the tool's reply, answer ``#### <that number>``.
+
+``multiply``: "What is 37 * 58?" with a calculator tool. The warm-up teaches the format: call the
+calculator on the question's expression, then answer with one of the numbers in the conversation
+(chosen uniformly among the two operands, the tool's reply and a random number), so which number
+is right is left to RL: that is the tool's result, and without a working tool it is nowhere in
+the conversation. Products of two-digit numbers are too large to guess (chance ~1/8000).
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+VERL_GSM8K_TOOL_CONFIG = SHARED / "verl" / "tool_config" / "gsm8k_tool_config.yaml"
+CALCULATOR_CONFIG = """tools:
+  - class_name: megarl.agent.tools.calculator.CalculatorTool
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: calculator
+        description: Evaluate arithmetic.
+        parameters:
+          type: object
+          properties:
+            expression: {type: string}
+          required: [expression]
+"""
+DISABLED_CALCULATOR = '''
+def calculator(expression: str) -> str:
+    """Evaluate arithmetic."""
+    return "Error: the calculator is not available."
+'''
+MULTIPLY_SOURCE = "megarl/multiply"
+MULTIPLY_REWARD = '''
+import re
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """1 if the final answer (the text after the last tool response) is the ground truth."""
+    final = solution_str.split("</tool_response>")[-1]
+    numbers = re.findall(r"-?\\d+", final)
+    return 1.0 if numbers and numbers[0] == str(ground_truth) else 0.0
+'''
+
+
+def tool_call(name: str, **arguments) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": name, "arguments": arguments}}]}
+
+
+# ----------------------------------------------------------------------------- GSM8K (verl's)
+def gsm8k_data(out: Path, num_train: int = 64, num_test: int = 16) -> dict[str, Path]:
+    from megarl.data.prepare import gsm8k_rows
+
+    files = {}
+    for split, count in (("train", num_train), ("test", num_test)):
+        rows = gsm8k_rows(SHARED / "data" / "gsm8k" / f"{split}.jsonl", split, multiturn=True)[:count]
+        files[split] = out / f"{split}.parquet"
+        out.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), files[split])
+    return files
+
+
+def gsm8k_conversation(prompts: list[list[dict]]):
+    def make(rng: random.Random) -> list[dict]:
+        guess = str(rng.randrange(1, 200))
+        return list(rng.choice(prompts)) + [
+            tool_call("calc_gsm8k_reward", answer=guess),
+            {"role": "tool", "content": f"Current parsed answer={guess!r} reward=0.0"},
+            {"role": "assistant", "content": f"#### {guess}"}]
+    return make
+
+
+# ----------------------------------------------------------------------------- multiplication
+def multiply_rows(count: int, split: str, rng: random.Random) -> list[dict]:
+    rows = []
+    for index in range(count):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        rows.append({"data_source": MULTIPLY_SOURCE, "agent_name": "tool_agent",
+                     "prompt": [{"role": "user", "content": f"What is {a} * {b}?"}],
+                     "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+                     "extra_info": {"split": split, "index": index, "a": a, "b": b}})
+    return rows
+
+
+def multiply_files(out: Path, num_train: int = 512, num_test: int = 64) -> dict[str, Path]:
+    rng = random.Random(0)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"tools": out / "calculator.yaml", "disabled": out / "disabled_calculator.py",
+             "reward": out / "reward.py", "train": out / "train.parquet", "test": out / "test.parquet"}
+    files["tools"].write_text(CALCULATOR_CONFIG)
+    files["disabled"].write_text(DISABLED_CALCULATOR)
+    files["reward"].write_text(MULTIPLY_REWARD)
+    pq.write_table(pa.Table.from_pylist(multiply_rows(num_train, "train", rng)), files["train"])
+    pq.write_table(pa.Table.from_pylist(multiply_rows(num_test, "test", rng)), files["test"])
+    return files
+
+
+def multiply_conversation(rng: random.Random) -> list[dict]:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    answer = rng.choice([a, b, a * b, rng.randint(100, 9999)])
+    return [{"role": "user", "content": f"What is {a} * {b}?"}, tool_call("calculator", expression=f"{a} * {b}"),
+            {"role": "tool", "content": str(a * b)}, {"role": "assistant", "content": str(answer)}]
+
+
+def tool_schemas(config: Path) -> list:
+    from megarl.agent.tools.config import load_tool_config
+
+    return [tool.get_openai_tool_schema() for tool in load_tool_config(config)]
