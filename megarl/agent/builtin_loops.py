@@ -56,8 +56,9 @@ class ToolAgentLoop(AgentLoop):
     def __init__(self, context):
         super().__init__(context)
         if not context.tools:
-            raise ValueError("the tool_agent loop needs tools: set actor_rollout_ref.rollout.multi_turn.tool_config_path "
-                             "or multi_turn.function_tool_path")
+            raise ValueError("the tool_agent loop (a row's agent_name, or agent.default_agent_loop) needs tools: set "
+                             "actor_rollout_ref.rollout.multi_turn.enable=True and multi_turn.tool_config_path or "
+                             "multi_turn.function_tool_path")
         self.settings = context.multi_turn
         self.parser = get_tool_parser(self.settings.format)
         self.schemas = context.tools.schemas

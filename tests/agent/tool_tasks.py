@@ -111,6 +111,35 @@ def multiply_conversation(rng: random.Random) -> list[dict]:
             {"role": "tool", "content": str(a * b)}, {"role": "assistant", "content": str(answer)}]
 
 
+# The test model's chat template leaves the tool schemas out of the prompt (as many real templates
+# do): a tiny model learns the call format from the warm-up, and prompts stay ~20 tokens, not ~250.
+PLAIN_CHATML = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant\\n' + message['content'] }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{{- '<tool_call>{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' + (call['function']['arguments'] | tojson) + '}</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def tiny_tool_model(out: Path, size: str = "tiny") -> Path:
+    """A tiny Qwen3 model, its chat template without the tool schemas (``PLAIN_CHATML``)."""
+    from transformers import AutoTokenizer
+
+    from megarl.tools.tiny_model import make_tiny_model
+
+    path = make_tiny_model("qwen3", size, out, seed=0, overwrite=True)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = PLAIN_CHATML
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def tool_schemas(config: Path) -> list:
     from megarl.agent.tools.config import load_tool_config
 

