@@ -5,8 +5,8 @@ The default tier: a verl user's multi-turn GSM8K setup runs one step (verl's
 data with ``agent_name=tool_agent`` and ``tools_kwargs``; verl's ``multi_turn.*`` keys and the old
 ``rollout.tool_kwargs.tools_config_file`` spelling); and two GRPO steps whose rollouts call a
 calculator (a tiny model warmed up to the call format first), checking masks and metrics. The
-``slow_tier`` test is the learning test: multiplication with the calculator, against the same run
-with the calculator disabled.
+``slow_tier`` test is the learning test: a task only the tool can answer (``tool_tasks.lookup``),
+against the same run with the tool disabled.
 """
 from __future__ import annotations
 
@@ -110,29 +110,38 @@ def test_tool_calls_train_with_masked_tool_output(calculator_setup, tmp_path):
 
 
 @pytest.mark.slow_tier
-@pytest.mark.timeout(3000)
-def test_the_calculator_is_learned_and_the_gain_is_the_tools(calculator_setup, tmp_path):
-    """Validation accuracy on 2-digit multiplication rises by >= 0.3 with the calculator, and stays
-    near 0 when the same run's calculator is replaced by one that only returns an error."""
+@pytest.mark.timeout(3600)
+def test_a_tool_only_task_is_learned_and_the_gain_is_the_tools(tmp_path):
+    """The learning test (``tool_tasks.lookup``): each item's code is a secret digit only the tool
+    knows. After a format warm-up whose answers are random digits (chance: 0.1), GRPO must raise
+    the validation accuracy by >= 0.3; the same run with a tool that only returns an error stays
+    near chance, so the gain is the tool's."""
+    from megarl.tools.chat_warmup import warmup_on_conversations
     from megarl.train import run
 
-    files, model = calculator_setup
+    files = tool_tasks.lookup_files(tmp_path / "data")
+    model = warmup_on_conversations(tool_tasks.tiny_tool_model(tmp_path / "random"), tmp_path / "model",
+                                    tool_tasks.lookup_conversation, None, steps=60, lr=3e-3, batch_size=16,
+                                    label="lookup warm-up")
 
     def train(out: Path, *tools: str) -> list[float]:
         last = run(load_config("quickstart", [
             "actor_rollout_ref.rollout.multi_turn.enable=True", *tools,
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
             f"custom_reward_function.path={files['reward']}", f"data.train_files={files['train']}",
-            f"data.val_files={files['test']}", f"actor_rollout_ref.model.path={model}", "data.max_prompt_length=64",
-            "data.max_response_length=160", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8",
+            f"data.val_files={files['test']}", f"actor_rollout_ref.model.path={model}", "data.max_prompt_length=32",
+            "data.max_response_length=96", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-            "actor_rollout_ref.actor.optim.lr=5e-4", "trainer.total_training_steps=30", "trainer.test_freq=10",
-            "trainer.save_freq=-1", f"trainer.default_local_dir={out}"]))
-        curve = [h["val/score"] for h in last.pop("_history") if "val/score" in h]
-        print(f"validation accuracy ({out.name}): {curve}", flush=True)
+            "actor_rollout_ref.actor.optim.lr=5e-4", f"trainer.total_training_steps={LEARNING_STEPS}",
+            "trainer.test_freq=15", "trainer.save_freq=-1", f"trainer.default_local_dir={out}"]))
+        curve = [round(h["val/score"], 3) for h in last.pop("_history") if "val/score" in h]
+        print(f"validation accuracy every 15 steps ({out.name}): {curve}", flush=True)
         return curve
 
-    with_tool = train(tmp_path / "calculator", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={files['tools']}")
+    with_tool = train(tmp_path / "lookup", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={files['tools']}")
     without = train(tmp_path / "disabled", f"actor_rollout_ref.rollout.multi_turn.function_tool_path={files['disabled']}")
     assert with_tool[-1] - with_tool[0] >= 0.3, with_tool
-    assert max(without) <= 0.05, without
+    assert max(without) <= 0.25, without  # chance is 0.1 on 100 validation prompts
+
+
+LEARNING_STEPS = 60

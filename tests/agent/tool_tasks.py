@@ -4,11 +4,16 @@
 ``gsm8k_tool_config.yaml``). Its warm-up teaches the format only: call ``calc_gsm8k_reward`` with a
 *random* number, read the tool's reply, answer ``#### <that number>``.
 
-``multiply``: "What is 37 * 58?" with a calculator tool. The warm-up teaches the format: call the
-calculator on the question's expression, then answer with one of the numbers in the conversation
-(chosen uniformly among the two operands, the tool's reply and a random number), so which number
-is right is left to RL: that is the tool's result, and without a working tool it is nowhere in
-the conversation. Products of two-digit numbers are too large to guess (chance ~1/8000).
+``multiply``: "What is 37 * 58?" with a calculator tool; its warm-up teaches the call format (used
+by the two-step training test, which needs rollouts that call a tool).
+
+``lookup`` (the learning test): "What is the code of item 417?" where each item's code is a secret
+digit that only the ``lookup`` tool knows (it gets the sample's answer through
+``tools_kwargs.lookup.create_kwargs``, as verl's GSM8K tool gets its ground truth). Nothing in
+the prompt says anything about the code: without the tool the best policy is a guess (chance 0.1).
+The warm-up teaches the format only: call ``lookup``, read its reply, answer with a *uniformly
+random* digit, so its answers carry no information and accuracy after it is chance; RL has to
+discover that the reply is the answer.
 """
 from __future__ import annotations
 
@@ -144,3 +149,72 @@ def tool_schemas(config: Path) -> list:
     from megarl.agent.tools.config import load_tool_config
 
     return [tool.get_openai_tool_schema() for tool in load_tool_config(config)]
+
+
+# ----------------------------------------------------------------------------- lookup (learning test)
+LOOKUP_SOURCE = "megarl/lookup"
+LOOKUP_TOOL = '''
+from megarl.agent.tools import BaseTool, ToolResponse
+
+class LookupTool(BaseTool):
+    """Tells the code of this sample's item (create_kwargs: code)."""
+
+    async def create(self, instance_id=None, code=None, **kwargs):
+        return await super().create(instance_id, code=code)
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        return ToolResponse(text=str(self.instance(instance_id)["code"])), 0.0, {}
+'''
+LOOKUP_CONFIG = """tools:
+  - class_name: {path}:LookupTool
+    config: {{type: native}}
+    tool_schema:
+      type: function
+      function:
+        name: lookup
+        description: The code of the item in question.
+        parameters: {{type: object, properties: {{}}}}
+"""
+DISABLED_LOOKUP = '''
+def lookup() -> str:
+    """The code of the item in question."""
+    return "Error: the lookup service is not available."
+'''
+LOOKUP_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """1 if the final answer (after the last tool response) is the code."""
+    final = solution_str.split("</tool_response>")[-1].strip()
+    return 1.0 if final[:1] == str(ground_truth) else 0.0
+'''
+
+
+def lookup_rows(count: int, split: str, rng: random.Random) -> list[dict]:
+    rows = []
+    for index in range(count):
+        item, code = rng.randint(100, 999), rng.randint(0, 9)
+        rows.append({"data_source": LOOKUP_SOURCE, "agent_name": "tool_agent",
+                     "prompt": [{"role": "user", "content": f"What is the code of item {item}?"}],
+                     "reward_model": {"style": "rule", "ground_truth": str(code)},
+                     "extra_info": {"split": split, "index": index,
+                                    "tools_kwargs": {"lookup": {"create_kwargs": {"code": code}}}}})
+    return rows
+
+
+def lookup_files(out: Path, num_train: int = 1024, num_test: int = 100) -> dict[str, Path]:
+    rng = random.Random(1)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"tool": out / "lookup_tool.py", "tools": out / "lookup.yaml", "disabled": out / "disabled_lookup.py",
+             "reward": out / "reward.py", "train": out / "train.parquet", "test": out / "test.parquet"}
+    files["tool"].write_text(LOOKUP_TOOL)
+    files["tools"].write_text(LOOKUP_CONFIG.format(path=files["tool"]))
+    files["disabled"].write_text(DISABLED_LOOKUP)
+    files["reward"].write_text(LOOKUP_REWARD)
+    pq.write_table(pa.Table.from_pylist(lookup_rows(num_train, "train", rng)), files["train"])
+    pq.write_table(pa.Table.from_pylist(lookup_rows(num_test, "test", rng)), files["test"])
+    return files
+
+
+def lookup_conversation(rng: random.Random) -> list[dict]:
+    item, code = rng.randint(100, 999), rng.randint(0, 9)
+    return [{"role": "user", "content": f"What is the code of item {item}?"}, tool_call("lookup"),
+            {"role": "tool", "content": str(code)}, {"role": "assistant", "content": str(rng.randint(0, 9))}]

@@ -284,6 +284,28 @@ def test_seam_results_do_not_depend_on_the_replica(fleet, prompts, tokenizer, mo
     assert rollout.last_stats["samples"] == 8 and rollout.last_stats["tokens_per_s"] > 0
 
 
+def test_agent_loop_workers_give_the_same_trajectories(fleet, prompts, tokenizer, model_dir):
+    """agent.num_workers=2: the loops run in two Ray actors (each with its own tokenizer), with the
+    same results as in the controller process."""
+    from omegaconf import OmegaConf
+
+    from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
+    from megarl.agent.workers import start_workers
+
+    cfg = OmegaConf.create({"data": {"apply_chat_template_kwargs": {}}, "actor_rollout_ref": {"rollout": {
+        "response_length": MAX_TOKENS, "multi_turn": {"enable": False}, "agent": {"agent_loop_config_path": None}}}})
+    context = AgentContext(tokenizer=tokenizer, response_length=MAX_TOKENS, multi_turn=MultiTurnSettings())
+    in_workers = AgentRollout(context, fleet, fleet.config, num_workers=2,
+                              worker_factory=lambda count: start_workers(cfg, str(model_dir), count))
+    try:
+        here = seam(fleet, tokenizer).generate(columns(prompts), step=6, n=2)
+        there = in_workers.generate(columns(prompts), step=6, n=2)
+    finally:
+        in_workers.close()
+    assert [t.response_ids for t in there] == [t.response_ids for t in here]
+    assert [t.prompt_ids for t in there] == [t.prompt_ids for t in here]
+
+
 def test_every_turn_of_a_multi_turn_rollout_is_kept_token_for_token(fleet, prompts, tokenizer):
     """A three-turn loop on the real engine, environment tokens between the turns: in the training
     batch each turn's sampled tokens sit where they were sampled (mask 1, their log-probs), and the
