@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: venv quickstart test test-all
+.PHONY: venv quickstart test
 venv:
 	@bash scripts/setup_env.sh
 
@@ -13,7 +13,3 @@ quickstart: venv
 
 test: venv
 	@bash scripts/run_tests.sh $(ARGS)
-
-# the whole suite plus the slow tier (learning curves that take several minutes each)
-test-all: venv
-	@bash scripts/run_tests.sh --slow-tier $(ARGS)

@@ -7,19 +7,3 @@ for var, value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_P
                    # started by the tests stay on 127.0.0.1
                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}.items():
     os.environ.setdefault(var, value)
-
-
-def pytest_addoption(parser):
-    parser.addoption("--slow-tier", action="store_true", default=False,
-                     help="also run the tests marked slow_tier (learning curves of several minutes; make test-all)")
-
-
-def pytest_collection_modifyitems(config, items):
-    if config.getoption("--slow-tier"):
-        return
-    import pytest
-
-    skip = pytest.mark.skip(reason="slow_tier: runs with --slow-tier (make test-all)")
-    for item in items:
-        if "slow_tier" in item.keywords:
-            item.add_marker(skip)

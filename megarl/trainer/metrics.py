@@ -5,8 +5,9 @@ Names match verl's ``compute_data_metrics`` / ``compute_timing_metrics`` /
 scores from the reward function), ``critic/rewards/*`` (after KL penalty), ``critic/advantages/*``,
 ``critic/returns/*``, ``critic/values/*``, ``response_length/*``, ``prompt_length/*``,
 ``timing_s/*``, ``timing_per_token_ms/*`` and ``perf/*``. ``response_length/*`` counts the tokens
-the model sampled (the loss mask); ``response_length/clip_ratio`` is the share of responses that
-filled the response budget (model and tool tokens together).
+the model sampled (the loss mask); ``response_length/with_tools_mean`` counts tool tokens too, and
+``response_length/clip_ratio`` is the share of responses that filled the response budget (model
+and tool tokens together).
 
 Agent-loop metrics (``agent_metrics``): ``num_turns/{mean,max,min}``,
 ``tool_calls/{mean,max,min}`` (calls executed per sample), ``tool_calls/errors``,
@@ -48,6 +49,8 @@ def data_metrics(*, token_level_scores: torch.Tensor, token_level_rewards: torch
     out.update(_stats("response_length", response_lengths))
     budget_used = response_lengths if response_tokens is None else response_tokens
     out["response_length/clip_ratio"] = (budget_used >= max_response_length).float().mean().item()
+    if response_tokens is not None:
+        out["response_length/with_tools_mean"] = response_tokens.float().mean().item()
     out.update(_stats("prompt_length", prompt_lengths))
     out["prompt_length/clip_ratio"] = (prompt_lengths >= max_prompt_length).float().mean().item()
     return out

