@@ -99,6 +99,26 @@ def _private(): pass
     assert run(tools.call("add", {"a": "x", "b": 1}, instances)).error == "raised"  # "x" + 1: a TypeError, reported
 
 
+def test_a_blocking_function_tool_does_not_stall_other_calls(tmp_path):
+    import time
+
+    file = tmp_path / "slow.py"
+    file.write_text("import time\n\ndef slow(seconds: float):\n    time.sleep(seconds)\n    return 'done'\n")
+    slow, = load_function_tools(file)
+    tools = ToolSet({"slow": slow}, timeout_s=0.5)
+    instances = run(tools.create({}))
+
+    async def both():
+        return await asyncio.gather(tools.call("slow", {"seconds": 0.3}, instances),
+                                    tools.call("slow", {"seconds": 0.3}, instances),
+                                    tools.call("slow", {"seconds": 2}, instances))
+
+    start = time.perf_counter()
+    quick, other, stuck = run(both())
+    assert time.perf_counter() - start < 1.5  # the two 0.3 s calls overlapped; the 2 s one timed out at 0.5 s
+    assert quick.text == other.text == "done" and stuck.error == "timeout"
+
+
 @pytest.mark.parametrize("expression,value", [("12 * 34", 408), ("2 ** 10", 1024), ("-(3 + 4) / 2", -3.5),
                                               ("sqrt(16) + max(1, 2)", 6.0), ("7 // 2 + 7 % 2", 4), ("pi > 3", None)])
 def test_calculator_evaluates_arithmetic_only(expression, value):

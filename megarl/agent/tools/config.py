@@ -81,22 +81,27 @@ def _build(entry: Any, where: str) -> BaseTool:
 
 
 class FunctionTool(BaseTool):
-    """A plain function as a stateless tool."""
+    """A plain function as a stateless tool; a sync function's ``execute`` is sync too, so the
+    ``ToolSet`` runs it in its thread pool instead of blocking the trajectories' event loop."""
 
     def __init__(self, fn: Callable[..., Any], schema: dict[str, Any]):
         super().__init__({}, schema)
         self.fn = fn
         self.parameters = set(inspect.signature(fn).parameters)
+        self.execute = self._execute_async if inspect.iscoroutinefunction(fn) else self._execute_sync
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
+    def _unknown(self, parameters: dict[str, Any]):
         unknown = sorted(set(parameters) - self.parameters)
         if unknown:
             return ToolResponse(text=f"Error: {self.name} has no parameters {unknown}; it takes "
                                      f"{sorted(self.parameters)}"), 0.0, {}
-        result = self.fn(**parameters)
-        if inspect.isawaitable(result):
-            result = await result
-        return result, 0.0, {}
+        return None
+
+    async def _execute_async(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
+        return self._unknown(parameters) or (await self.fn(**parameters), 0.0, {})
+
+    def _execute_sync(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any):
+        return self._unknown(parameters) or (self.fn(**parameters), 0.0, {})
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}

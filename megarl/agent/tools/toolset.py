@@ -5,12 +5,16 @@ text for the model, the step reward, the tool's metrics, and an ``error`` kind w
 (``unknown_tool``, ``raised``, ``timeout``, ``bad_return``). A failure becomes an error message to
 the model, so the trajectory goes on and the failure is counted in the step's metrics. A call is
 cancelled after ``multi_turn.tool_timeout_s``; a tool whose ``execute`` blocks (not a coroutine)
-runs in a thread, whose result is dropped after the timeout (Python cannot stop a thread: such a
-tool should enforce its own limits, as the built-in Python tool does with a separate process).
+runs in the tool set's own thread pool, whose result is dropped after the timeout (Python cannot
+stop a thread: such a tool should enforce its own limits, as the built-in Python tool does with a
+separate process); being outside asyncio's default executor, a stuck thread never holds up the end
+of a rollout.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import inspect
 import json
 import logging
@@ -31,10 +35,14 @@ class CallOutcome:
     error: str | None = None  # unknown_tool | raised | timeout | bad_return
 
 
+_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="megarl-tool")
+
+
 async def _maybe_await(fn, *args, timeout_s: float, **kwargs):
     if inspect.iscoroutinefunction(fn):
         return await asyncio.wait_for(fn(*args, **kwargs), timeout_s)
-    return await asyncio.wait_for(asyncio.to_thread(fn, *args, **kwargs), timeout_s)
+    call = asyncio.get_running_loop().run_in_executor(_THREADS, functools.partial(fn, *args, **kwargs))
+    return await asyncio.wait_for(call, timeout_s)
 
 
 class ToolSet:
