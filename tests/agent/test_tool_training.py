@@ -103,8 +103,9 @@ def test_a_tool_only_task_is_learned_and_the_gain_is_the_tools(tmp_path):
     assert max(without) <= 0.25, without  # chance is 0.1 on 100 validation prompts
     # the rollouts call the tool, and the trainer's log-probs of every sampled token of every turn
     # equal the engine's: the tokens reached the batch where they were sampled
-    calls, turns = logged["tool_calls/mean"][-10:], logged["num_turns/mean"][-10:]
-    assert sum(calls) / len(calls) > 0.6 and sum(turns) / len(turns) > 3, (calls, turns)
+    calls = logged["tool_calls/mean"][-10:]
+    assert sum(calls) / len(calls) > 0.6, calls
+    assert max(logged["num_turns/max"]) == 4  # prompt, call, tool reply, answer
     assert max(logged["rollout/logprob_diff"]) < 1e-4
     # response_length counts the model's tokens only; each tool turn adds ~20 masked tokens
     model, with_tools = logged["response_length/mean"][-10:], logged["response_length/with_tools_mean"][-10:]
