@@ -7,6 +7,9 @@ twice: ``RolloutFleet.generate`` (one call per replica, all requests in it) and
 ``AgentRollout.generate`` with ``single_turn_agent`` (one request per sample, from asyncio, each its
 own Ray call to the replica's AsyncLLM). ``ignore_eos`` makes both produce exactly ``--tokens``
 tokens per sample. Prints response tokens/s of both and the median per-round ratio (target >= 0.9).
+``--sync-llm`` then also measures the engine the replicas used before they hosted ``AsyncLLM``: a
+plain ``vllm.LLM.generate`` in this process with the same prompts, seeds and settings (after the
+fleet is shut down, so not interleaved with the other two).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--sync-llm", action="store_true", help="also time vllm.LLM.generate (the engine before AsyncLLM)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -73,6 +77,34 @@ def main() -> None:
     finally:
         fleet.shutdown()
         shutdown_ray()
+    if args.sync_llm:
+        sync_llm_rates(model, prompts, config, args.rounds)
+
+
+def sync_llm_rates(model: Path, prompts: list, config, rounds: int) -> None:
+    import os
+
+    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from megarl.rollout.engine_config import llm_kwargs, replica_spec
+    from megarl.rollout.sampling import request_seed, resolve_sampling
+
+    spec = replica_spec(config, str(model), use_gpu=False, cpus_per_replica=1)
+    llm = LLM(**llm_kwargs(spec, on_gpu=False))
+    kwargs = resolve_sampling(config, {"ignore_eos": True}).vllm_kwargs()
+    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    rates = []
+    for round_ in range(rounds + 1):  # round 0 warms up
+        params = [SamplingParams(**kwargs, seed=request_seed(spec.seed, round_, i)) for i in range(len(prompts))]
+        start = time.perf_counter()
+        outputs = llm.generate(inputs, params, use_tqdm=False)
+        tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        if round_:
+            rates.append(tokens / (time.perf_counter() - start))
+    print(f"vllm.LLM.generate (the replicas' engine before AsyncLLM): {statistics.median(rates):.0f} tok/s "
+          f"(median of {rounds} rounds)")
 
 
 if __name__ == "__main__":
