@@ -124,8 +124,8 @@ class RLTrainer:
             batch = self.train_loader.next_batch()
             data, more = self.rollout_and_score(batch, step, timings, prompt_offset=offset)
             offset += len(batch)
-            for key, value in more.items():  # reward metrics of the last batch win (means over one batch)
-                metrics[key] = value
+            for key, value in more.items():  # error counts add up; means are the last batch's
+                metrics[key] = metrics.get(key, 0) + value if key == "reward/num_errors" else value
         merged = concat_step_data(kept_parts)
         metrics["filter_groups/num_gen_batches"] = gen_batches
         return merged.select(list(range(want * n))), metrics
