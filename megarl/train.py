@@ -6,7 +6,8 @@ Order of events, each step logged:
      process starts before all of it is valid);
   2. join the Ray cluster ($RAY_ADDRESS / trainer.ray_address) or start a local one on 127.0.0.1;
   3. reserve the devices (one placement group per node, ``trainer/placement.py``), then start the
-     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them;
+     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them, and the agent
+     loops' rollout seam on the fleet (tools are loaded and checked before any of it starts);
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
 """
@@ -79,6 +80,9 @@ def run(cfg) -> dict[str, float]:
     import torch
     from omegaconf import OmegaConf
 
+    from megarl.agent import AgentRollout, build_agent_context
+    from megarl.agent.rollout import LoopSet, default_loop_name, tool_schemas_for
+    from megarl.agent.workers import start_workers
     from megarl.data import build_dataset, build_train_loader
     from megarl.logging import MetricsLogger
     from megarl.rollout import RolloutFleet
@@ -104,9 +108,14 @@ def run(cfg) -> dict[str, float]:
             resolve_checkpoint(checkpoint)  # a missing or incomplete one fails here, before any process starts
             logger.info("%s starts from the megatron checkpoint %s", role, checkpoint)
     tokenizer = load_tokenizer(cfg)
+    tokenizer_path = cfg.actor_rollout_ref.model.tokenizer_path or model_path
     need_source = not cfg.custom_reward_function.path  # rule rewards are picked by data_source
-    train_loader = build_train_loader(cfg.data, tokenizer, need_source)  # data errors surface before any process starts
-    val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source) if cfg.data.val_files else None
+    # tools, agent loops and data: their errors surface before any process starts
+    agent_context = build_agent_context(cfg, tokenizer)
+    loops = LoopSet(agent_context)
+    chat_tools = tool_schemas_for(loops, default_loop_name(cfg.actor_rollout_ref.rollout))
+    train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools)
+    val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools) if cfg.data.val_files else None
 
     plan = plan_from_config(cfg)
     rollout = cfg.actor_rollout_ref.rollout
@@ -117,7 +126,7 @@ def run(cfg) -> dict[str, float]:
                 "x TP=%d", len(__import__("ray").nodes()), resources, plan.mode, plan.trainer_world,
                 len(plan.replicas), rollout.tensor_model_parallel_size)
     log_dir = Path(cfg.trainer.default_local_dir)
-    metrics_logger = workers = fleet = sync = placement = None
+    metrics_logger = workers = fleet = sync = placement = agent_rollout = None
     try:
         placement = ClusterPlacement(plan, use_gpu)
         workers = WorkerGroup(MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
@@ -128,9 +137,11 @@ def run(cfg) -> dict[str, float]:
                              slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
                              sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine)
         sync = WeightSyncSession(cfg, workers, fleet)
+        agent_rollout = AgentRollout(agent_context, fleet, rollout, loops=loops,
+                                     worker_factory=lambda count: start_workers(cfg, tokenizer_path, count))
         metrics_logger = MetricsLogger(cfg.trainer.logger, log_dir, cfg.trainer.project_name,
                                        cfg.trainer.experiment_name, OmegaConf.to_container(cfg, resolve=True))
-        trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset)
+        trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset, rollout=agent_rollout)
         loop = TrainingLoop(trainer, metrics_logger, str(log_dir))
         last = loop.run()
         from megarl.trainer.plots import plot_reward_curve
@@ -146,7 +157,7 @@ def run(cfg) -> dict[str, float]:
                 logger.info("Ray timeline written to %s", cfg.ray_kwargs.timeline_json_file)
             except Exception as exc:  # keep tearing down
                 logger.warning("writing the Ray timeline failed: %s", exc)
-        for closer in (sync, fleet, workers, metrics_logger, placement):
+        for closer in (agent_rollout, sync, fleet, workers, metrics_logger, placement):
             if closer is not None:
                 try:
                     (getattr(closer, "close", None) or closer.shutdown)()

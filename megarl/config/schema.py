@@ -191,6 +191,41 @@ class EngineKwargsConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn tool calling (the ``tool_agent`` loop); verl's keys and defaults."""
+
+    enable: bool = False  # True: rows without agent_name use tool_agent (megarl.agent)
+    max_assistant_turns: Optional[int] = None  # None: no limit but rollout.response_length
+    max_user_turns: Optional[int] = None  # tool-response turns
+    max_parallel_calls: int = 1  # calls executed per assistant turn
+    max_tool_response_length: int = 256  # characters of one tool response
+    tool_response_truncate_side: str = "middle"  # left (keep the start) | middle | right (keep the end)
+    tool_config_path: Optional[str] = None  # verl's tool YAML (tools: class_name, config, tool_schema)
+    function_tool_path: Optional[str] = None  # a .py file whose public functions are tools
+    format: str = "hermes"  # tool-call format (registered name or module:Class)
+    tokenization_sanity_check_mode: str = "strict"  # strict | ignore_strippable | disable
+    drift_action: str = "warn"  # megarl: warn (metric agent/drift_ratio + one warning) | raise
+    tool_timeout_s: float = 30.0  # megarl: a tool call running longer is stopped and reported to the model
+    interaction_config_path: Optional[str] = None  # verl's simulated-user interactions: refused (not supported)
+    use_inference_chat_template: bool = False  # refused when True: megarl never re-renders earlier turns
+    num_repeat_rollouts: Optional[int] = None  # refused when set: use rollout.n
+
+
+@dataclass
+class CustomAsyncServerConfig:
+    path: Optional[str] = None  # refused when set: megarl's fleet is vLLM's AsyncLLM
+    name: Optional[str] = None
+
+
+@dataclass
+class AgentLoopConfig:
+    num_workers: int = 0  # megarl: 0 runs the agent loops in the controller (verl: 8 Ray workers); N: N Ray actors
+    default_agent_loop: str = "single_turn_agent"  # for rows without an agent_name column
+    agent_loop_config_path: Optional[str] = None  # verl's YAML list of {name, _target_: module.Class}
+    custom_async_server: CustomAsyncServerConfig = field(default_factory=CustomAsyncServerConfig)
+
+
+@dataclass
 class RolloutConfig:
     name: str = "vllm"  # the only engine megarl runs
     mode: str = "sync"  # sync | async: both generate each step's batch on the fleet and wait for it
@@ -224,6 +259,8 @@ class RolloutConfig:
     engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
     val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
 
 @dataclass

@@ -77,6 +77,8 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
         if isinstance(rule, Alias):
             if _move(tree, key, alias_target(rule, key), value, defaults, problems) and spellings is not None:
                 spellings[alias_target(rule, key)] = key
+            if rule.note:
+                notes.setdefault(rule.note, []).append(key)
         elif isinstance(rule, Refused):
             if rule.asks(value, get):
                 refused.setdefault((rule.feature, rule.instead, rule.issue), []).append(f"{key}={_show(value)}")

@@ -136,6 +136,45 @@ def _check_layout_and_batches(cfg, add) -> None:
             add(f"{key}={value}: must be >= 1.")
 
 
+def _check_agent(add, rollout) -> None:
+    """``rollout.multi_turn.*`` and ``rollout.agent.*`` (the agent loops, megarl.agent)."""
+    import os
+
+    from megarl.agent.settings import MultiTurnSettings
+
+    prefix = "actor_rollout_ref.rollout"
+    mt, agent = rollout.multi_turn, rollout.agent
+    try:
+        MultiTurnSettings.from_config(mt)
+    except ValueError as exc:
+        add(f"{prefix}.{exc}.")
+    if mt.enable and not (mt.tool_config_path or mt.function_tool_path):
+        add(f"{prefix}.multi_turn.enable=True needs tools: set {prefix}.multi_turn.tool_config_path (verl's tool "
+            "YAML) or multi_turn.function_tool_path (a .py file of functions).")
+    for key in ("tool_config_path", "function_tool_path"):
+        if mt[key] and not os.path.isfile(os.path.expanduser(mt[key])):
+            add(f"{prefix}.multi_turn.{key}={mt[key]}: file not found.")
+    if mt.interaction_config_path:
+        add(refusal(f"{prefix}.multi_turn.interaction_config_path={mt.interaction_config_path}",
+                    "verl's interactions (a simulated user that answers the model)",
+                    "megarl's multi-turn loop calls tools (multi_turn.tool_config_path); for the old spelling of the "
+                    "tool config, use multi_turn.tool_config_path"))
+    if mt.use_inference_chat_template:
+        add(refusal(f"{prefix}.multi_turn.use_inference_chat_template=True", "re-rendering earlier turns with the "
+                    "inference chat template", "megarl keeps the tokens of every turn as sampled (the drift check, "
+                    "multi_turn.tokenization_sanity_check_mode, reports where a re-render would differ)"))
+    if mt.num_repeat_rollouts is not None:
+        add(refusal(f"{prefix}.multi_turn.num_repeat_rollouts={mt.num_repeat_rollouts}", "repeated multi-turn "
+                    "rollouts", f"use {prefix}.n for samples per prompt"))
+    if agent.num_workers < 0:
+        add(f"{prefix}.agent.num_workers={agent.num_workers}: use 0 (loops in the controller) or a count of workers.")
+    if agent.agent_loop_config_path and not os.path.isfile(os.path.expanduser(agent.agent_loop_config_path)):
+        add(f"{prefix}.agent.agent_loop_config_path={agent.agent_loop_config_path}: file not found.")
+    if agent.custom_async_server.path or agent.custom_async_server.name:
+        add(refusal(f"{prefix}.agent.custom_async_server", "custom rollout servers", "megarl's rollout replicas "
+                    "are vLLM AsyncLLM engines; register an agent loop instead (megarl.agent.register_agent_loop)"))
+
+
 def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_size: int, n: int) -> None:
     tp, pp, cp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size, megatron.context_parallel_size
     ep, etp = megatron.expert_model_parallel_size, megatron.expert_tensor_parallel_size or tp
@@ -210,6 +249,7 @@ def _check_rollout(cfg, add) -> None:
         add(f"actor_rollout_ref.rollout.weight_sync.transport={sync.transport!r}: use auto or one of {TRANSPORTS}.")
     if sync.bucket_mb < 1:
         add(f"actor_rollout_ref.rollout.weight_sync.bucket_mb={sync.bucket_mb}: must be >= 1 (MiB).")
+    _check_agent(add, rollout)
 
 
 # ------------------------------------------------------------------ data

@@ -40,6 +40,7 @@ def _each(prefixes: tuple[str, ...], *suffixes: str) -> tuple[str, ...]:
 class Alias:
     key: str  # a key, or a section whose keys all move (prefix alias)
     target: str
+    note: str | None = None  # logged once when the key is given (an old spelling: say it is read as ``target``)
 
 
 @dataclass(frozen=True)
@@ -229,17 +230,9 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "megarl's metrics go to trainer.logger", off=(False,)),
     Parameters((f"{ROLLOUT}.prometheus.*",), of="rollout Prometheus metrics"),
     # ---------------------------------------------------------------- multi-turn and agents (issue 13)
-    Refused((f"{ROLLOUT}.multi_turn.enable",), "multi-turn tool-calling rollouts",
-            "rollouts are single-turn (one response per prompt)", off=(False,), issue=13),
-    Refused((f"{ROLLOUT}.multi_turn.tool_config_path", f"{ROLLOUT}.multi_turn.interaction_config_path",
-             f"{ROLLOUT}.tool_kwargs.tools_config_file"), "tool calling in rollouts",
-            "rollouts are single-turn (one response per prompt)", issue=13),
-    Parameters((f"{ROLLOUT}.multi_turn.*", "data.tool_config_path"), of="multi-turn rollouts"),
-    Refused((f"{ROLLOUT}.agent.default_agent_loop",), "agent loops", "rollouts are single-turn generations",
-            off=("single_turn_agent",), issue=13),
-    Refused((f"{ROLLOUT}.agent.agent_loop_config_path", f"{ROLLOUT}.agent.custom_async_server.path"),
-            "custom agent loops and servers", "rollouts are single-turn generations", issue=13),
-    Parameters((f"{ROLLOUT}.agent.*",), of="agent loops"),
+    Alias(f"{ROLLOUT}.tool_kwargs.tools_config_file", f"{ROLLOUT}.multi_turn.tool_config_path",
+          note=f"an old spelling, read as {ROLLOUT}.multi_turn.tool_config_path"),
+    Parameters(("data.tool_config_path",), of="multi-turn rollouts (megarl reads rollout.multi_turn.tool_config_path)"),
     # ---------------------------------------------------------------- data
     Noted(("data.dataloader_num_workers", "data.filter_overlong_prompts_workers"),
           "megarl tokenises the dataset once at start-up, in the driver"),

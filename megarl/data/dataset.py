@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from megarl.data.rows import DataFormatError, PromptRow, read_rows
 
@@ -40,6 +40,7 @@ class PromptItem:
     ability: str
     reward_model: dict[str, Any]
     extra_info: dict[str, Any] = field(default_factory=dict)
+    agent_name: str | None = None  # the row's agent loop (verl's agent_name column); None: the default
 
     @property
     def ground_truth(self) -> Any:
@@ -92,6 +93,7 @@ class PromptDataset:
         max_samples: int = -1,
         shuffle: bool = False,
         seed: int | None = None,
+        chat_tools: Callable[[str | None], list | None] | None = None,
     ):
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {TRUNCATION_MODES}")
@@ -111,12 +113,13 @@ class PromptDataset:
         if not rows:
             raise DataFormatError(f"no rows in {files!r}: the dataset is empty")
         rows = select_rows(rows, max_samples, shuffle, seed)
-        texts = [
-            tokenizer.apply_chat_template(
-                row.messages, add_generation_prompt=True, tokenize=False, **dict(apply_chat_template_kwargs or {})
-            )
-            for row in rows
-        ]
+        texts = []
+        for row in rows:
+            kwargs = dict(apply_chat_template_kwargs or {})
+            tools = chat_tools(row.agent_name) if chat_tools is not None else None
+            if tools:  # a tool-calling row: the template puts the tool schemas into the prompt
+                kwargs["tools"] = tools
+            texts.append(tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=False, **kwargs))
         all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
 
         self.items: list[PromptItem] = []
@@ -168,6 +171,7 @@ class PromptDataset:
             ability=row.ability,
             reward_model=row.reward_model,
             extra_info=row.extra_info,
+            agent_name=row.agent_name,
         )
 
     def __len__(self) -> int:

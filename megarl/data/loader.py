@@ -44,6 +44,7 @@ def collate(items: list[PromptItem]) -> dict[str, list[Any]]:
         "ground_truth": [it.ground_truth for it in items],
         "reward_model": [it.reward_model for it in items],
         "extra_info": [it.extra_info for it in items],
+        "agent_name": [it.agent_name for it in items],
     }
 
 
@@ -87,11 +88,13 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def build_dataset(data_cfg: Any, tokenizer: Any, split: str, need_reward_fn_key: bool = True) -> PromptDataset:
+def build_dataset(data_cfg: Any, tokenizer: Any, split: str, need_reward_fn_key: bool = True,
+                  chat_tools=None) -> PromptDataset:
     """The train (``split="train"``) or validation (``split="val"``) dataset from ``data.*``.
 
     ``need_reward_fn_key=False`` (a custom reward function is given) accepts files without the
-    ``data.reward_fn_key`` column.
+    ``data.reward_fn_key`` column. ``chat_tools(agent_name)`` gives the tool schemas to render
+    into a row's prompt (None: none).
     """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
@@ -113,16 +116,18 @@ def build_dataset(data_cfg: Any, tokenizer: Any, split: str, need_reward_fn_key:
         max_samples=int(_get(data_cfg, "train_max_samples" if split == "train" else "val_max_samples", -1)),
         shuffle=bool(_get(data_cfg, "shuffle", True)),
         seed=_get(data_cfg, "seed", 1),  # None: 1 as for the batches (resume needs a fixed draw)
+        chat_tools=chat_tools,
     )
 
 
-def build_train_loader(data_cfg: Any, tokenizer: Any, need_reward_fn_key: bool = True) -> PromptDataLoader:
+def build_train_loader(data_cfg: Any, tokenizer: Any, need_reward_fn_key: bool = True,
+                       chat_tools=None) -> PromptDataLoader:
     """The training loader: ``data.train_batch_size`` prompts per batch, shuffled per epoch."""
     batch_size = _get(data_cfg, "train_batch_size")
     if batch_size is None:
         raise ValueError("data.train_batch_size is not set")
     return PromptDataLoader(
-        build_dataset(data_cfg, tokenizer, "train", need_reward_fn_key),
+        build_dataset(data_cfg, tokenizer, "train", need_reward_fn_key, chat_tools),
         int(batch_size),
         shuffle=bool(_get(data_cfg, "shuffle", True)),
         seed=int(_get(data_cfg, "seed", 1)),

@@ -1,6 +1,6 @@
 """Write verl-format parquet datasets.
 
-    python -m megarl.data.prepare gsm8k [--input-dir DIR] [--output-dir DIR]
+    python -m megarl.data.prepare gsm8k [--input-dir DIR] [--output-dir DIR] [--multiturn]
     python -m megarl.data.prepare arithmetic [--output-dir DIR] [--num-train N] [--num-test N]
                                              [--seed S] [--max-operand K] [--ops +,-,*]
 
@@ -8,7 +8,11 @@
 an instruction to answer after "####", data_source ``openai/gsm8k``, ability
 ``math``, and the number after "####" in the reference answer (commas removed) as
 the ground truth. It reads ``train.jsonl`` and ``test.jsonl`` from the GSM8K
-repository (default: ``shared/data/gsm8k`` next to this repository).
+repository (default: ``shared/data/gsm8k`` next to this repository). ``--multiturn`` writes
+verl's tool-calling variant (``gsm8k_multiturn_w_tool``): a system prompt asking the model to
+check its answer with the ``calc_gsm8k_reward`` tool (verl's ``gsm8k_tool_config.yaml``),
+``agent_name=tool_agent``, and the ground truth in
+``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs``.
 
 ``arithmetic`` generates a tiny synthetic task (``a + b`` with one-digit operands
 by default) that a small randomly initialised model can learn in a few minutes on CPU.
@@ -46,8 +50,14 @@ def gsm8k_final_answer(answer: str) -> str:
     return match.group(1).replace(",", "")
 
 
-def gsm8k_rows(path: Path, split: str) -> list[dict[str, Any]]:
-    """verl-format rows from one GSM8K jsonl file."""
+GSM8K_TOOL_SYSTEM = ("You are a math expert. Solve the question step by step. After solving it, check your answer "
+                     "with the `calc_gsm8k_reward` tool at least once before the final answer, and refine the answer "
+                     "if the tool says it is wrong. Put the final answer in the format `#### <answer>`.")
+GSM8K_TOOL_NAME = "calc_gsm8k_reward"
+
+
+def gsm8k_rows(path: Path, split: str, multiturn: bool = False) -> list[dict[str, Any]]:
+    """verl-format rows from one GSM8K jsonl file (``multiturn``: verl's tool-calling variant)."""
     if not path.is_file():
         raise FileNotFoundError(f"GSM8K file not found: {path} (pass --input-dir with train.jsonl and test.jsonl)")
     rows = []
@@ -62,13 +72,19 @@ def gsm8k_rows(path: Path, split: str) -> list[dict[str, Any]]:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}: line {line_number}: not a GSM8K example ({type(exc).__name__}: {exc})") from exc
             index = len(rows)
-            rows.append({
+            row = {
                 "data_source": GSM8K_DATA_SOURCE,
                 "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": ground_truth},
                 "extra_info": {"split": split, "index": index, "answer": answer, "question": question},
-            })
+            }
+            if multiturn:
+                row["prompt"] = [{"role": "system", "content": GSM8K_TOOL_SYSTEM}] + row["prompt"]
+                row["agent_name"] = "tool_agent"
+                row["extra_info"].update(need_tools_kwargs=True, tools_kwargs={
+                    GSM8K_TOOL_NAME: {"create_kwargs": {"ground_truth": ground_truth}}})
+            rows.append(row)
     return rows
 
 
@@ -100,12 +116,12 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     print(f"wrote {len(rows)} rows to {path}", flush=True)
 
 
-def prepare_gsm8k(input_dir: Path, output_dir: Path) -> dict[str, int]:
+def prepare_gsm8k(input_dir: Path, output_dir: Path, multiturn: bool = False) -> dict[str, int]:
     counts = {}
     for split, out_name in (("train", "train.parquet"), ("test", "test.parquet")):
         source = input_dir / f"{split}.jsonl"
         print(f"reading {source}", flush=True)
-        rows = gsm8k_rows(source, split)
+        rows = gsm8k_rows(source, split, multiturn)
         write_parquet(rows, output_dir / out_name)
         counts[split] = len(rows)
     return counts
@@ -137,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     gsm8k = tasks.add_parser("gsm8k", help="GSM8K jsonl -> verl parquet")
     gsm8k.add_argument("--input-dir", type=Path, default=DEFAULT_GSM8K_INPUT, help=f"folder with train.jsonl, test.jsonl (default {DEFAULT_GSM8K_INPUT})")
     gsm8k.add_argument("--output-dir", type=Path, default=Path("~/data/gsm8k"), help="default ~/data/gsm8k")
+    gsm8k.add_argument("--multiturn", action="store_true",
+                       help="verl's tool-calling variant (agent_name=tool_agent, tools_kwargs for calc_gsm8k_reward)")
 
     arith = tasks.add_parser("arithmetic", help="synthetic 'What is a + b?' task")
     arith.add_argument("--output-dir", type=Path, default=Path("~/data/arithmetic"), help="default ~/data/arithmetic")
@@ -151,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     output_dir = Path(os.path.expanduser(args.output_dir))
     if args.task == "gsm8k":
-        counts = prepare_gsm8k(Path(os.path.expanduser(args.input_dir)), output_dir)
+        counts = prepare_gsm8k(Path(os.path.expanduser(args.input_dir)), output_dir, args.multiturn)
     else:
         ops = [op.strip() for op in args.ops.split(",") if op.strip()]
         counts = prepare_arithmetic(output_dir, args.num_train, args.num_test, args.seed, args.max_operand, ops,

@@ -11,7 +11,10 @@ verl's RL datasets are parquet files with one prompt per row:
 - ``reward_model`` (struct ``{style, ground_truth}``): ``ground_truth`` is what
   the reward function compares against;
 - ``extra_info`` (struct, optional here): anything else, e.g. ``{split, index}``;
-  it is passed to the reward function unchanged.
+  it is passed to the reward function unchanged (multi-turn data keeps verl's
+  ``tools_kwargs`` here: per tool, ``create_kwargs`` and friends);
+- ``agent_name`` (str, optional): the agent loop of the row (verl's column), e.g.
+  ``tool_agent``; unset rows use ``actor_rollout_ref.rollout.agent.default_agent_loop``.
 
 Every row is checked when the files are loaded, so a bad row fails the run
 before any model starts, with an error that names the file, the row and the key.
@@ -56,6 +59,7 @@ class PromptRow:
     extra_info: dict[str, Any]
     source_file: str
     row_number: int  # 0-based row within ``source_file``
+    agent_name: str | None = None
 
     @property
     def ground_truth(self) -> Any:
@@ -142,7 +146,12 @@ def _validate_row(record: dict[str, Any], path: str, row: int, prompt_key: str, 
     if not isinstance(extra_info, dict):
         raise fail("extra_info", f"must be a struct/dict or null, got {type(extra_info).__name__}")
 
+    agent_name = record.get("agent_name")
+    if agent_name is not None and (not isinstance(agent_name, str) or not agent_name):
+        raise fail("agent_name", f"must be a non-empty string (an agent loop name) or null, got {agent_name!r}")
+
     return PromptRow(
+        agent_name=agent_name,
         messages=[{"role": m["role"], "content": m["content"]} for m in messages],
         data_source=data_source,
         ability=ability,

@@ -4,9 +4,10 @@
 tokens (``compute_log_probs``), loads new weights (``update_weights``) and sleeps/wakes the engines
 in colocated GPU mode. Start Ray first with ``megarl.trainer.ray_cluster.init_ray``.
 """
+from megarl.rollout.client import GenerateClient
 from megarl.rollout.fleet import RolloutFleet, split_evenly
-from megarl.rollout.sample import RolloutSample
-from megarl.rollout.sampling import SAMPLING_KEYS, Sampling, request_seed, resolve_sampling
+from megarl.rollout.sample import Generation, RolloutSample
+from megarl.rollout.sampling import SAMPLING_KEYS, Sampling, request_seed, resolve_sampling, turn_seed
 
-__all__ = ["RolloutFleet", "RolloutSample", "SAMPLING_KEYS", "Sampling", "request_seed", "resolve_sampling",
-           "split_evenly"]
+__all__ = ["GenerateClient", "Generation", "RolloutFleet", "RolloutSample", "SAMPLING_KEYS", "Sampling",
+           "request_seed", "resolve_sampling", "split_evenly", "turn_seed"]

@@ -1,10 +1,9 @@
-"""verl's rollout keys -> the ``vllm.LLM(...)`` arguments and process environment of one replica.
+"""verl's rollout keys -> the vLLM engine arguments and process environment of one replica.
 
 Kept free of Ray and vLLM imports so the mapping can be read and tested on its own. One replica is
-one ``vllm.LLM`` whose engine core runs inside the replica's Ray actor
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``); with ``tensor_model_parallel_size=k > 1`` vLLM's "mp"
-executor spawns its k TP workers as child processes of that actor, on the k GPUs (or CPU cores)
-given to the actor. A TP group that covers whole nodes (TP 16-32 for the largest models) uses
+one vLLM ``AsyncLLM`` owned by the replica's Ray actor; its engine core runs in a child process of
+the actor, and with ``tensor_model_parallel_size=k > 1`` vLLM's "mp" executor spawns its k TP
+workers as child processes of that, on the k GPUs (or CPU cores) given to the actor. A TP group that covers whole nodes (TP 16-32 for the largest models) uses
 vLLM's Ray executor instead, one worker per placement bundle (``ReplicaSpec.ray_executor``).
 """
 from __future__ import annotations
@@ -205,7 +204,7 @@ def resolve_dtype(dtype: str, on_gpu: bool) -> str:
 
 
 def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM`` (the model path included, as ``model``)."""
+    """Keyword arguments for vLLM's engine arguments (``AsyncEngineArgs``; the model path is ``model``)."""
     kwargs: dict[str, Any] = dict(
         model=spec.model_path,
         tokenizer=spec.tokenizer_path or spec.model_path,
@@ -249,7 +248,6 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
 def replica_env(spec: ReplicaSpec, on_gpu: bool) -> dict[str, str]:
     """Environment of the replica actor, set before vLLM is imported there."""
     env = {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the actor: one process fewer, direct RPCs
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",  # TP workers must not fork a process holding CUDA / OpenMP state
         "TOKENIZERS_PARALLELISM": "false",
     }

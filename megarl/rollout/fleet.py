@@ -4,6 +4,8 @@
     samples = fleet.generate(prompt_ids, step=3)          # n samples per prompt, rollout log-probs
     fleet.update_weights(hf_named_tensors, version=4)     # full-tensor path (CPU, small GPU models)
     fleet.compute_log_probs(prompt_ids, response_ids)     # engine log-probs of given tokens
+    client = fleet.client(fleet.replica_for(prompt_index, num_prompts))   # per-request, for agent loops
+    generation = await client.generate(prompt_ids, sampling, seed)
     fleet.shutdown()
 
 Placement: the trainer passes ``slots`` (``megarl.trainer.placement``): replica ``i`` starts in
@@ -16,6 +18,9 @@ fleet reserves one placement group per replica with one bundle, ``{"CPU": c}`` o
 Requests: prompts are split into contiguous, equal-count chunks, one per replica; all n samples
 of a prompt go to the same replica (they share its prefix cache). Results come back in prompt
 order, then sample order, and do not depend on the replica that served them (see sampling).
+Agent loops send one request per turn through a ``GenerateClient`` of the replica that
+``replica_for`` names: the same split, so every turn of every sample of a prompt reuses one
+replica's prefix cache (a sticky session).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import logging
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from megarl.rollout.client import GenerateClient
 from megarl.rollout.engine_config import ReplicaSpec, replica_env, replica_spec
 from megarl.rollout.replica import EngineReplica
 from megarl.rollout.sample import RolloutSample
@@ -213,6 +219,22 @@ class RolloutFleet:
         samples.sort(key=lambda s: (s.prompt_index, s.sample_index))
         self._record_stats(samples, params, time.perf_counter() - start)
         return samples
+
+    def replica_for(self, prompt_index: int, num_prompts: int) -> int:
+        """The replica that serves prompt ``prompt_index`` of ``num_prompts`` (the split ``generate`` uses)."""
+        if not 0 <= prompt_index < num_prompts:
+            raise ValueError(f"prompt_index={prompt_index} is outside [0, {num_prompts})")
+        for replica, chunk in enumerate(split_evenly(num_prompts, self.num_replicas)):
+            if prompt_index in chunk:
+                return replica
+        raise AssertionError("split_evenly covers every prompt")
+
+    def client(self, replica: int) -> GenerateClient:
+        """A per-request (token in, token out) client of one replica; picklable, for agent-loop workers."""
+        handles = self._live_replicas()
+        if not 0 <= replica < len(handles):
+            raise ValueError(f"replica={replica}: the fleet has {len(handles)} replicas")
+        return GenerateClient(handles[replica], replica, self.max_model_len, self.vocab_size)
 
     def _record_stats(self, samples: list[RolloutSample], params: Sampling, seconds: float) -> None:
         response_tokens = sum(len(s.response_ids) for s in samples)

@@ -1,21 +1,30 @@
-"""One engine replica: a Ray actor that owns one ``vllm.LLM`` (with its own TP size).
+"""One engine replica: a Ray actor that owns one vLLM ``AsyncLLM`` engine (with its own TP size).
 
 The fleet creates it with ``ray.remote(EngineReplica).options(...)`` inside the replica's
-placement-group bundle and with the environment from ``engine_config.replica_env``. Every method
-is a plain synchronous call: the fleet sends one batch per replica and waits for all of them.
+placement-group bundle and with the environment from ``engine_config.replica_env``. Its methods
+are coroutines, so Ray runs it as an async actor: many requests are in flight at once (the batch
+``generate`` of the fleet, and the per-request ``generate_tokens`` of agent loops, every turn of
+every trajectory a request of its own) and vLLM's scheduler batches them continuously. The engine
+core runs in a child process of the actor (vLLM's ``AsyncLLM`` always does); the TP workers, with
+megarl's worker extension, run in that process (TP=1) or in its children.
+
+Weight updates and syncs go through ``collective_rpc`` to the worker extension; while one runs, or
+after one failed, the replica refuses to generate (``stale``), so stale weights are never served.
 """
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
 import os
+import pickle
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from megarl.rollout.engine_config import ReplicaSpec, llm_kwargs
-from megarl.rollout.sample import RolloutSample
+from megarl.rollout.sample import Generation, RolloutSample
 
 logger = logging.getLogger(__name__)
 
@@ -36,64 +45,105 @@ class EngineReplica:
                                  f"TP={spec.tensor_parallel_size}")
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, device_ids))
         from megarl.platform import has_cuda
-        from vllm import LLM
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
         self.index = index
         self.on_gpu = has_cuda()
         self.import_seconds = time.perf_counter() - start
-        self.llm = LLM(**llm_kwargs(spec, self.on_gpu))
+        args = AsyncEngineArgs(**llm_kwargs(spec, self.on_gpu))
+        vllm_config = args.create_engine_config()
+        if spec.ray_executor:  # the engine core process is not this actor: hand it the actor's placement group
+            import ray
+
+            vllm_config.parallel_config.placement_group = ray.util.get_current_placement_group()
+        self.engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=spec.disable_log_stats)
+        self.model_config = vllm_config.model_config
         self.checkpoint_shapes = checkpoint_shapes(spec.model_path)
         self.start_seconds = time.perf_counter() - start - self.import_seconds
         self.stale: str | None = None  # set while a weight sync runs or after one failed
+        self._request_counter = 0
         logger.info("replica %d: vLLM imported in %.1f s, engine started in %.1f s (pid %d)", index,
                     self.import_seconds, self.start_seconds, os.getpid())
 
-    def info(self) -> dict[str, Any]:
+    async def info(self) -> dict[str, Any]:
         """Facts the fleet checks requests against, plus the engine start time."""
-        model_config = self.llm.llm_engine.model_config
         return dict(
             index=self.index,
             pid=os.getpid(),
             on_gpu=self.on_gpu,
-            max_model_len=model_config.max_model_len,
-            vocab_size=model_config.get_vocab_size(),
-            dtype=str(model_config.dtype),
+            max_model_len=self.model_config.max_model_len,
+            vocab_size=self.model_config.get_vocab_size(),
+            dtype=str(self.model_config.dtype),
             import_seconds=self.import_seconds,
             start_seconds=self.start_seconds,
         )
 
-    def generate(self, requests: Sequence[tuple[int, list[int], int]], sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
-        """Generate for ``(prompt_index, prompt_ids, request_seed)`` requests; n samples per prompt."""
-        self._check_fresh()
-        from vllm import SamplingParams
+    # ------------------------------------------------------------------ generation
+    async def _final_output(self, prompt_ids: Sequence[int], params, tag: str):
+        """Run one request to completion; its last ``RequestOutput``."""
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for _, ids, _ in requests]
-        params = [SamplingParams(**sampling_kwargs, seed=seed) for _, _, seed in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self._request_counter += 1
+        request_id = f"{tag}-{self.index}-{self._request_counter}"
+        final = None
+        async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id):
+            final = output
+        if final is None:
+            raise RuntimeError(f"replica {self.index}: request {request_id} returned no output")
+        return final
+
+    def _params(self, sampling_kwargs: dict[str, Any], seed: int, **extra):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(**sampling_kwargs, **extra, seed=seed, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    def _completion(self, completion, what: str) -> Generation:
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"replica {self.index}: {what} ended with finish_reason={completion.finish_reason!r}")
+        token_ids = list(completion.token_ids)
+        stop_reason = completion.stop_reason
+        return Generation(
+            token_ids=token_ids,
+            logprobs=[step[token].logprob for step, token in zip(completion.logprobs, token_ids)],
+            finish_reason=completion.finish_reason,
+            stop_string=stop_reason if isinstance(stop_reason, str) else None,
+            text=completion.text,
+        )
+
+    async def generate(self, requests: Sequence[tuple[int, list[int], int]],
+                       sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
+        """Generate for ``(prompt_index, prompt_ids, request_seed)`` requests; n samples per prompt.
+
+        All requests are in flight at once; vLLM gives the k-th of a prompt's n samples the seed
+        ``request_seed + k``.
+        """
+        self._check_fresh()
+        outputs = await asyncio.gather(*[self._final_output(ids, self._params(sampling_kwargs, seed), "batch")
+                                         for _, ids, seed in requests])
         samples = []
         for (prompt_index, prompt_ids, _), output in zip(requests, outputs):
             for completion in sorted(output.outputs, key=lambda c: c.index):
-                if completion.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"replica {self.index}: prompt {prompt_index} sample {completion.index} "
-                                       f"ended with finish_reason={completion.finish_reason!r}")
-                token_ids = list(completion.token_ids)
-                logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids)]
-                stop_reason = completion.stop_reason
+                g = self._completion(completion, f"prompt {prompt_index} sample {completion.index}")
                 samples.append(RolloutSample(
-                    prompt_index=prompt_index,
-                    sample_index=completion.index,
-                    prompt_ids=list(prompt_ids),
-                    response_ids=token_ids,
-                    logprobs=logprobs,
-                    finish_reason=completion.finish_reason,
-                    stop_string=stop_reason if isinstance(stop_reason, str) else None,
-                    response_text=completion.text,
-                    replica=self.index,
-                ))
+                    prompt_index=prompt_index, sample_index=completion.index, prompt_ids=list(prompt_ids),
+                    response_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason,
+                    stop_string=g.stop_string, response_text=g.text, replica=self.index))
         return samples
 
-    def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
+    async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> Generation:
+        """One completion of ``prompt_ids`` (token in, token out): one turn of an agent loop.
+
+        ``sampling_kwargs`` must ask for one sample (``n=1``); ``seed`` makes it reproducible.
+        """
+        self._check_fresh()
+        if sampling_kwargs.get("n", 1) != 1:
+            raise ValueError(f"generate_tokens returns one completion; got n={sampling_kwargs['n']}")
+        output = await self._final_output(prompt_ids, self._params(sampling_kwargs, seed), "turn")
+        return self._completion(output.outputs[0], f"a request of {len(prompt_ids)} tokens")
+
+    async def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
         """Log-probs of each sequence's own tokens after its first ``skip`` tokens.
 
         The sequence minus its last token is the prompt: ``prompt_logprobs=0`` scores its tokens
@@ -102,12 +152,12 @@ class EngineReplica:
         """
         self._check_fresh()
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        prompts = [TokensPrompt(prompt_token_ids=list(s[:-1])) for s in sequences]
         params = [SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, logprobs=1,
-                                 logprob_token_ids=[s[-1]], detokenize=False) for s in sequences]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+                                 logprob_token_ids=[s[-1]], detokenize=False,
+                                 output_kind=RequestOutputKind.FINAL_ONLY) for s in sequences]
+        outputs = await asyncio.gather(*[self._final_output(s[:-1], p, "score") for s, p in zip(sequences, params)])
         result = []
         for sequence, start, output in zip(sequences, skip, outputs):
             entries = output.prompt_logprobs  # entries[0] is None: nothing predicts the first token
@@ -116,7 +166,8 @@ class EngineReplica:
             result.append(row)
         return result
 
-    def load_weights(self, named_tensors: list, version: int) -> int:
+    # ------------------------------------------------------------------ weights
+    async def load_weights(self, named_tensors: list, version: int) -> int:
         """Load HF-named full tensors into every TP worker; return the version they all report.
 
         Names and shapes are checked against the checkpoint the engine started from first: a
@@ -124,60 +175,69 @@ class EngineReplica:
         """
         check_against_checkpoint(named_tensors, self.checkpoint_shapes)
         start = time.perf_counter()
-        versions = self.llm.collective_rpc("megarl_load_weights", args=(named_tensors, version))
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        versions = await self._rpc("megarl_load_weights", named_tensors, version)
+        await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         logger.info("replica %d: loaded %d tensors (version %d) in %.2f s", self.index, len(named_tensors),
                     version, time.perf_counter() - start)
         return self._agreed(versions, "weights version")
 
-    def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
-                     transport: str, timeout_s: float) -> list[int]:
+    async def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
+                           transport: str, timeout_s: float) -> list[int]:
         """Join the weight-sync world with every TP worker; return their sync ranks."""
-        return self.llm.collective_rpc("megarl_sync_connect", args=(plan, first_rank, self.index, world_size,
-                                                                    master_addr, master_port, transport, timeout_s))
+        return await self._rpc("megarl_sync_connect", plan, first_rank, self.index, world_size, master_addr,
+                               master_port, transport, timeout_s)
 
-    def sync_receive(self, version: int) -> dict[str, float]:
+    async def sync_receive(self, version: int) -> dict[str, float]:
         """Receive one sharded weight sync into every TP worker (see the worker extension)."""
         self.stale = f"weight sync to version {version} in progress"
         try:
-            results = self.llm.collective_rpc("megarl_sync_receive", args=(version,))
+            results = await self._rpc("megarl_sync_receive", version)
         except BaseException as exc:
             self.stale = f"weight sync to version {version} failed: {exc}"
             raise
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.stale = None
         return {"seconds": max(r["seconds"] for r in results), "bytes": sum(r["bytes"] for r in results),
                 "version": self._agreed([r["version"] for r in results], "weights version")}
 
-    def sync_close(self) -> None:
-        if self.llm is not None:
-            self.llm.collective_rpc("megarl_sync_close")
+    async def sync_close(self) -> None:
+        if self.engine is not None:
+            await self._rpc("megarl_sync_close")
+
+    async def _rpc(self, method: str, *args) -> list:
+        """Call a worker-extension method on every TP worker; one result per worker.
+
+        The engine core runs in another process and encodes RPC arguments with msgpack, which turns
+        tensors and dataclasses into plain lists; so the arguments travel pickled (between this
+        actor and its own engine processes) and ``megarl_call`` unpickles them in the worker.
+        """
+        return await self.engine.collective_rpc("megarl_call", args=(method, pickle.dumps(args)))
 
     def _check_fresh(self) -> None:
         if self.stale:
             raise RuntimeError(f"replica {self.index} refuses to generate: {self.stale}. The fleet never serves "
                                "stale weights; a successful sync clears this.")
 
-    def weights_version(self) -> int:
-        return self._agreed(self.llm.collective_rpc("megarl_weights_version"), "weights version")
+    async def weights_version(self) -> int:
+        return self._agreed(await self._rpc("megarl_weights_version"), "weights version")
 
-    def weight_checksum(self) -> float:
+    async def weight_checksum(self) -> float:
         """Sum of the TP workers' parameter sums (each holds its shard): equal across replicas with equal weights."""
-        return float(sum(self.llm.collective_rpc("megarl_weight_checksum")))
+        return float(sum(await self._rpc("megarl_weight_checksum")))
 
-    def sleep(self, level: int) -> None:
+    async def sleep(self, level: int) -> None:
         """Free the KV cache and offload (level 1) or drop (level 2) the weights; GPU only."""
-        self.llm.sleep(level=level)
+        await self.engine.sleep(level=level)
 
-    def wake_up(self, tags: list[str]) -> None:
-        self.llm.wake_up(tags=tags)
+    async def wake_up(self, tags: list[str]) -> None:
+        await self.engine.wake_up(tags=tags)
 
-    def close(self) -> None:
-        """Stop the engine (and its TP worker processes) before the actor is killed."""
-        llm, self.llm = self.llm, None
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
+    async def close(self) -> None:
+        """Stop the engine (its core process and TP workers) before the actor is killed."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()
+            del engine
             gc.collect()
 
     def _agreed(self, values: list, what: str):

@@ -26,3 +26,19 @@ class RolloutSample:
     stop_string: str | None
     response_text: str
     replica: int  # which engine replica served it (for logs and tests; results never depend on it)
+
+
+@dataclass
+class Generation:
+    """One completion of one request (token in, token out): a turn of an agent loop.
+
+    ``logprobs[t]`` is the engine's log-probability of ``token_ids[t]`` (raw, as in
+    ``RolloutSample``); ``finish_reason`` is "stop" or "length"; ``stop_string`` the stop string
+    that ended it, if one did; ``text`` the detokenised ``token_ids`` (cut before a stop string).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    stop_string: str | None
+    text: str

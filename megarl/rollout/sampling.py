@@ -112,3 +112,15 @@ def request_seed(base_seed: int, step: int, prompt_index: int) -> int:
     """A stable 31-bit seed for one prompt's request, independent of replica and batch."""
     digest = hashlib.sha256(f"megarl-rollout/{base_seed}/{step}/{prompt_index}".encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
+
+
+def turn_seed(base_seed: int, step: int, prompt_index: int, sample_index: int, turn: int) -> int:
+    """The seed of one turn of one sample: depends on nothing but these five numbers.
+
+    Turn 0 uses the seed the batch path gives that sample (``request_seed + sample_index``), so a
+    single-turn rollout through the agent seam samples exactly what ``RolloutFleet.generate`` does.
+    """
+    if turn == 0:
+        return request_seed(base_seed, step, prompt_index) + sample_index
+    digest = hashlib.sha256(f"megarl-turn/{base_seed}/{step}/{prompt_index}/{sample_index}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") >> 1

@@ -12,6 +12,7 @@ version once its workers actually hold those weights.
 """
 from __future__ import annotations
 
+import pickle
 from typing import Iterable
 
 import torch
@@ -21,6 +22,13 @@ from megarl.platform.vllm_compat import apply_vllm_fixes
 
 class MegaRLWorkerExtension:
     """Mixed into vLLM's ``Worker``; ``self`` is the worker (``self.model_runner``, ``self.reload_weights``)."""
+
+    def megarl_call(self, method: str, payload: bytes):
+        """Run ``method(*pickle.loads(payload))``: how the replica passes tensors and plans through
+        the engine core's msgpack RPC (which has no encoding for them)."""
+        if not method.startswith("megarl_") or method == "megarl_call":
+            raise ValueError(f"megarl_call dispatches to megarl_* methods only, got {method!r}")
+        return getattr(self, method)(*pickle.loads(payload))
 
     def megarl_load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
         """Load HF-named full tensors into the model and record ``version``; return it.

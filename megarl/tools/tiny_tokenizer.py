@@ -29,9 +29,34 @@ class TokenizerStyle:
     add_bos_on_encode: bool  # Llama/Mistral prepend BOS to every encode(); Qwen does not
 
 
+# ChatML with Qwen2.5-style tool calling: with ``tools``, a system turn lists their schemas (the
+# first system message's text first); an assistant message's ``tool_calls`` render as
+# <tool_call>{json}</tool_call>; consecutive ``tool`` messages share one user turn of
+# <tool_response> blocks. Without tools or tool messages it renders exactly as plain ChatML.
 CHATML_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\nCall a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{{- '<tool_call>{\"name\": \"' + call['name'] + '\", \"arguments\": ' + (call['arguments'] | tojson) + '}</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

@@ -3,7 +3,8 @@
 One step (``RLTrainer.train_step``):
 
   1. draw a batch of prompts (the loader's position is checkpointed);
-  2. rollout: the vLLM fleet generates ``rollout.n`` responses per prompt;
+  2. rollout: ``rollout.n`` trajectories per prompt through the agent seam (``megarl.agent``): each
+     sample's agent loop (single-turn, or multi-turn with tools) generates on the vLLM fleet;
   3. reward: rule or custom functions score the decoded responses;
   4. the Megatron workers compute old log-probs, reference log-probs and values;
   5. advantages: KL-in-reward if enabled, then the registered estimator;
@@ -14,7 +15,8 @@ One step (``RLTrainer.train_step``):
 
 ``rollout/logprob_diff`` (with ``rollout.weight_sync.verify``, the default) compares the fleet's
 log-probs of the sampled tokens with the trainer's old log-probs, which are computed with the
-same weights: it checks every step that the previous weight sync took effect.
+same weights: it checks every step that the previous weight sync took effect. Every per-token
+quantity counts the tokens of the loss mask only: the tokens the model sampled, not tool output.
 
 Validation scores every row of ``data.val_files``; ``trainer.log_val_generations=N`` also records
 N of its samples (prompt, response, ground truth, score) through the metrics logger, the same
@@ -37,9 +39,9 @@ from megarl.config import critic_enabled, devices_for
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
-from megarl.trainer.metrics import data_metrics, throughput_metrics, timing_metrics
+from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metrics, timing_metrics
 from megarl.trainer.offload_phases import offload_flags
-from megarl.trainer.rollout_batch import StepData, build_step_data
+from megarl.trainer.rollout_batch import PROMPT_COLUMNS, StepData, build_step_data, concat_step_data, reward_extra_info
 from megarl.trainer.rollout_memory import RolloutMemory
 
 logger = logging.getLogger(__name__)
@@ -47,8 +49,11 @@ logger = logging.getLogger(__name__)
 
 class RLTrainer:
     def __init__(self, cfg: DictConfig, workers, fleet, weight_sync, tokenizer, train_loader, val_dataset=None,
-                 metrics_logger=None):
+                 metrics_logger=None, rollout=None):
+        from megarl.agent import AgentRollout, build_agent_context
+
         self.cfg, self.workers, self.fleet, self.weight_sync = cfg, workers, fleet, weight_sync
+        self.rollout = rollout or AgentRollout(build_agent_context(cfg, tokenizer), fleet, cfg.actor_rollout_ref.rollout)
         self.tokenizer, self.train_loader, self.val_dataset = tokenizer, train_loader, val_dataset
         self.metrics_logger = metrics_logger
         self.reward = RewardManager.from_config(cfg)
@@ -77,38 +82,46 @@ class RLTrainer:
         return results[self.leaders[0]]
 
     # ------------------------------------------------------------------ one step
-    def rollout_and_score(self, prompt_batch, step: int, timings: dict) -> StepData:
+    def rollout_and_score(self, prompt_batch, step: int, timings: dict,
+                          prompt_offset: int = 0) -> tuple[StepData, dict[str, float]]:
+        """Trajectories for one prompt batch, scored. ``prompt_offset`` numbers its prompts after
+        those of the step's earlier batches (DAPO): it enters the seeds and the group ids."""
         cols = prompt_batch.columns()
         rollout = self.cfg.actor_rollout_ref.rollout
         with timer(timings, "gen"):
-            samples = self.fleet.generate(cols["prompt_ids"], n=rollout.n, step=step)
-        data = build_step_data(cols, samples, self.pad_id, step, rollout.response_length)
+            trajectories = self.rollout.generate(cols, step=step, n=rollout.n, prompt_offset=prompt_offset)
+        rows = [i for i in range(len(prompt_batch)) for _ in range(rollout.n)]
+        uids = [f"{step}:{prompt_offset + i}" for i in rows]
+        data = build_step_data(cols, trajectories, rows, uids, self.pad_id, rollout.response_length)
+        return data, self._score(data, trajectories, timings)
+
+    def _score(self, data: StepData, trajectories, timings: dict) -> dict[str, float]:
+        extras = sorted({k for t in trajectories for k in t.extras})
         with timer(timings, "reward"):
-            result = self.reward.score(data.data_source, data.response_text, data.ground_truth, data.extra_info,
-                                       data.response_lengths.tolist())
-        data.fields["score"] = result.scores
-        data.fields.update(result.extra)
-        data.fields["_reward_metrics"] = [result.metrics] * len(data)
+            # the overlong penalty counts the whole response budget: model and tool tokens
+            result = self.reward.score(data["data_source"], data["response_text"], data["ground_truth"],
+                                       reward_extra_info(data, extras), data["response_tokens"].tolist())
+        data.add(score=result.scores, **result.extra)
         if result.errors:
-            logger.warning("step %d: %d reward function error(s); first: %s", step, len(result.errors),
-                           result.errors[0])
-        return data
+            logger.warning("%d reward function error(s); first: %s", len(result.errors), result.errors[0])
+        return {k: v for k, v in result.metrics.items() if not isinstance(v, str)}
 
     def collect_batch(self, step: int, timings: dict) -> tuple[StepData, dict[str, float]]:
         """A step's data; with DAPO dynamic sampling, groups with all-equal rewards are dropped and
         more prompt batches are generated until ``data.train_batch_size`` groups remain."""
         fg = self.cfg.algorithm.filter_groups
-        data = self.rollout_and_score(self.train_loader.next_batch(), step, timings)
+        batch = self.train_loader.next_batch()
+        data, metrics = self.rollout_and_score(batch, step, timings)
         if not fg.enable:
-            return data, {}
+            return data, metrics
         n = self.cfg.actor_rollout_ref.rollout.n
         want = self.cfg.data.train_batch_size
-        kept_parts, metrics, gen_batches = [], {}, 1
+        kept_parts, gen_batches, offset = [], 1, len(batch)
         while True:
-            scores = scores_to_token_level(data.fields["score"], data.batch.response_mask)
+            scores = scores_to_token_level(data["score"], data.batch.response_mask)
             values = seq_metric_values(fg.metric, token_level_scores=scores, token_level_rewards=scores,
-                                       reward_extra_info={k: v for k, v in data.fields.items() if not k.startswith("_")})
-            kept, m = filter_groups_by_metric(data.uid, values)
+                                       reward_extra_info=data.fields)
+            kept, m = filter_groups_by_metric(data["uid"], values)
             for key, value in m.items():
                 metrics[key] = metrics.get(key, 0) + value
             kept_parts.append(data.select(kept.tolist()))
@@ -116,7 +129,11 @@ class RLTrainer:
             if not need_more_gen_batches(have, want, gen_batches, fg.max_num_gen_batches):
                 break
             gen_batches += 1
-            data = self.rollout_and_score(self.train_loader.next_batch(), step * 1000 + gen_batches, timings)
+            batch = self.train_loader.next_batch()
+            data, more = self.rollout_and_score(batch, step, timings, prompt_offset=offset)
+            offset += len(batch)
+            for key, value in more.items():  # error counts add up; means are the last batch's
+                metrics[key] = metrics.get(key, 0) + value if key == "reward/num_errors" else value
         merged = concat_step_data(kept_parts)
         metrics["filter_groups/num_gen_batches"] = gen_batches
         return merged.select(list(range(want * n))), metrics
@@ -134,15 +151,16 @@ class RLTrainer:
                 baselines = self._greedy_baselines(data, step)
         self.rollout_memory.release(will_sync)
         batch = data.batch
-        mask = batch.response_mask
-        scores = scores_to_token_level(data.fields["score"], mask)
+        mask = batch.response_mask  # the loss mask: model tokens only
+        scores = scores_to_token_level(data["score"], mask)
         batch_ref = ray.put(batch)
         with timer(timings, "old_log_prob"):
             old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
         metrics["actor/entropy"] = masked_mean(entropy, mask) if entropy is not None else 0.0
         if self.cfg.actor_rollout_ref.rollout.weight_sync.verify:
-            metrics["rollout/logprob_diff"] = masked_mean((old_log_probs - data.rollout_log_probs).abs(), mask)
-            metrics["rollout/logprob_diff_max"] = float(((old_log_probs - data.rollout_log_probs).abs() * mask).max())
+            diff = (old_log_probs - data["rollout_log_probs"]).abs() * mask
+            metrics["rollout/logprob_diff"] = masked_mean(diff, mask)
+            metrics["rollout/logprob_diff_max"] = float(diff.max())
         ref_log_probs = values = None
         if self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:
             with timer(timings, "ref"):
@@ -153,7 +171,7 @@ class RLTrainer:
         with timer(timings, "adv"):
             rewards, kl_metrics = token_level_rewards(self.cfg, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
-            advantages, returns = compute_advantages(self.cfg, rewards, mask, data.uid, values, baselines)
+            advantages, returns = compute_advantages(self.cfg, rewards, mask, data["uid"], values, baselines)
         fields = dict(old_log_probs=old_log_probs, advantages=advantages, returns=returns)
         if ref_log_probs is not None:
             fields["ref_log_probs"] = ref_log_probs
@@ -175,12 +193,11 @@ class RLTrainer:
         timings["step"] = time.perf_counter() - t0
         metrics.update(data_metrics(
             token_level_scores=scores, token_level_rewards=rewards, advantages=advantages, returns=returns,
-            response_mask=mask, prompt_lengths=data.prompt_lengths, response_lengths=data.response_lengths,
-            max_response_length=self.cfg.data.max_response_length, max_prompt_length=self.cfg.data.max_prompt_length,
-            values=values))
-        reward_metrics = data.fields["_reward_metrics"][0]
-        metrics.update({k: v for k, v in reward_metrics.items() if not isinstance(v, str)})
-        prompt_tokens, response_tokens = int(data.prompt_lengths.sum()), int(data.response_lengths.sum())
+            response_mask=mask, prompt_lengths=data["prompt_lengths"], response_lengths=data["response_lengths"],
+            response_tokens=data["response_tokens"], max_response_length=self.cfg.actor_rollout_ref.rollout.response_length,
+            max_prompt_length=self.cfg.data.max_prompt_length, values=values))
+        metrics.update(agent_metrics(data.fields))
+        prompt_tokens, response_tokens = int(data["prompt_lengths"].sum()), int(data["response_tokens"].sum())
         metrics.update(timing_metrics(timings, prompt_tokens, response_tokens))
         metrics.update(throughput_metrics(timings["step"], prompt_tokens + response_tokens, self.num_devices))
         metrics["training/global_step"] = step
@@ -200,44 +217,44 @@ class RLTrainer:
         return data.select([i for part in parts for i in part])
 
     def _greedy_baselines(self, data: StepData, step: int) -> torch.Tensor:
-        """ReMax: the reward of a greedy response to each sample's prompt."""
-        prompts, first = [], {}
-        for row, uid in enumerate(data.uid):
-            if uid not in first:
-                first[uid] = len(prompts)
-                ids = data.batch.input_ids[row][data.batch.attention_mask[row].bool()][: int(data.prompt_lengths[row])]
-                prompts.append(ids.tolist())
-        samples = self.fleet.generate(prompts, {"do_sample": False, "temperature": 0.0}, n=1, step=step)
-        rows = [data.uid.index(uid) for uid in first]
-        result = self.reward.score([data.data_source[r] for r in rows], [s.response_text for s in samples],
-                                   [data.ground_truth[r] for r in rows], [data.extra_info[r] for r in rows],
-                                   [len(s.response_ids) for s in samples])
-        per_prompt = torch.tensor(result.scores, dtype=torch.float32)
-        return per_prompt[[first[u] for u in data.uid]]
+        """ReMax: the reward of a greedy rollout (the same agent loop) of each sample's prompt."""
+        first: dict[str, int] = {}
+        for row, uid in enumerate(data["uid"]):
+            first.setdefault(uid, row)
+        rows = list(first.values())
+        prompts = {key: [data[key][r] for r in rows] for key in PROMPT_COLUMNS}
+        trajectories = self.rollout.generate(prompts, step=step, n=1, sampling={"do_sample": False, "temperature": 0.0})
+        greedy = build_step_data(prompts, trajectories, list(range(len(rows))), list(first), self.pad_id)
+        self._score(greedy, trajectories, {})
+        per_prompt = torch.tensor(greedy["score"], dtype=torch.float32)
+        order = {uid: i for i, uid in enumerate(first)}
+        return per_prompt[[order[u] for u in data["uid"]]]
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        from megarl.data import iterate_in_order
+        from megarl.data import collate, iterate_in_order
 
         if self.val_dataset is None:
             return {}
-        texts, sources, truths, extras, lengths, prompts = [], [], [], [], [], []
+        parts, trajectories, prompt_texts = [], [], []
         for items in iterate_in_order(self.val_dataset, self.cfg.data.val_batch_size):
-            samples = self.fleet.generate([it.prompt_ids for it in items], validate=True)
-            texts += [s.response_text for s in samples]
-            sources += [items[s.prompt_index].data_source for s in samples]
-            truths += [items[s.prompt_index].ground_truth for s in samples]
-            extras += [items[s.prompt_index].extra_info for s in samples]
-            lengths += [len(s.response_ids) for s in samples]
-            prompts += [items[s.prompt_index].prompt_text for s in samples]
-        result = self.reward.score(sources, texts, truths, extras, lengths)
-        self.val_generations = pick_generations(prompts, texts, truths, result.scores,
-                                                self.cfg.trainer.log_val_generations)
-        scores = np.asarray(result.scores, dtype=np.float64)
+            cols = collate(items)
+            got = self.rollout.generate(cols, step=0, validate=True)
+            n = len(got) // len(items)
+            rows = [i for i in range(len(items)) for _ in range(n)]
+            parts.append(build_step_data(cols, got, rows, [str(items[i].index) for i in rows], self.pad_id))
+            trajectories += got
+            prompt_texts += [cols["prompt_text"][i] for i in rows]
+        data = concat_step_data(parts)
+        self._score(data, trajectories, {})
+        self.val_generations = pick_generations(prompt_texts, data["response_text"], data["ground_truth"],
+                                                data["score"], self.cfg.trainer.log_val_generations)
+        scores = np.asarray(data["score"], dtype=np.float64)
         out = {"val/score": float(scores.mean())}
-        for source in sorted(set(sources)):
-            picked = [s for s, src in zip(scores, sources) if src == source]
+        for source in sorted(set(data["data_source"])):
+            picked = [s for s, src in zip(scores, data["data_source"]) if src == source]
             out[f"val-core/{source}/reward/mean@1"] = float(np.mean(picked))
+        out.update({f"val/{k}": v for k, v in agent_metrics(data.fields).items()})
         return out
 
     # ------------------------------------------------------------------ state for checkpoints
@@ -278,33 +295,6 @@ def seqlen_balance_metrics(lengths: torch.Tensor, parts: list[list[int]]) -> dic
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     m = mask.to(values.dtype)
     return float((values * m).sum() / m.sum().clamp(min=1))
-
-
-def concat_step_data(parts: list[StepData]) -> StepData:
-    from megarl.engine import RLBatch
-
-    if len(parts) == 1:
-        return parts[0]
-    width_p = max(p.batch.prompt_length for p in parts)
-    width_r = max(p.batch.response_length for p in parts)
-    batches = []
-    for p in parts:
-        b = p.batch
-        left, right = width_p - b.prompt_length, width_r - b.response_length
-        pad = lambda t, value=0: torch.nn.functional.pad(t, (left, right), value=value)  # noqa: E731
-        batches.append((pad(b.input_ids), pad(b.attention_mask),
-                        torch.nn.functional.pad(b.response_mask, (0, right))))
-    merged = RLBatch(input_ids=torch.cat([x[0] for x in batches]), attention_mask=torch.cat([x[1] for x in batches]),
-                     response_mask=torch.cat([x[2] for x in batches]))
-    join = lambda key: [v for p in parts for v in getattr(p, key)]  # noqa: E731
-    return StepData(
-        batch=merged, uid=join("uid"), data_source=join("data_source"), ground_truth=join("ground_truth"),
-        extra_info=join("extra_info"), response_text=join("response_text"), finish_reason=join("finish_reason"),
-        rollout_log_probs=torch.cat([torch.nn.functional.pad(p.rollout_log_probs, (0, width_r - p.batch.response_length))
-                                     for p in parts]),
-        prompt_lengths=torch.cat([p.prompt_lengths for p in parts]),
-        response_lengths=torch.cat([p.response_lengths for p in parts]),
-        fields={k: [v for p in parts for v in p.fields[k]] for k in parts[0].fields})
 
 
 @contextmanager

@@ -1,86 +1,157 @@
-"""Turn one step's prompts and generated samples into the trainer's tensors.
+"""One step's data: the trainer's tensors plus a table of per-sample fields, in one order.
 
-The rollout fleet returns plain lists (``RolloutSample``); the Megatron engine takes an
-``RLBatch`` in verl's layout: left-padded prompts, right-padded responses. ``StepData`` keeps
-both the tensors and the per-sample facts the reward manager and the metrics need, in one
-order: prompt by prompt, each prompt's ``n`` samples together (the GRPO group).
+The order is prompt by prompt, each prompt's ``n`` samples together (the GRPO group). ``batch``
+is the ``RLBatch`` the Megatron engine takes (verl's layout: left-padded prompts, right-padded
+responses); its ``response_mask`` is the trajectories' **loss mask**: 1 on tokens the model
+sampled, 0 on tool output and padding, so everything downstream (policy loss, entropy, KL,
+advantages, metrics) counts model tokens only. ``fields`` holds every per-sample value, each
+either a list or a tensor whose first dimension is the batch (``[B]``, or ``[B, R]`` aligned with
+the responses): a new field is one more entry, and ``select`` and ``concat_step_data`` handle it
+with the rest.
+
+Fields ``build_step_data`` writes: ``uid`` (group id: samples of one prompt draw share it),
+``prompt_ids``, ``raw_prompt``, ``agent_name``, ``data_source``, ``ground_truth``, ``extra_info``,
+``response_text``, ``finish_reason``, ``rollout_log_probs`` ``[B, R]`` (the engine's log-probs of
+the sampled tokens, 0 elsewhere), ``prompt_lengths``, ``response_lengths`` (model tokens),
+``response_tokens`` (model and tool tokens), and every key of the trajectories' ``extras``
+(``num_turns``, ``tool_calls``, ...; None where a sample's loop has no such key). The controller
+adds ``score`` and the reward function's extra keys.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from megarl.engine.batch import RLBatch
 
+PROMPT_COLUMNS = ("prompt_ids", "raw_prompt", "agent_name", "data_source", "ground_truth", "extra_info")
+
 
 @dataclass
 class StepData:
     batch: RLBatch
-    uid: list[str]  # group id per sample: samples of one prompt share it
-    data_source: list[str]
-    ground_truth: list[Any]
-    extra_info: list[Any]
-    response_text: list[str]
-    finish_reason: list[str]
-    rollout_log_probs: torch.Tensor  # [B, R] the engine's log-probs of the sampled tokens
-    prompt_lengths: torch.Tensor  # [B]
-    response_lengths: torch.Tensor  # [B]
-    fields: dict[str, Any] = field(default_factory=dict)  # per-sample extras (reward dict keys, ...)
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, value in self.fields.items():
+            self._check(name, value)
+
+    def _check(self, name: str, value: Any) -> None:
+        if len(value) != len(self.batch):
+            raise ValueError(f"step field {name!r} has {len(value)} entries for {len(self.batch)} samples")
 
     def __len__(self) -> int:
-        return len(self.uid)
+        return len(self.batch)
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise KeyError(f"step data has no field {name!r}; fields: {sorted(self.fields)}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.fields
+
+    def add(self, **values: Any) -> None:
+        """Add or replace per-sample fields (lists or tensors with the batch as first dimension)."""
+        for name, value in values.items():
+            self._check(name, value)
+            self.fields[name] = value
 
     def select(self, indices: Sequence[int]) -> "StepData":
         idx = list(indices)
-        pick = lambda values: [values[i] for i in idx]  # noqa: E731
         index = torch.as_tensor(idx, dtype=torch.long)
-        return StepData(
-            batch=self.batch.select(idx), uid=pick(self.uid), data_source=pick(self.data_source),
-            ground_truth=pick(self.ground_truth), extra_info=pick(self.extra_info),
-            response_text=pick(self.response_text), finish_reason=pick(self.finish_reason),
-            rollout_log_probs=self.rollout_log_probs.index_select(0, index),
-            prompt_lengths=self.prompt_lengths.index_select(0, index),
-            response_lengths=self.response_lengths.index_select(0, index),
-            fields={k: pick(v) for k, v in self.fields.items()})
+        picked = {name: value.index_select(0, index) if isinstance(value, torch.Tensor) else [value[i] for i in idx]
+                  for name, value in self.fields.items()}
+        return StepData(self.batch.select(idx), picked)
 
 
-def build_step_data(prompts: dict[str, list[Any]], samples: Sequence[Any], pad_token_id: int,
-                    step: int, response_length: int | None = None) -> StepData:
-    """``prompts``: the data loader's columns; ``samples``: the fleet's output for them.
+def concat_step_data(parts: Sequence[StepData]) -> StepData:
+    """Samples of several ``StepData`` in order; prompts and responses re-padded to the widest."""
+    if len(parts) == 1:
+        return parts[0]
+    names = set(parts[0].fields)
+    if any(set(p.fields) != names for p in parts):
+        raise ValueError(f"cannot join step data with different fields: {[sorted(p.fields) for p in parts]}")
+    width_p = max(p.batch.prompt_length for p in parts)
+    width_r = max(p.batch.response_length for p in parts)
+    pad = torch.nn.functional.pad
+    ids, attention, mask = [], [], []
+    for p in parts:
+        b = p.batch
+        sides = (width_p - b.prompt_length, width_r - b.response_length)
+        ids.append(pad(b.input_ids, sides))
+        attention.append(pad(b.attention_mask, sides))
+        mask.append(pad(b.response_mask, (0, sides[1])))
+    batch = RLBatch(input_ids=torch.cat(ids), attention_mask=torch.cat(attention), response_mask=torch.cat(mask))
+    joined = {}
+    for name in parts[0].fields:
+        values = [p.fields[name] for p in parts]
+        if isinstance(values[0], torch.Tensor):
+            if values[0].dim() == 2:  # response-aligned
+                values = [pad(v, (0, width_r - v.shape[1])) for v in values]
+            joined[name] = torch.cat(values)
+        else:
+            joined[name] = [v for value in values for v in value]
+    return StepData(batch, joined)
 
-    ``response_length`` pads every response to the same width (the configured maximum), so
-    tensor shapes stay constant from step to step; None pads to the longest response.
+
+def build_step_data(prompts: Mapping[str, list], trajectories: Sequence[Any], prompt_rows: Sequence[int],
+                    uids: Sequence[str], pad_token_id: int, response_length: int | None = None) -> StepData:
+    """``trajectories[j]`` answers the prompt at row ``prompt_rows[j]`` of the loader's ``prompts``
+    columns and belongs to group ``uids[j]``.
+
+    ``response_length`` pads every response to the same width (the configured budget), so tensor
+    shapes stay constant from step to step; None pads to the longest response.
     """
-    if not samples:
-        raise ValueError("the rollout returned no samples")
-    longest = max(max(len(s.response_ids) for s in samples), 1)
+    if not trajectories:
+        raise ValueError("the rollout returned no trajectories")
+    if not len(trajectories) == len(prompt_rows) == len(uids):
+        raise ValueError(f"{len(trajectories)} trajectories, {len(prompt_rows)} prompt rows, {len(uids)} uids")
+    longest = max(max(len(t.response_ids) for t in trajectories), 1)
     width = max(response_length or 0, longest)
-    prompt_width = max(len(s.prompt_ids) for s in samples)
-    batch_size = len(samples)
-    input_ids = torch.full((batch_size, prompt_width + width), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((batch_size, prompt_width + width), dtype=torch.long)
-    log_probs = torch.zeros((batch_size, width), dtype=torch.float32)
-    for row, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
+    prompt_width = max(len(t.prompt_ids) for t in trajectories)
+    size = len(trajectories)
+    input_ids = torch.full((size, prompt_width + width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((size, prompt_width + width), dtype=torch.long)
+    loss_mask = torch.zeros((size, width), dtype=torch.long)
+    log_probs = torch.zeros((size, width), dtype=torch.float32)
+    for row, t in enumerate(trajectories):
+        p, r = len(t.prompt_ids), len(t.response_ids)
         if p < 1:
-            raise ValueError(f"sample {row} (prompt {s.prompt_index}) has an empty prompt")
-        input_ids[row, prompt_width - p:prompt_width] = torch.tensor(s.prompt_ids, dtype=torch.long)
+            raise ValueError(f"trajectory {row} (prompt row {prompt_rows[row]}) has an empty prompt")
+        input_ids[row, prompt_width - p:prompt_width] = torch.tensor(t.prompt_ids, dtype=torch.long)
         attention[row, prompt_width - p:prompt_width] = 1
         if r:
-            input_ids[row, prompt_width:prompt_width + r] = torch.tensor(s.response_ids, dtype=torch.long)
+            input_ids[row, prompt_width:prompt_width + r] = torch.tensor(t.response_ids, dtype=torch.long)
             attention[row, prompt_width:prompt_width + r] = 1
-            log_probs[row, :r] = torch.tensor(s.logprobs[:r], dtype=torch.float32)
-    response_mask = attention[:, prompt_width:].clone()
-    batch = RLBatch(input_ids=input_ids, attention_mask=attention, response_mask=response_mask)
-    col = lambda key: [prompts[key][s.prompt_index] for s in samples]  # noqa: E731
-    return StepData(
-        batch=batch,
-        uid=[f"{step}:{s.prompt_index}" for s in samples],
-        data_source=col("data_source"), ground_truth=col("ground_truth"), extra_info=col("extra_info"),
-        response_text=[s.response_text for s in samples], finish_reason=[s.finish_reason for s in samples],
+            loss_mask[row, :r] = torch.tensor(t.loss_mask, dtype=torch.long)
+            log_probs[row, :r] = torch.tensor(t.logprobs, dtype=torch.float32)
+    batch = RLBatch(input_ids=input_ids, attention_mask=attention, response_mask=loss_mask)
+    fields: dict[str, Any] = {"uid": list(uids)}
+    for key in PROMPT_COLUMNS:
+        column = prompts.get(key)
+        fields[key] = [column[i] for i in prompt_rows] if column is not None else [None] * size
+    fields.update(
+        response_text=[t.response_text for t in trajectories], finish_reason=[t.finish_reason for t in trajectories],
         rollout_log_probs=log_probs,
-        prompt_lengths=torch.tensor([len(s.prompt_ids) for s in samples]),
-        response_lengths=torch.tensor([len(s.response_ids) for s in samples]),
-    )
+        prompt_lengths=torch.tensor([len(t.prompt_ids) for t in trajectories]),
+        response_lengths=loss_mask.sum(-1),
+        response_tokens=torch.tensor([len(t.response_ids) for t in trajectories]))
+    for key in sorted({k for t in trajectories for k in t.extras}):
+        if key in fields:
+            raise ValueError(f"a trajectory extra is named {key!r}, which is a built-in step field; rename it")
+        fields[key] = [t.extras.get(key) for t in trajectories]
+    return StepData(batch, fields)
+
+
+def reward_extra_info(data: StepData, extras_keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Each sample's ``extra_info`` for the reward function, plus its loop's extras (``num_turns``, ...)."""
+    out = []
+    for i, info in enumerate(data["extra_info"]):
+        merged = dict(info or {})
+        merged.update({k: data[k][i] for k in extras_keys if data[k][i] is not None})
+        out.append(merged)
+    return out

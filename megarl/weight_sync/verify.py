@@ -14,15 +14,17 @@ import torch
 def verify_sync(fleet, workers, prompt_ids: list[list[int]], max_tokens: int = 8, pad_token_id: int = 0) -> dict[str, float]:
     import ray
 
+    from megarl.agent.trajectory import Trajectory
     from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel
     from megarl.trainer.rollout_batch import build_step_data
 
     samples = fleet.generate(prompt_ids, {"do_sample": False, "temperature": 0.0, "max_tokens": max_tokens}, n=1)
-    columns = {key: [None] * len(prompt_ids) for key in ("data_source", "ground_truth", "extra_info")}
-    data = build_step_data(columns, samples, pad_token_id, step=0)
+    rows = list(range(len(samples)))
+    data = build_step_data({}, [Trajectory.from_sample(s) for s in samples], rows, [str(r) for r in rows],
+                           pad_token_id)
     leaders = dp_leaders(workers.call("coords"))
     trainer, _ = gather_data_parallel(workers, leaders, "compute_log_prob", ray.put(data.batch), False)
     mask = data.batch.response_mask.bool()
-    diff = (trainer - data.rollout_log_probs).abs()[mask]
+    diff = (trainer - data["rollout_log_probs"]).abs()[mask]
     return {"rollout/logprob_diff": float(diff.mean()), "rollout/logprob_diff_max": float(diff.max()),
             "verify/tokens": float(mask.sum())}

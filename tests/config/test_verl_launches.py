@@ -118,6 +118,8 @@ def rewrite(argv: list[str], fixtures: Fixtures, script: str, out: Path) -> list
             files = [v.strip().strip("'\"") for v in value.strip("[]").split(",")] if value.startswith("[") else [value]
             paths = [fixtures.data(f or "gsm8k") for f in files]
             arg = f"{key}=[{','.join(paths)}]" if value.startswith("[") else f"{key}={paths[0]}"
+        elif name.endswith("multi_turn.tool_config_path") and value:
+            arg = f"{key}={HERE / 'tool_config' / Path(value).name}"
         elif name.endswith("dist_checkpointing_path") and value:
             arg = f"{key}={fixtures.checkpoint(value)}"
         elif name == "trainer.default_local_dir":

@@ -144,10 +144,57 @@ def single(work: Path, data: dict) -> dict:
     results["moe/log_probs"] = actor.compute_log_prob(moe_batch)[0]
     results["moe/update"] = {"metrics": actor.update_policy(moe_batch), "weights": weights(actor.model, moe, layout)}
 
+    results["masked"] = loss_isolation(work, layout, batch)
     results["nonfinite"] = nonfinite(work, layout, batch)
     results["learning"] = learning(work, layout)
     results["critic"] = critic(work, layout, batch)
     return results
+
+
+def loss_isolation(work: Path, layout: ParallelLayout, batch) -> dict:
+    """Tool tokens inside the responses (attention 1, loss mask 0): the loss pieces and every
+    gradient, with the logits that score those tokens perturbed or not; and, as a control, with
+    the logits of one trained token perturbed."""
+    from megarl.engine.update import global_batch_info
+
+    mask = batch.response_mask.clone()
+    lengths = mask.sum(-1)
+    for row in range(len(batch)):
+        if lengths[row] >= 3:
+            mask[row, 1:int(lengths[row]) - 1] = 0  # the middle of the response is a tool turn
+    tool_batch = batch.with_fields(response_mask=mask)  # old log-probs and advantages stay non-zero there
+    settings = _data.actor_settings(micro_batch_size=3)
+    actor = actor_for(work, _data.DENSE, layout, settings)
+    forward = actor.runner.forward
+
+    def measure(perturb: str | None) -> dict:
+        generator = torch.Generator().manual_seed(3)
+
+        def perturbed_forward(model, micro_batch):
+            out = forward(model, micro_batch)
+            if perturb is None:
+                return out
+            packed, trained = micro_batch.packed, micro_batch.batch.response_mask.bool()
+            pick = packed.response_valid & ~trained if perturb == "tool" else trained & (trained.cumsum(-1) == 1)
+            noise = torch.zeros_like(out)
+            for row, k in pick.nonzero().tolist():
+                noise[row, packed.response_index[row, k]] = 5.0 * torch.randn(out.shape[-1], generator=generator)
+            return out + noise
+
+        actor.runner.forward = perturbed_forward
+        try:
+            for chunk in actor.runner.chunks:
+                chunk.zero_grad_buffer()
+            loss = actor._loss_fn(global_batch_info(actor.runner, tool_batch))
+            collected = actor.runner.run(tool_batch, actor.runner.split(tool_batch, settings.train), loss, forward_only=False)
+        finally:
+            actor.runner.forward = forward
+        pieces = {name: float(sum(c[name] for c in collected)) for name in ("pg_loss", "entropy", "kl_loss")}
+        grads = {name: p.main_grad.clone() for chunk in actor.runner.chunks for name, p in chunk.named_parameters()}
+        return {"loss": pieces, "grads": grads}
+
+    return {"clean": measure(None), "tool": measure("tool"), "trained": measure("trained"),
+            "masked_tokens": int((batch.response_mask - mask).sum())}
 
 
 def nonfinite(work: Path, layout: ParallelLayout, batch) -> dict:

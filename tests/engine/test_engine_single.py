@@ -125,3 +125,17 @@ def test_critic_values_match_hugging_face_and_the_value_loss_falls(single, engin
     assert (single["critic"]["values"] - values).abs().max() <= TOLERANCE
     losses = single["critic"]["vf_losses"]
     assert losses[-1] < 0.2 * losses[0], losses
+
+
+def test_tool_tokens_are_isolated_from_the_loss(single):
+    """Perturbing the logits at loss-masked positions (tool output inside a response, whose old
+    log-probs and advantages are not zero) changes neither the loss nor any gradient; perturbing
+    one trained position changes both (the control)."""
+    result = single["masked"]
+    clean, tool, trained = result["clean"], result["tool"], result["trained"]
+    assert result["masked_tokens"] >= 4
+    assert tool["loss"] == clean["loss"]
+    assert clean["grads"].keys() == tool["grads"].keys() and len(clean["grads"]) > 10
+    assert all(torch.equal(tool["grads"][name], clean["grads"][name]) for name in clean["grads"])
+    assert trained["loss"]["pg_loss"] != clean["loss"]["pg_loss"]
+    assert max((trained["grads"][n] - clean["grads"][n]).abs().max().item() for n in clean["grads"]) > 1e-3

@@ -230,6 +230,128 @@ def test_update_weights_matches_hf_with_the_same_weights(fleet, prompts, hf_mode
     assert max_diff(fleet.compute_log_probs([probe.prompt_ids], [probe.response_ids])[0], before) < 1e-6
 
 
+def seam(fleet, tokenizer):
+    from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
+
+    context = AgentContext(tokenizer=tokenizer, response_length=MAX_TOKENS, multi_turn=MultiTurnSettings())
+    return AgentRollout(context, fleet, fleet.config)
+
+
+def columns(prompts):
+    return {"prompt_ids": prompts, "raw_prompt": [[{"role": "user", "content": "x"}]] * len(prompts),
+            "extra_info": [{"index": i} for i in range(len(prompts))], "data_source": ["megarl/arithmetic"] * len(prompts),
+            "ground_truth": ["1"] * len(prompts)}
+
+
+def test_the_single_turn_seam_gives_the_batch_paths_step_data(fleet, prompts, tokenizer):
+    """Single-turn GRPO through the agent seam (one request per sample, per-turn seeds) is the batch
+    call of before: the same tokens, log-probs, masks and advantages on fixed seeds."""
+    from omegaconf import OmegaConf
+
+    from megarl.agent.trajectory import Trajectory
+    from megarl.trainer.advantage_step import compute_advantages
+    from megarl.trainer.rollout_batch import build_step_data
+
+    n, step = 3, 4
+    rows = [i for i in range(len(prompts)) for _ in range(n)]
+    uids = [f"{step}:{i}" for i in rows]
+    batch = fleet.generate(prompts, n=n, step=step)
+    before = build_step_data(columns(prompts), [Trajectory.from_sample(s) for s in batch], rows, uids, 0, MAX_TOKENS)
+    after = build_step_data(columns(prompts), seam(fleet, tokenizer).generate(columns(prompts), step=step, n=n),
+                            rows, uids, 0, MAX_TOKENS)
+    assert torch.equal(before.batch.input_ids, after.batch.input_ids)
+    assert torch.equal(before.batch.response_mask, after.batch.response_mask)
+    assert torch.equal(before.batch.attention_mask, after.batch.attention_mask)
+    assert (before["rollout_log_probs"] - after["rollout_log_probs"]).abs().max() < 1e-5
+    assert before["finish_reason"] == after["finish_reason"] and before["response_text"] == after["response_text"]
+    cfg = OmegaConf.create({"algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
+                                          "norm_adv_by_std_in_grpo": True}})
+    scores = torch.zeros(before.batch.response_mask.shape)
+    scores[:, 0] = (before.batch.responses.sum(-1) % 3).float()  # any score that depends on the tokens
+    adv_before, _ = compute_advantages(cfg, scores, before.batch.response_mask, before["uid"])
+    adv_after, _ = compute_advantages(cfg, scores, after.batch.response_mask, after["uid"])
+    assert torch.equal(adv_before, adv_after) and adv_before.abs().sum() > 0
+
+
+def test_seam_results_do_not_depend_on_the_replica(fleet, prompts, tokenizer, monkeypatch):
+    rollout = seam(fleet, tokenizer)
+    first = rollout.generate(columns(prompts), step=9, n=2)
+    monkeypatch.setattr(fleet, "replica_for", lambda i, count: fleet.num_replicas - 1 - fleet.__class__.replica_for(
+        fleet, i, count))  # every prompt on the other replica
+    swapped = rollout.generate(columns(prompts), step=9, n=2)
+    assert [t.response_ids for t in first] == [t.response_ids for t in swapped]
+    assert max(max_diff(a.logprobs, b.logprobs) for a, b in zip(first, swapped)) < 1e-5
+    assert rollout.last_stats["samples"] == 8 and rollout.last_stats["tokens_per_s"] > 0
+
+
+def test_agent_loop_workers_give_the_same_trajectories(fleet, prompts, tokenizer, model_dir):
+    """agent.num_workers=2: the loops run in two Ray actors (each with its own tokenizer), with the
+    same results as in the controller process."""
+    from omegaconf import OmegaConf
+
+    from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
+    from megarl.agent.workers import start_workers
+
+    cfg = OmegaConf.create({"data": {"apply_chat_template_kwargs": {}}, "actor_rollout_ref": {"rollout": {
+        "response_length": MAX_TOKENS, "multi_turn": {"enable": False}, "agent": {"agent_loop_config_path": None}}}})
+    context = AgentContext(tokenizer=tokenizer, response_length=MAX_TOKENS, multi_turn=MultiTurnSettings())
+    in_workers = AgentRollout(context, fleet, fleet.config, num_workers=2,
+                              worker_factory=lambda count: start_workers(cfg, str(model_dir), count))
+    try:
+        here = seam(fleet, tokenizer).generate(columns(prompts), step=6, n=2)
+        there = in_workers.generate(columns(prompts), step=6, n=2)
+    finally:
+        in_workers.close()
+    assert [t.response_ids for t in there] == [t.response_ids for t in here]
+    assert [t.prompt_ids for t in there] == [t.prompt_ids for t in here]
+
+
+def test_every_turn_of_a_multi_turn_rollout_is_kept_token_for_token(fleet, prompts, tokenizer):
+    """A three-turn loop on the real engine, environment tokens between the turns: in the training
+    batch each turn's sampled tokens sit where they were sampled (mask 1, their log-probs), and the
+    engine scoring the batch's tokens as one sequence gives those log-probs: it saw exactly them."""
+    from megarl.agent import AgentLoop, TrajectoryBuilder
+    from megarl.agent.rollout import LoopSet
+    from megarl.trainer.rollout_batch import build_step_data
+
+    env = [[5, 6, 7], [8, 9]]
+
+    class ThreeTurns(AgentLoop):
+        async def run(self, sample, client):
+            builder, turns = TrajectoryBuilder(sample.prompt_ids, 30), []
+            for turn in range(3):
+                g = await client.generate(builder.context, sample.sampling, sample.seed(turn), max_tokens=4)
+                builder.add_model(g.token_ids, g.logprobs)
+                turns.append((g.token_ids, g.logprobs))
+                if turn < 2:
+                    builder.add_env(env[turn])
+            return builder.build("stop", "", turns=turns)
+
+    rollout = seam(fleet, tokenizer)
+    rollout.loops = LoopSet(rollout.context)
+    rollout.loops._loops["three"] = ThreeTurns(rollout.context)
+    cols = {**columns(prompts), "agent_name": ["three"] * len(prompts)}
+    trajectories = rollout.generate(cols, step=2, n=2, sampling={"ignore_eos": True})
+    rows = [i for i in range(len(prompts)) for _ in range(2)]
+    data = build_step_data(cols, trajectories, rows, [str(r) for r in rows], 0, 30)
+    for row, t in enumerate(trajectories):
+        response = data.batch.responses[row].tolist()
+        mask = data.batch.response_mask[row].tolist()
+        expected_ids, expected_mask, expected_lp = [], [], []
+        for k, (ids, lps) in enumerate(t.extras["turns"]):
+            expected_ids += ids + (env[k] if k < 2 else [])
+            expected_mask += [1] * len(ids) + ([0] * len(env[k]) if k < 2 else [])
+            expected_lp += lps + ([0.0] * len(env[k]) if k < 2 else [])
+        width = len(expected_ids)
+        assert width == 4 + 3 + 4 + 2 + 4 and response[:width] == expected_ids and mask[:width] == expected_mask
+        assert data["rollout_log_probs"][row, :width].tolist() == pytest.approx(expected_lp, abs=0)
+        assert sum(mask) == 12 and data["response_lengths"][row] == 12
+    scored = fleet.compute_log_probs([t.prompt_ids for t in trajectories], [t.response_ids for t in trajectories])
+    for t, row in zip(trajectories, scored):
+        model = [(a, b) for a, b, m in zip(row, t.logprobs, t.loss_mask) if m]
+        assert max(abs(a - b) for a, b in model) < TOLERANCE
+
+
 def test_shutdown_leaves_no_actors_or_placement_groups(fleet):
     import ray
     from ray._private.state import actors

@@ -75,7 +75,7 @@ def test_engine_arguments_on_cpu():
     assert "gpu_memory_utilization" not in kwargs and "enable_sleep_mode" not in kwargs
     env = replica_env(spec, on_gpu=False)
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
 
 def test_engine_arguments_on_gpu_with_tp():

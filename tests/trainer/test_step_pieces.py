@@ -6,13 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megarl.agent.trajectory import Trajectory
 from megarl.config import load_config
-from megarl.rollout.sample import RolloutSample
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.checkpointing import find_resume_checkpoint
-from megarl.trainer.controller import concat_step_data, masked_mean
-from megarl.trainer.metrics import data_metrics, timing_metrics
-from megarl.trainer.rollout_batch import build_step_data
+from megarl.trainer.controller import masked_mean
+from megarl.trainer.metrics import agent_metrics, data_metrics, timing_metrics
+from megarl.trainer.rollout_batch import build_step_data, concat_step_data
 
 BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=/m", "algorithm.adv_estimator=grpo",
         "trainer.n_gpus_per_node=1", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
@@ -20,9 +20,9 @@ BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=/m", "algori
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
 
 
-def sample(p, s, prompt, response, lp):
-    return RolloutSample(prompt_index=p, sample_index=s, prompt_ids=prompt, response_ids=response, logprobs=lp,
-                         finish_reason="stop", stop_string=None, response_text=" ".join(map(str, response)), replica=0)
+def trajectory(prompt, response, lp, mask=None, **extras):
+    return Trajectory(prompt, response, [1] * len(response) if mask is None else mask, lp, "stop",
+                      " ".join(map(str, response)), extras)
 
 
 def prompts():
@@ -30,22 +30,45 @@ def prompts():
 
 
 def test_step_data_layout_left_padded_prompts_right_padded_responses():
-    samples = [sample(0, 0, [5, 6, 7], [8], [-0.5]), sample(0, 1, [5, 6, 7], [9, 10], [-0.1, -0.2]),
-               sample(1, 0, [4], [11, 12, 13], [-1.0, -2.0, -3.0]), sample(1, 1, [4], [], [])]
-    data = build_step_data(prompts(), samples, pad_token_id=0, step=3, response_length=4)
+    samples = [trajectory([5, 6, 7], [8], [-0.5]), trajectory([5, 6, 7], [9, 10], [-0.1, -0.2]),
+               trajectory([4], [11, 12, 13], [-1.0, -2.0, -3.0]), trajectory([4], [], [])]
+    rows = [0, 0, 1, 1]
+    data = build_step_data(prompts(), samples, rows, [f"3:{r}" for r in rows], pad_token_id=0, response_length=4)
     b = data.batch
     assert b.input_ids.tolist() == [[5, 6, 7, 8, 0, 0, 0], [5, 6, 7, 9, 10, 0, 0],
                                     [0, 0, 4, 11, 12, 13, 0], [0, 0, 4, 0, 0, 0, 0]]
     assert b.response_mask.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]]
-    assert data.uid == ["3:0", "3:0", "3:1", "3:1"]
-    assert data.ground_truth == ["1", "1", "2", "2"] and data.extra_info[2] == {"i": 1}
-    assert data.rollout_log_probs[2].tolist() == [-1.0, -2.0, -3.0, 0.0]
-    assert data.response_lengths.tolist() == [1, 2, 3, 0]
+    assert data["uid"] == ["3:0", "3:0", "3:1", "3:1"]
+    assert data["ground_truth"] == ["1", "1", "2", "2"] and data["extra_info"][2] == {"i": 1}
+    assert data["rollout_log_probs"][2].tolist() == [-1.0, -2.0, -3.0, 0.0]
+    assert data["response_lengths"].tolist() == [1, 2, 3, 0]
     picked = data.select([2, 0])
-    assert picked.uid == ["3:1", "3:0"] and picked.batch.input_ids[0].tolist() == b.input_ids[2].tolist()
-    merged = concat_step_data([data.select([0, 1]), build_step_data(prompts(), samples[2:], 0, 4)])
-    assert merged.batch.input_ids.shape == (4, 7) and merged.uid[-1] == "4:1"
+    assert picked["uid"] == ["3:1", "3:0"] and picked.batch.input_ids[0].tolist() == b.input_ids[2].tolist()
+    merged = concat_step_data([data.select([0, 1]), build_step_data(prompts(), samples[2:], [1, 1], ["4:1"] * 2, 0)])
+    assert merged.batch.input_ids.shape == (4, 7) and merged["uid"][-1] == "4:1"
     assert merged.batch.input_ids[2].tolist() == [0, 0, 4, 11, 12, 13, 0]
+    assert merged["rollout_log_probs"].shape == (4, 4) and merged["response_lengths"].tolist() == [1, 2, 3, 0]
+
+
+def test_step_data_takes_the_loss_mask_and_every_extra_as_a_field():
+    """A tool turn inside the response is context (attention 1) but not trained on (loss mask 0);
+    response_length counts model tokens; a trajectory's extras become fields by name."""
+    tool = trajectory([5, 6], [7, 8, 30, 31, 9], [-0.1, -0.2, 0.0, 0.0, -0.3], mask=[1, 1, 0, 0, 1],
+                      num_turns=4, tool_calls=1)
+    plain = trajectory([5, 6], [7], [-0.5], num_turns=2)
+    data = build_step_data(prompts(), [tool, plain], [0, 1], ["s:0", "s:1"], pad_token_id=0, response_length=6)
+    assert data.batch.response_mask.tolist() == [[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]]
+    assert data.batch.attention_mask[:, 2:].tolist() == [[1, 1, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0]]
+    assert data["response_lengths"].tolist() == [3, 1] and data["response_tokens"].tolist() == [5, 1]
+    assert data["num_turns"] == [4, 2] and data["tool_calls"] == [1, None]
+    m = agent_metrics(data.fields)
+    assert m["num_turns/mean"] == 3 and m["tool_calls/max"] == 1 and m["tool_calls/min"] == 1
+    data.add(score=[1.0, 0.0])
+    assert data.select([1])["score"] == [0.0]
+    with pytest.raises(ValueError, match="3 entries for 2 samples"):
+        data.add(bad=[1, 2, 3])
+    with pytest.raises(ValueError, match="log-prob 0.0"):
+        trajectory([1], [2, 3], [-0.1, -0.2], mask=[1, 0])
 
 
 def test_grpo_advantages_through_the_step():
@@ -75,6 +98,11 @@ def test_data_metrics_use_verl_names():
                      token_level_rewards=torch.tensor([[0.0, 0.9], [0.5, 0.0]]), advantages=torch.ones(2, 2),
                      returns=torch.ones(2, 2), response_mask=mask, prompt_lengths=torch.tensor([3, 5]),
                      response_lengths=torch.tensor([2, 1]), max_response_length=2, max_prompt_length=8)
+    m_tools = data_metrics(token_level_scores=torch.zeros(2, 2), token_level_rewards=torch.zeros(2, 2),
+                           advantages=torch.ones(2, 2), returns=torch.ones(2, 2), response_mask=mask,
+                           prompt_lengths=torch.tensor([3, 5]), response_lengths=torch.tensor([1, 1]),
+                           response_tokens=torch.tensor([2, 1]), max_response_length=2, max_prompt_length=8)
+    assert m_tools["response_length/mean"] == 1 and m_tools["response_length/clip_ratio"] == 0.5
     assert m["critic/score/mean"] == pytest.approx(0.75) and m["critic/rewards/max"] == pytest.approx(0.9)
     assert m["response_length/clip_ratio"] == 0.5 and m["prompt_length/max"] == 5
     t = timing_metrics({"gen": 2.0, "update_actor": 1.0, "step": 4.0}, num_prompt_tokens=100, num_response_tokens=50)

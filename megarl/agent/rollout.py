@@ -1,0 +1,173 @@
+"""The rollout seam the controller calls: prompts in, one ``Trajectory`` per sample out.
+
+    context = build_agent_context(cfg, tokenizer)        # tools loaded and checked: before any process starts
+    rollout = AgentRollout(context, fleet, cfg.actor_rollout_ref.rollout)
+    trajectories = rollout.generate(prompt_columns, step=3)   # n per prompt, in prompt then sample order
+
+Every sample runs the agent loop its row names (``agent_name``) or ``agent.default_agent_loop``;
+all trajectories of a call run concurrently, each loop's engine calls going to the replica that
+``RolloutFleet.replica_for`` gives its prompt (sticky: all its samples and turns share that
+replica's prefix cache). Results depend only on the seeds (``rollout.seed``, step, prompt index,
+sample index, turn), never on the replica or on timing.
+
+``agent.num_workers``: 0 (megarl's default) runs the loops in this process with asyncio; N > 0
+runs them in N Ray actors (``AgentLoopWorker``), prompts split evenly, each with its own tokenizer
+and tools: for rollouts whose tokenisation or tool work would load one process.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Mapping, Sequence
+
+from megarl.agent.loop import AgentContext, AgentSample, resolve_agent_loop
+from megarl.agent.settings import MultiTurnSettings
+from megarl.agent.trajectory import Trajectory
+from megarl.rollout.sampling import resolve_sampling
+
+logger = logging.getLogger(__name__)
+
+SINGLE_TURN_NAMES = ("single_turn_agent", "single_turn")
+
+
+def build_tools(settings: MultiTurnSettings):
+    """The ``ToolSet`` of ``multi_turn.tool_config_path`` + ``function_tool_path`` (None without either)."""
+    from megarl.agent.tools.config import load_function_tools, load_tool_config
+    from megarl.agent.tools.toolset import ToolSet
+
+    tools = []
+    if settings.tool_config_path:
+        tools += load_tool_config(settings.tool_config_path)
+    if settings.function_tool_path:
+        tools += load_function_tools(settings.function_tool_path)
+    if not tools:
+        return None
+    names = [t.name for t in tools]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"tool names {duplicates} are defined twice (tool_config_path / function_tool_path); "
+                         "every tool needs its own name")
+    return ToolSet({t.name: t for t in tools}, settings.tool_timeout_s)
+
+
+def default_loop_name(rollout_cfg: Any) -> str:
+    """``agent.default_agent_loop``; with ``multi_turn.enable`` a single-turn default becomes ``tool_agent``."""
+    name = rollout_cfg.agent.default_agent_loop
+    if rollout_cfg.multi_turn.enable and name in SINGLE_TURN_NAMES:
+        return "tool_agent"
+    return name
+
+
+def load_agent_loop_config(path: str | None) -> dict[str, str]:
+    """verl's ``agent.agent_loop_config_path``: a YAML list of ``{name, _target_}`` -> name -> class path."""
+    if not path:
+        return {}
+    import yaml
+
+    entries = yaml.safe_load(open(path)) or []
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and "name" in e and "_target_" in e
+                                                for e in entries):
+        raise ValueError(f"agent.agent_loop_config_path={path}: expected a list of {{name, _target_: module.Class}}")
+    return {str(e["name"]): str(e["_target_"]) for e in entries}
+
+
+def build_agent_context(cfg: Any, tokenizer: Any) -> AgentContext:
+    """The loops' shared context; the tools are built (and checked) here."""
+    rollout = cfg.actor_rollout_ref.rollout
+    settings = MultiTurnSettings.from_config(rollout.multi_turn)
+    tools = build_tools(settings) if settings.enable else None
+    return AgentContext(tokenizer=tokenizer, response_length=int(rollout.response_length), multi_turn=settings,
+                        tools=tools, chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs or {}),
+                        loop_paths=load_agent_loop_config(rollout.agent.agent_loop_config_path))
+
+
+def tool_schemas_for(loops: "LoopSet", default_loop: str):
+    """For the dataset: the tool schemas to render into a row's prompt, given the row's ``agent_name``.
+
+    Building the loop here also checks, before any process starts, that the name is known and
+    that a tool loop has tools.
+    """
+    def schemas(loop_name: str | None) -> list | None:
+        loop = loops.get(loop_name or default_loop)
+        return loops.context.tools.schemas if loop.uses_tools and loops.context.tools else None
+    return schemas
+
+
+class LoopSet:
+    """One instance of each agent loop a run uses, built on first use."""
+
+    def __init__(self, context: AgentContext):
+        self.context = context
+        self._loops: dict[str, Any] = {}
+
+    def get(self, name: str):
+        if name not in self._loops:
+            self._loops[name] = resolve_agent_loop(self.context.loop_paths.get(name, name))(self.context)
+        return self._loops[name]
+
+    async def run(self, jobs: Sequence[tuple[str, AgentSample, Any]]) -> list[Trajectory]:
+        async def one(name: str, sample: AgentSample, client) -> Trajectory:
+            try:
+                return await self.get(name).run(sample, client)
+            except Exception as exc:
+                raise RuntimeError(f"agent loop {name!r} failed on prompt {sample.prompt_index} sample "
+                                   f"{sample.sample_index} (step {sample.step}): {type(exc).__name__}: {exc}") from exc
+
+        return list(await asyncio.gather(*[one(*job) for job in jobs]))
+
+
+class AgentRollout:
+    def __init__(self, context: AgentContext, fleet, rollout_cfg: Any, num_workers: int | None = None,
+                 worker_factory=None, loops: LoopSet | None = None):
+        self.context, self.fleet, self.config = context, fleet, rollout_cfg
+        self.default_loop = default_loop_name(rollout_cfg)
+        self.loops = loops or LoopSet(context)
+        self.loops.get(self.default_loop)  # an unknown default or a tool loop without tools fails here
+        self.num_workers = int(rollout_cfg.agent.num_workers if num_workers is None else num_workers)
+        self.workers = worker_factory(self.num_workers) if self.num_workers > 0 and worker_factory else []
+        if self.num_workers > 0 and not self.workers:
+            raise ValueError("agent.num_workers > 0 needs a worker factory (megarl.agent.workers.start_workers)")
+        self.last_stats: dict[str, float] = {}
+
+    def loop_names(self, prompts: Mapping[str, list]) -> list[str]:
+        names = prompts.get("agent_name") or [None] * len(prompts["prompt_ids"])
+        return [name or self.default_loop for name in names]
+
+    def generate(self, prompts: Mapping[str, list], *, step: int, n: int | None = None, validate: bool = False,
+                 sampling: Mapping[str, Any] | None = None, prompt_offset: int = 0) -> list[Trajectory]:
+        """``n`` trajectories per prompt (``rollout.n``; ``val_kwargs.n`` with ``validate``), ordered by
+        prompt, then sample. ``prompt_offset`` numbers the prompts after those of earlier calls of
+        the same step (DAPO's extra batches), so their seeds differ."""
+        params = resolve_sampling(self.config, sampling, n, validate)
+        count = len(prompts["prompt_ids"])
+        names = self.loop_names(prompts)
+        jobs = []
+        for i in range(count):
+            client = self.fleet.client(self.fleet.replica_for(i, count))
+            for k in range(params.n):
+                sample = AgentSample(prompt_ids=list(prompts["prompt_ids"][i]), messages=list(prompts["raw_prompt"][i]),
+                                     extra_info=dict(prompts["extra_info"][i] or {}), prompt_index=prompt_offset + i,
+                                     sample_index=k, step=step, base_seed=int(self.config.seed), sampling=params)
+                jobs.append((names[i], sample, client))
+        start = time.perf_counter()
+        if self.workers:
+            from megarl.agent.workers import run_on_workers
+
+            trajectories = run_on_workers(self.workers, jobs)
+        else:
+            trajectories = asyncio.run(self.loops.run(jobs))
+        seconds = time.perf_counter() - start
+        tokens = sum(t.num_model_tokens for t in trajectories)
+        self.last_stats = dict(samples=len(trajectories), model_tokens=tokens, seconds=seconds,
+                               tokens_per_s=tokens / seconds if seconds > 0 else 0.0)
+        logger.info("rollout: %d trajectories (%s) in %.2f s, %d model tokens, %.0f tok/s", len(trajectories),
+                    ", ".join(sorted(set(names))), seconds, tokens, self.last_stats["tokens_per_s"])
+        return trajectories
+
+    def close(self) -> None:
+        import ray
+
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []

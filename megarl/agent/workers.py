@@ -1,0 +1,52 @@
+"""``agent.num_workers > 0``: agent loops run in Ray actors instead of the controller process.
+
+Each ``AgentLoopWorker`` builds its own tokenizer, tools and loops from the config (so a tool's
+processes and a loop's tokenisation load that actor, not the controller) and runs the trajectories
+it is given concurrently, calling the engine replicas directly through the ``GenerateClient`` of
+each job. The actors take no CPU from the placement (``num_cpus=0``): their work is light next to
+the engines and the trainer, and they must never keep either from being placed.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class AgentLoopWorker:
+    def __init__(self, cfg_container: dict, tokenizer_path: str):
+        from omegaconf import OmegaConf
+        from transformers import AutoTokenizer
+
+        from megarl.agent.rollout import LoopSet, build_agent_context
+
+        cfg = OmegaConf.create(cfg_container)
+        self.loops = LoopSet(build_agent_context(cfg, AutoTokenizer.from_pretrained(tokenizer_path)))
+
+    async def run(self, jobs: Sequence[tuple[str, Any, Any]]) -> list:
+        return await self.loops.run(jobs)
+
+
+def start_workers(cfg: Any, tokenizer_path: str, count: int) -> list:
+    import ray
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(cfg, resolve=True)
+    actor = ray.remote(AgentLoopWorker)
+    return [actor.options(num_cpus=0).remote(container, tokenizer_path) for _ in range(count)]
+
+
+def run_on_workers(workers: list, jobs: list) -> list:
+    """Jobs split into contiguous runs of whole prompts, one per worker; results in job order."""
+    import ray
+
+    from megarl.rollout.fleet import split_evenly
+
+    prompts: list[list] = []
+    for job in jobs:  # jobs come prompt by prompt; keep a prompt's samples on one worker
+        if not prompts or prompts[-1][0][1].prompt_index != job[1].prompt_index:
+            prompts.append([])
+        prompts[-1].append(job)
+    refs = []
+    for worker, chunk in zip(workers, split_evenly(len(prompts), len(workers))):
+        if len(chunk):
+            refs.append(worker.run.remote([job for p in chunk for job in prompts[p]]))
+    return [t for part in ray.get(refs) for t in part]

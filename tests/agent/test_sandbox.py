@@ -1,0 +1,137 @@
+"""The Python code tool's sandbox against escape attempts. Each case is a real sandboxed process."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from megarl.agent.tools.python_code import PythonCodeTool
+from megarl.agent.tools.sandbox import SandboxLimits, check_available, run_python
+
+LIMITS = SandboxLimits(timeout_s=3, cpu_s=3, memory_mb=256, max_processes=16, scratch_mb=8, max_file_mb=4,
+                       max_output_bytes=4096)
+REPO_FILE = Path(__file__).resolve()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox_available():
+    check_available()  # a machine set up by scripts/setup_env.sh has bubblewrap: fail loudly if not
+
+
+def python(code: str, limits: SandboxLimits = LIMITS):
+    return asyncio.run(run_python(code, limits))
+
+
+def test_runs_code_and_returns_its_output():
+    r = python("print(sum(range(10)))")
+    assert (r.stdout, r.returncode, r.timed_out) == ("45\n", 0, False)
+    r = python("raise ValueError('bad')")
+    assert r.returncode == 1 and "ValueError: bad" in r.stderr
+
+
+def test_cannot_read_the_host_files():
+    r = python(f"""
+import os
+for path in ['/etc/passwd', '/etc/shadow', {str(REPO_FILE)!r}, '/root', '/home', '/work/main', '/sys']:
+    try:
+        open(path).read(1) if not os.path.isdir(path) else os.listdir(path)
+        print('READ', path)
+    except OSError as exc:
+        print('denied', path, type(exc).__name__)
+print(sorted(os.listdir('/')))
+print(sorted(os.environ))
+""")
+    assert "READ" not in r.stdout, r.stdout
+    assert "['bin', 'dev', 'lib', 'lib64', 'opt', 'proc', 'tmp', 'usr', 'work']" in r.stdout
+    assert "['HOME', 'LANG', 'PATH', 'PWD', 'PYTHONDONTWRITEBYTECODE']" in r.stdout  # nothing from the host's environment
+    assert os.path.exists(REPO_FILE)
+
+
+def test_cannot_write_outside_its_scratch_and_the_scratch_is_bounded():
+    r = python("""
+for path in ['/usr/evil', '/opt/python/evil', '/evil', '/proc/evil']:
+    try:
+        open(path, 'w').write('x'); print('WROTE', path)
+    except OSError as exc:
+        print('denied', path)
+open('/work/ok', 'w').write('fine'); print(open('/work/ok').read())
+try:
+    open('/work/big', 'wb').write(b'x' * (32 << 20)); print('WROTE big')
+except OSError as exc:
+    print('big refused', exc.errno)
+""")
+    assert "WROTE" not in r.stdout and "fine" in r.stdout and "big refused" in r.stdout, r.stdout + r.stderr
+
+
+def test_has_no_network():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        r = python(f"""
+import socket
+for host, port in [('127.0.0.1', {port}), ('1.1.1.1', 53), ('8.8.8.8', 443)]:
+    s = socket.socket(); s.settimeout(1)
+    print(host, s.connect_ex((host, port)))
+try:
+    socket.getaddrinfo('example.com', 80); print('RESOLVED')
+except OSError:
+    print('no dns')
+""")
+    finally:
+        server.close()
+    lines = r.stdout.split("\n")
+    assert all(line.split()[-1] != "0" for line in lines[:3]), r.stdout  # no connection anywhere
+    assert "no dns" in r.stdout
+
+
+def sandbox_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split()[0].isdigit() and 60000 <= int(line.split()[0]) < 61000]
+
+
+def test_timeout_kills_every_process_even_detached_ones():
+    start = time.perf_counter()
+    r = python("""
+import os, time, subprocess
+if os.fork() == 0:          # a double-forked, detached child trying to outlive the call
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+""")
+    assert r.timed_out and r.returncode is None and time.perf_counter() - start < 10
+    time.sleep(0.5)
+    assert sandbox_processes() == []
+
+
+def test_fork_bomb_and_memory_and_output_are_bounded():
+    r = python("import os\nwhile True:\n    os.fork()")
+    assert not r.timed_out and "Resource temporarily unavailable" in r.stderr
+    time.sleep(0.5)
+    assert sandbox_processes() == []
+    r = python("x = bytearray(1 << 30)")
+    assert "MemoryError" in r.stderr
+    r = python("print('y' * 100000)")
+    assert r.output_truncated and len(r.stdout) <= LIMITS.max_output_bytes
+    r = python("while True: pass", SandboxLimits(timeout_s=20, cpu_s=1))
+    assert not r.timed_out and r.returncode != 0  # killed by the CPU limit (SIGXCPU), long before the timeout
+
+
+def test_the_tool_reports_what_happened():
+    tool = PythonCodeTool({"timeout_s": 2, "memory_mb": 256})
+    text = asyncio.run(tool.execute("i", {"code": "print(6 * 7)"}))[0].text
+    assert text == "42"
+    text = asyncio.run(tool.execute("i", {"code": "import time; time.sleep(10)"}))[0].text
+    assert "[stopped: the program ran longer than 2 s]" in text
+    text = asyncio.run(tool.execute("i", {"code": "1/0"}))[0].text
+    assert "ZeroDivisionError" in text and "[exit status 1]" in text
+    with pytest.raises(ValueError, match="unknown config keys"):
+        PythonCodeTool({"memory": 1})
