@@ -171,30 +171,31 @@ def test_balancing_the_step_batch_keeps_groups_and_advantages():
 
     from megarl.trainer.advantage_step import compute_advantages
     from megarl.trainer.controller import RLTrainer
+    from megarl.agent.trajectory import Trajectory
     from megarl.trainer.rollout_batch import build_step_data
-    from megarl.rollout.sample import RolloutSample
 
     cfg = config(validate=False)
     generator = torch.Generator().manual_seed(3)
-    samples = []
+    trajectories, rows = [], []
     for p in range(4):
         for s in range(4):
             n = int(torch.randint(1, 12, (1,), generator=generator)) * (4 if p == 0 else 1)
-            samples.append(RolloutSample(prompt_index=p, sample_index=s, prompt_ids=[3 + p] * (2 + p),
-                                         response_ids=list(range(5, 5 + n)), logprobs=[-0.1] * n, finish_reason="stop",
-                                         stop_string=None, response_text="x", replica=0))
+            trajectories.append(Trajectory(prompt_ids=[3 + p] * (2 + p), response_ids=list(range(5, 5 + n)),
+                                           loss_mask=[1] * n, logprobs=[-0.1] * n, finish_reason="stop",
+                                           response_text="x"))
+            rows.append(p)
     columns = {"data_source": ["d"] * 4, "ground_truth": ["1"] * 4, "extra_info": [{}] * 4}
-    data = build_step_data(columns, samples, pad_token_id=0, step=1)
-    data.fields["score"] = torch.rand(16, generator=generator).tolist()
+    data = build_step_data(columns, trajectories, rows, [f"1:{p}" for p in rows], pad_token_id=0)
+    data.add(score=torch.rand(16, generator=generator).tolist())
     trainer = SimpleNamespace(leaders=[0, 1])  # two data-parallel ranks
     metrics = {}
     balanced = RLTrainer._balance(trainer, data, metrics)
 
     def advantages(d):
         rewards = torch.zeros(d.batch.response_mask.shape)
-        rewards[torch.arange(len(d)), d.response_lengths.clamp(min=1) - 1] = torch.tensor(d.fields["score"])
-        adv, _ = compute_advantages(cfg, rewards * d.batch.response_mask, d.batch.response_mask, d.uid)
-        return {(u, tuple(ids)): a for u, ids, a in zip(d.uid, d.batch.input_ids.tolist(), adv[:, 0].tolist())}
+        rewards[torch.arange(len(d)), d["response_lengths"].clamp(min=1) - 1] = torch.tensor(d["score"])
+        adv, _ = compute_advantages(cfg, rewards * d.batch.response_mask, d.batch.response_mask, d["uid"])
+        return {(u, tuple(ids)): a for u, ids, a in zip(d["uid"], d.batch.input_ids.tolist(), adv[:, 0].tolist())}
 
     assert advantages(balanced) == advantages(data)  # identical as a set: same (uid, sample) -> same advantage
     tokens = [int(half.sum()) for half in balanced.batch.attention_mask.sum(-1).chunk(2)]
