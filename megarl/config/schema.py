@@ -145,7 +145,10 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = None
     clip_ratio_high: Optional[float] = None
     clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
+    # None (verl writes token-mean): each term's own default, as verl computes it: the policy loss's
+    # (token-mean; GSPO: seq-mean-token-mean), token-mean for the entropy bonus and KL loss. A value
+    # given here applies to all three (and, through critic.loss_agg_mode, to the value loss).
+    loss_agg_mode: Optional[str] = None
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -297,7 +300,7 @@ class CriticConfig:
     ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")
     shuffle: bool = II("actor_rollout_ref.actor.shuffle")
     cliprange_value: float = 0.5
-    loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
+    loss_agg_mode: Optional[str] = II("actor_rollout_ref.actor.loss_agg_mode")  # None: token-mean
     grad_clip: float = 1.0
     megatron: MegatronConfig = field(default_factory=shared_layout)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -286,9 +286,9 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
     if critic_enabled(cfg):
         checks.append(("critic.loss_agg_mode", cfg.critic.loss_agg_mode, algorithms.LOSS_AGG_MODES))
     for key, name, registry in checks:
-        if name not in registry:
+        if name not in registry and not (key.endswith("loss_agg_mode") and name is None):  # None: the defaults
             add(f"{key}={name!r} is not registered; known: {sorted(registry)}.")
-    if actor.policy_loss.loss_mode == "gspo" and actor.loss_agg_mode != "seq-mean-token-mean":
+    if actor.policy_loss.loss_mode == "gspo" and actor.loss_agg_mode not in (None, "seq-mean-token-mean"):
         notes.append(f"GSPO aggregates its policy term with actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}; "
                      "verl's GSPO always uses seq-mean-token-mean there (the paper's form): set "
                      "loss_agg_mode=seq-mean-token-mean to match verl")

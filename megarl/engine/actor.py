@@ -81,25 +81,26 @@ class MegatronActor:
             log_probs = vocab_parallel_log_probs(response, micro_batch.packed.targets) * valid
             with torch.set_grad_enabled(s.entropy_coeff != 0):  # without the bonus it is only a metric
                 entropy = vocab_parallel_entropy(response) * valid
+            agg = s.loss_agg_mode or "token-mean"  # entropy and KL; the policy loss keeps its own default
             pg_loss, pg_metrics = self.policy_loss(
                 old_log_prob=batch.old_log_probs,
                 log_prob=log_probs,
                 advantages=batch.advantages,
                 response_mask=mask,
-                loss_agg_mode=s.loss_agg_mode,
+                **({} if s.loss_agg_mode is None else {"loss_agg_mode": s.loss_agg_mode}),
                 clip_ratio=s.clip_ratio,
                 clip_ratio_low=s.clip_ratio_low,
                 clip_ratio_high=s.clip_ratio_high,
                 clip_ratio_c=s.clip_ratio_c,
                 global_batch_info=info,
             )
-            entropy_loss = agg_loss(entropy, mask, s.loss_agg_mode, **info)
+            entropy_loss = agg_loss(entropy, mask, agg, **info)
             total = pg_loss - s.entropy_coeff * entropy_loss
             tokens = mask.float().sum()
             collected = {"pg_loss": pg_loss.detach() / dp_size, "entropy": entropy_loss.detach() / dp_size, "tokens": tokens}
             collected.update({name: pg_metrics[name].detach() * tokens for name in _TOKEN_MEANS})
             if s.use_kl_loss:
-                kl_loss = compute_kl_loss(log_probs, batch.ref_log_probs, mask, s.kl_loss_type, s.loss_agg_mode, info)
+                kl_loss = compute_kl_loss(log_probs, batch.ref_log_probs, mask, s.kl_loss_type, agg, info)
                 total = total + s.kl_loss_coef * kl_loss
                 collected["kl_loss"] = kl_loss.detach() / dp_size
             return total * micro_batch.count, collected

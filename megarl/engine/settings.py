@@ -86,7 +86,8 @@ class BatchSettings:
 @dataclass
 class PolicyLossSettings:
     loss_mode: str = "vanilla"
-    loss_agg_mode: str = "token-mean"
+    # None: the policy loss's own default (GSPO: seq-mean-token-mean) and token-mean for entropy and KL
+    loss_agg_mode: str | None = None
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
@@ -247,6 +248,6 @@ def critic_settings(cfg, dp_size: int) -> CriticSettings:
         train=train,
         values=values,
         cliprange_value=critic.cliprange_value,
-        loss_agg_mode=critic.loss_agg_mode,
+        loss_agg_mode=critic.loss_agg_mode or "token-mean",
         optim=optimizer_settings(critic.optim, critic.grad_clip, critic.megatron, "critic"),
     )

@@ -199,3 +199,17 @@ def test_the_layout_comparison_covers_every_layout_key():
 
     source = inspect.getsource(validate._check_layout_and_batches)
     assert all(f'"{key}"' in source for key in LAYOUT_KEYS)
+
+
+@pytest.mark.parametrize("overrides,expected", [([], None), (["actor_rollout_ref.actor.loss_agg_mode=token-mean"], "token-mean")])
+def test_gspo_keeps_its_own_aggregation_unless_one_is_given(overrides, expected):
+    """Unset loss_agg_mode: GSPO's policy term aggregates with its own default (seq-mean-token-mean,
+    as verl), entropy/KL with token-mean; a given mode applies to every term."""
+    import inspect
+
+    from megarl.algorithms import POLICY_LOSSES
+    from megarl.engine import actor_settings
+
+    cfg = load_config("quickstart", ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"] + overrides)
+    assert actor_settings(cfg, dp_size=1).loss.loss_agg_mode == expected
+    assert inspect.signature(POLICY_LOSSES["gspo"]).parameters["loss_agg_mode"].default == "seq-mean-token-mean"
