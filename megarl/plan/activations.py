@@ -272,9 +272,10 @@ def in_flight(pp: int, vpp: int, stage: int, micro_batches: int) -> int:
     return max(1, min(warmup + 1, micro_batches * vpp))
 
 
-def forward_workspace(shape: Shape, mb: MicroBatch, padded_vocab: int, critic: bool, entropy: bool) -> int:
+def forward_workspace(shape: Shape, mb: MicroBatch, padded_vocab: int, logits: bool, entropy: bool) -> int:
     """Peak transient bytes of a forward-only pass (log-probs, values): the largest layer
-    intermediates and, on the last stage, the logits and their fp32 log-softmax (and entropy)."""
+    intermediates and, with ``logits`` (an LM's last stage), the logits and their fp32 log-softmax
+    (and the entropy's fp32 intermediates)."""
     d, e, tp = shape.dims, shape.itemsize, shape.tp
     tokens = mb.tokens // shape.cp
     if d.moe is not None:
@@ -282,7 +283,7 @@ def forward_workspace(shape: Shape, mb: MicroBatch, padded_vocab: int, critic: b
     else:
         f = d.ffn_hidden_size // tp
     layer = tokens * (2 * d.hidden_size + 3 * f) * e
-    if critic:
+    if not logits:
         return layer
     vocab = padded_vocab // tp
     response = mb.rows * mb.response * vocab

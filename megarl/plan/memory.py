@@ -94,7 +94,7 @@ def role_memory(inputs: RunInputs, role: RoleInputs, stage: int) -> RoleMemory:
                   inputs.kernel)
     vocab = layout.padded_vocab_size(model.dims.vocab_size)
     last = stage == layout.pp - 1
-    forward = forward_workspace(shape, inputs.micro_batch(role.forward), vocab, critic or not last,
+    forward = forward_workspace(shape, inputs.micro_batch(role.forward), vocab, logits=last and not critic,
                                 entropy=role.name == "actor")
     if role.train is None:
         return RoleMemory(role.name, stage, frozen_bytes(params, inputs.param_itemsize), forward=forward)
