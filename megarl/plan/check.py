@@ -13,11 +13,14 @@ driver of a CPU run, a login node) it plans nothing. ``trainer.plan_check=False`
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from omegaconf import OmegaConf
 
 from megarl.plan.hardware import GB
+
+logger = logging.getLogger(__name__)
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
@@ -51,10 +54,12 @@ def fit_findings(plan) -> list:
     return findings
 
 
-def _layout_change(key: str, factor: int) -> Callable:
+def _layout_change(key: str, factor: int, within_node: bool = False) -> Callable:
     def change(cfg):
-        current = OmegaConf.select(cfg, key) or 1
-        return {key: current * factor}
+        value = (OmegaConf.select(cfg, key) or 1) * factor
+        if within_node and value > cfg.trainer.n_gpus_per_node:  # a trainer TP group stays on NVLink
+            return {}
+        return {key: value}
     return change
 
 
@@ -81,7 +86,8 @@ def _utilization(step: float) -> Callable:
 def candidates(cfg) -> list[Callable]:
     """One-key changes worth trying (a change that cannot apply returns {})."""
     arr = cfg.actor_rollout_ref
-    changes = [_layout_change(f"{M}.tensor_model_parallel_size", 2), _layout_change(f"{M}.pipeline_model_parallel_size", 2)]
+    changes = [_layout_change(f"{M}.tensor_model_parallel_size", 2, within_node=True),
+               _layout_change(f"{M}.pipeline_model_parallel_size", 2)]
     if arr.actor.megatron.expert_model_parallel_size > 1 or _is_moe(cfg):
         changes.append(_layout_change(f"{M}.expert_model_parallel_size", 2))
     for key in ("param_offload", "grad_offload", "optimizer_offload"):
@@ -205,8 +211,9 @@ def plan_problems(cfg) -> list:
         return []
     try:
         plan = plan_config(cfg, hardware)
-    except ValueError as exc:  # the layout checks report layouts the model cannot take
-        return [Problem(f"megarl plan: {exc}")]
+    except ValueError as exc:  # the config checks report what is wrong with the layout itself
+        logger.warning("megarl plan could not plan this run (%s); the memory check before the launch is skipped", exc)
+        return []
     problems = []
     for finding in plan.findings:
         fix = (f"; any of these makes it fit: {'; '.join(finding.fixes)}" if finding.fixes else

@@ -11,14 +11,17 @@ every prompt as long as ``rollout.prompt_length`` (``rollout.max_model_len`` cap
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from megarl.engine.settings import BatchSettings
 from megarl.models.layout import ParallelLayout
 from megarl.plan.activations import MicroBatch, Recompute
 from megarl.plan.model import ModelFacts
+
+if TYPE_CHECKING:
+    from megarl.engine.settings import BatchSettings
 
 
 @dataclass(frozen=True)
@@ -103,9 +106,6 @@ class RunInputs:
     def samples_per_rank(self) -> int:
         return self.prompts_per_step * self.samples_per_prompt // self.dp
 
-    def with_kernel(self, kernel: str, param_itemsize: int) -> "RunInputs":
-        return replace(self, kernel=kernel, param_itemsize=param_itemsize)
-
 
 def _model(path: str, key: str) -> ModelFacts:
     from megarl.config.preflight import resolve_model_path
@@ -139,6 +139,9 @@ def run_inputs(cfg) -> RunInputs:
     layout = layout_from_config(megatron, actor_model.dims.num_layers)
     placement = plan_from_config(cfg)
     world, cp = placement.trainer_world, megatron.context_parallel_size
+    if world % (layout.tp * layout.pp * cp) or (world // layout.pp) % (layout.ep * layout.etp):
+        raise ValueError(f"{world} trainer GPUs do not split into TP{layout.tp} x PP{layout.pp} x CP{cp} "
+                         f"(and EP{layout.ep} x ETP{layout.etp} per stage)")
     dp = world // (layout.tp * layout.pp * cp)
     actor = actor_settings(cfg, dp)
     roles = [RoleInputs("actor", actor_model, actor.train, actor.log_prob,

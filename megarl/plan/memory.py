@@ -62,7 +62,7 @@ class MemoryPlan:
     engine: EngineMemory
     phases: list[PhaseMemory]
     capacity: float
-    needed_concurrency: int  # sequences one replica generates per step
+    sequences_per_replica: int  # sequences one replica generates per step
 
     def over(self) -> list[PhaseMemory]:
         return [p for p in self.phases if p.total > self.capacity]

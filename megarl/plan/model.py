@@ -83,6 +83,7 @@ class ModelFacts:
         self.family = family_for(hf_config)
         self.dims: ModelDims = self.family.read_dims(hf_config)
         self._stages: dict[tuple, StageParams] = {}
+        self._checked: set[ParallelLayout] = set()
 
     # ------------------------------------------------------------------ per rank
     def stage_params(self, layout: ParallelLayout, stage: int, role: str = "actor") -> StageParams:
@@ -95,9 +96,9 @@ class ModelFacts:
     def _stage_params(self, layout: ParallelLayout, stage: int, role: str) -> StageParams:
         from megarl.models.shards import chunk_params, check_layout, place
 
-        if stage == 0:
+        if layout not in self._checked:
             check_layout(self.dims, layout)  # a layout that cannot split this model fails by name
-
+            self._checked.add(layout)
         slots, buffers = [], 0
         tied_across_stages = self.dims.tie_word_embeddings and layout.pp > 1 and role != "critic"
         for chunk in range(layout.vpp):
@@ -216,7 +217,7 @@ class ModelFacts:
         """(split kind or its repr, shape, fp32) -> number of HF tensors: most share a few shapes."""
         counts: dict[tuple, int] = {}
         for name, shape in self.hf_shapes.items():
-            key = (_split_key(self.vllm_splits[name]), tuple(shape), name in self.fp32_tensors)
+            key = (split_key(self.vllm_splits[name]), tuple(shape), name in self.fp32_tensors)
             counts[key] = counts.get(key, 0) + 1
         return counts
 
@@ -227,7 +228,7 @@ class ModelFacts:
         return VllmSplit(kind, heads)
 
 
-def _split_key(split) -> tuple[str, int] | str:
+def split_key(split) -> tuple[str, int] | str:
     return (split.kind, split.num_kv_heads) if split.kind == "kv_heads" else split.kind
 
 

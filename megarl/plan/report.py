@@ -48,7 +48,7 @@ def render(plan, title: str = "") -> str:
                   f" weights {_gb(e.weights).strip()} + activations {_gb(e.activations).strip()} + CUDA context "
                   f"{_gb(e.context).strip()} + KV cache {_gb(max(0, e.kv_cache)).strip()}",
               f"  KV cache: {e.kv_bytes_per_token / 1024:.0f} KiB per token -> {e.concurrent_sequences} sequences of "
-              f"{e.sequence_length} tokens at once; a replica generates {mem.needed_concurrency} per step "
+              f"{e.sequence_length} tokens at once; a replica generates {mem.sequences_per_replica} per step "
               f"({t.generation.waves} wave(s))", "",
               f"per GPU, by phase ({'trainer rank + vLLM worker' if placement.mode == 'colocated' else 'split GPUs'}):"]
     for phase in mem.phases:
@@ -100,7 +100,7 @@ def as_dict(plan) -> dict:
                    "placement": inputs.placement.mode},
         "roles": {name: asdict(r) for name, r in mem.roles.items()},
         "vllm": {**asdict(mem.engine), "kv_cache": mem.engine.kv_cache,
-                 "concurrent_sequences": mem.engine.concurrent_sequences, "sequences_per_replica": mem.needed_concurrency},
+                 "concurrent_sequences": mem.engine.concurrent_sequences, "sequences_per_replica": mem.sequences_per_replica},
         "phases": [{"phase": p.phase, "gpu": p.gpu, "bytes": p.total, "fits": p.total <= mem.capacity,
                     "items": dict(p.items)} for p in mem.phases],
         "capacity_bytes": mem.capacity,

@@ -21,11 +21,12 @@ other tensor broadcast whole from one trainer rank to every rollout rank, after 
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from megarl.models.layout import ParallelLayout, rank_coords
-from megarl.plan.model import ModelFacts, is_ffn_projection
+from megarl.plan.model import ModelFacts, is_ffn_projection, split_key
 
 PROTOCOLS = ("megarl", "nemo_rl")
 
@@ -129,7 +130,7 @@ def _add_route(traffic: dict[int, LinkBytes], layout: SyncLayout, srcs: list[int
             traffic[dst].nvlink_out += nbytes - through_nic  # it relays its share to the node's other members
 
 
-def _tensor_stage(name: str, layout: ParallelLayout, num_layers: int, layer_stage: dict[int, int]) -> int:
+def _tensor_stage(name: str, layout: ParallelLayout, layer_stage: dict[int, int]) -> int:
     if name.startswith("model.layers."):
         return layer_stage[int(name.split(".")[2])]
     if name.startswith("model.embed_tokens"):
@@ -154,10 +155,8 @@ def sync_traffic(model: ModelFacts, layout: ParallelLayout, sync: SyncLayout, it
     # tensor kinds: (stage, split, shape, fp32, full) -> count
     kinds: dict[tuple, int] = defaultdict(int)
     for name, shape in model.hf_shapes.items():
-        split = model.vllm_splits[name]
-        key = split.kind if split.kind != "kv_heads" else ("kv_heads", split.num_kv_heads)
         full = sync.mode == "full" or (protocol == "nemo_rl" and not is_ffn_projection(name))
-        kinds[(_tensor_stage(name, layout, model.dims.num_layers, layer_stage), key, tuple(shape),
+        kinds[(_tensor_stage(name, layout, layer_stage), split_key(model.vllm_splits[name]), tuple(shape),
                name in model.fp32_tensors, full)] += 1
     replicas, tp = len(sync.replica_slots), len(sync.replica_slots[0])
     ranks = list(range(world + replicas * tp))
@@ -166,9 +165,6 @@ def sync_traffic(model: ModelFacts, layout: ParallelLayout, sync: SyncLayout, it
     sent = delivered = 0
     for (stage, key, shape, fp32, full), count in kinds.items():
         size = (4 if fp32 else itemsize) * count
-        numel = 1
-        for n in shape:
-            numel *= n
         split = model.vllm_split(key)
         regions: dict[tuple, list[int]] = defaultdict(list)  # region -> rollout TP ranks needing it
         for t in range(tp):
@@ -182,14 +178,12 @@ def sync_traffic(model: ModelFacts, layout: ParallelLayout, sync: SyncLayout, it
             by_node[sync.node(src)].append(src)
         target = misc if misc_path else bulk
         for region, tp_ranks in regions.items():
-            region_bytes = size
-            for start, stop in region:
-                region_bytes *= stop - start
+            region_bytes = size * math.prod(stop - start for start, stop in region)
             dsts = [sync.rollout_rank(i, t) for i in range(replicas) for t in tp_ranks]
             for group in by_node.values():
                 _add_route(target, sync, group, dsts, region_bytes * len(group) / len(sources))
             delivered += region_bytes * len(dsts)
-        sent += numel * size
+        sent += math.prod(shape) * size
     per_rank = {r: LinkBytes(bulk[r].ib_in + misc[r].ib_in, bulk[r].ib_out + misc[r].ib_out,
                              bulk[r].nvlink_in + misc[r].nvlink_in, bulk[r].nvlink_out + misc[r].nvlink_out)
                 for r in ranks}

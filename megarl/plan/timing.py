@@ -53,7 +53,7 @@ class TimePlan:
 
 def generation_time(inputs: RunInputs, memory: MemoryPlan, hardware: Hardware, eff: Efficiency) -> GenerationTime:
     model, rollout, engine = inputs.role("actor").model, inputs.rollout, memory.engine
-    sequences = memory.needed_concurrency
+    sequences = memory.sequences_per_replica
     concurrent = max(1, min(engine.concurrent_sequences, sequences, rollout.max_num_seqs))
     waves = -(-sequences // concurrent)
     flops_per_s = hardware.bf16_tflops * 1e12 * rollout.tp

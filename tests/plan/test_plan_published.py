@@ -122,6 +122,9 @@ def test_validation_refuses_an_impossible_run_on_a_gpu_machine(monkeypatch):
     problems = check.plan_problems(cfg)
     assert problems and all(p.key == "trainer.plan_check" for p in problems)
     assert "does not fit on h100" in problems[0].message and "tensor_model_parallel_size=" in " ".join(map(str, problems))
+    from megarl.config.preflight import preflight_problems
+
+    assert any("does not fit on h100" in p.message for p in preflight_problems(cfg))  # what a launch runs
     cfg.trainer.plan_check = False
     assert check.plan_problems(cfg) == []
     assert check.plan_problems(config("grpo_70b")) == []
