@@ -130,16 +130,18 @@ def test_validation_refuses_an_impossible_run_on_a_gpu_machine(monkeypatch):
     assert check.plan_problems(config("grpo_70b")) == []
 
 
-def test_the_command_prints_json_and_exits_by_fit():
+def test_the_command_prints_json_and_exits_by_fit(capsys):
+    from megarl.plan.command import main
+
     model = f"actor_rollout_ref.model.path={FIXTURES / 'llama-3.1-70b'}"
-    run = lambda *args: subprocess.run([sys.executable, "-m", "megarl.cli", "plan", *args], capture_output=True,
-                                       text=True, cwd=ROOT, timeout=300)
-    done = run("configs/grpo_70b.yaml", model, "--gpu", "h200", "--mfu", "0.4", "--json")
+    done = subprocess.run([sys.executable, "-m", "megarl.cli", "plan", "configs/grpo_70b.yaml", model, "--gpu", "h200",
+                           "--mfu", "0.4", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["hardware"]["memory_gb"] == 141 and data["efficiency"]["mfu"] == 0.4 and data["fits"]
     assert {p["phase"] for p in data["phases"]} == {"generate", "log_prob", "ref", "update_actor", "sync"}
-    small = run("configs/grpo_70b.yaml", model, "--memory-gb", "40")
-    assert small.returncode == 1 and "DOES NOT FIT" in small.stdout and "makes it fit" in small.stdout
-    bad = run("configs/grpo_70b.yaml", model, "--gpu", "v100")
-    assert bad.returncode == 2 and "unknown GPU 'v100'" in bad.stderr
+    assert main([str(ROOT / "configs/grpo_70b.yaml"), model, "--memory-gb", "40"]) == 1
+    out = capsys.readouterr().out
+    assert "hardware: h100*: 40 GB" in out and "DOES NOT FIT" in out and "makes it fit" in out
+    assert main([str(ROOT / "configs/grpo_70b.yaml"), model, "--gpu", "v100"]) == 2
+    assert "unknown GPU 'v100'" in capsys.readouterr().err
