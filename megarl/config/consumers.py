@@ -137,6 +137,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.agent.rollout:AgentRollout.__init__", ("actor_rollout_ref.rollout.agent.num_workers",)),
     ("megarl.agent.rollout:default_loop_name", ("actor_rollout_ref.rollout.agent.default_agent_loop",)),
     ("megarl.agent.rollout:build_agent_context", ("actor_rollout_ref.rollout.agent.agent_loop_config_path",)),
+    ("megarl.plan.check:plan_problems", ("trainer.plan_check",)),
 )
 
 INERT = {

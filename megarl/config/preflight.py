@@ -3,8 +3,10 @@
 ``preflight_problems(cfg)`` only reads: a model's ``config.json`` (a local directory, or a hub id
 found in the Hugging Face cache), the schema and row count of each parquet file (and its data
 source column, to check that a rule reward exists for every source), a dist checkpoint's
-metadata, and the reward file, which it imports to check the function's signature. No model is
-built, no process or Ray cluster starts. Each problem is one line naming the key and the fix.
+metadata, and the reward file, which it imports to check the function's signature. On a machine
+with a GPU it also plans the run's memory on that GPU (``megarl.plan.check``) and refuses a run
+that cannot fit (``trainer.plan_check``). No model is built, no process or Ray cluster starts.
+Each problem is one line naming the key and the fix.
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
 
     problems: list[Problem] = []
     arr = cfg.actor_rollout_ref
-    problems += model_problems("actor_rollout_ref.model.path", arr.model.path)
+    model = model_problems("actor_rollout_ref.model.path", arr.model.path)
+    problems += model
     if arr.model.tokenizer_path:
         problems += model_problems("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path, needs_family=False)
     if critic_enabled(cfg) and cfg.critic.model.path != arr.model.path:
@@ -35,6 +38,10 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
     problems += _data_problems(cfg)
     problems += _reward_problems(cfg)
     problems += _logger_problems(cfg)
+    if not model:  # the memory plan reads the model's config.json (megarl.plan; trainer.plan_check)
+        from megarl.plan.check import plan_problems
+
+        problems += plan_problems(cfg)
     if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path \
             and not Path(cfg.trainer.resume_from_path).is_dir():
         problems.append(Problem(f"trainer.resume_from_path={cfg.trainer.resume_from_path}: no such checkpoint "

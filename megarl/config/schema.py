@@ -398,6 +398,9 @@ class TrainerConfig:
     balance_batch: bool = True  # reorder samples so every data-parallel rank gets a similar token count
     log_val_generations: int = 0  # validation samples to print and write (TensorBoard text, JSONL)
     ray_address: Optional[str] = None  # megarl: None = $RAY_ADDRESS or a local cluster
+    # megarl: before a launch on a machine with a GPU, refuse a run whose memory plan (megarl plan) does not
+    # fit that GPU, naming the keys that would make it fit; skipped on machines without a GPU
+    plan_check: bool = True
 
 
 @dataclass

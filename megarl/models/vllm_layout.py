@@ -90,8 +90,13 @@ def vllm_splits(hf_config_or_dir: PretrainedConfig | str) -> dict[str, VllmSplit
     config = load_hf_config(hf_config_or_dir)
     family = family_for(config)
     dims = family.read_dims(config)
+    return splits_of_params(chunk_params(dims, family, ParallelLayout(), 0, 0, "actor"), family)
+
+
+def splits_of_params(params, family) -> dict[str, VllmSplit]:
+    """``vllm_splits`` of the whole-model parameter list ``params`` (``chunk_params`` at ``ParallelLayout()``)."""
     splits: dict[str, VllmSplit] = {}
-    for param in chunk_params(dims, family, ParallelLayout(), 0, 0, "actor"):
+    for param in params:
         splits.update(_splits_of(param.mapping))
     for name in splits:
         if name.startswith("model.layers.") and name.split(".", 3)[3] in family.vllm_replicated:

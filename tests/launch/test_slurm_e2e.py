@@ -24,6 +24,7 @@ TINY = [
     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
     "actor_rollout_ref.actor.megatron.sequence_parallel=false", "actor_rollout_ref.actor.use_kl_loss=false",
     "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+    "actor_rollout_ref.actor.megatron.grad_offload=false", "actor_rollout_ref.actor.megatron.optimizer_offload=false",
     "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.9", "actor_rollout_ref.rollout.max_num_batched_tokens=1024",
     "actor_rollout_ref.rollout.weight_sync.bucket_mb=4",
