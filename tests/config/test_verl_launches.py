@@ -16,6 +16,7 @@ import pytest
 
 from megarl.config import ConfigError, load_config
 from megarl.config.command_line import parse_command_line
+from megarl.models.published import PUBLISHED
 from tests.config._fixtures import write_model_config, write_prompts
 
 HERE = Path(__file__).parent / "verl_launches"
@@ -26,16 +27,17 @@ VALIDATED = 12  # the README ("Configuration") states this count
 # layout checks read: layers, heads, sizes and experts as published in the models' config.json)
 QWEN2_7B = dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                 intermediate_size=18944, vocab_size=152064)
-QWEN3_235B = dict(hidden_size=4096, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,
-                  head_dim=128, intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
-                  num_experts_per_tok=8, vocab_size=151936)
+def _published(name: str) -> dict:
+    """A published config.json's fields (bf16: verl's scripts point at dequantised copies)."""
+    config = json.loads((PUBLISHED / name / "config.json").read_text())
+    return {k: v for k, v in config.items() if k not in ("architectures", "model_type", "quantization_config")}
+
+
+QWEN3_235B = _published("qwen3-235b-a22b")
 QWEN3_30B = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                  intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                  vocab_size=151936)
-# DeepSeek-V3's published config.json (bf16: verl's scripts point at a dequantised copy)
-DEEPSEEK_V3 = {k: v for k, v in json.loads((Path(__file__).parents[1] / "models" / "fixtures" / "deepseek-v3" /
-                                             "config.json").read_text()).items()
-               if k not in ("architectures", "model_type", "quantization_config")}
+DEEPSEEK_V3 = _published("deepseek-v3")
 MOONLIGHT = dict(hidden_size=2048, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
                  intermediate_size=11264, moe_intermediate_size=1408, n_routed_experts=64, n_shared_experts=2,
                  num_experts_per_tok=6, n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=None,

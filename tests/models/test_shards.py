@@ -13,6 +13,7 @@ from pathlib import Path
 
 from transformers import LlamaConfig, MixtralConfig
 
+from megarl.models.published import published_config_dir
 from megarl.models import (FAMILIES, ParallelLayout, family_for, hf_tensor_shapes, load_hf_config, model_dims, param_shards,
                            rank_shards)
 from megarl.tools.tiny_model import build_config
@@ -188,7 +189,7 @@ def llama3_70b():
 
 def deepseek_v3():
     """The real DeepSeek-V3 (671B) config.json, as published with the checkpoint."""
-    return load_hf_config(Path(__file__).with_name("fixtures") / "deepseek-v3")
+    return load_hf_config(published_config_dir("deepseek-v3"))
 
 
 def test_llama3_70b_tp8_pp4():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from megarl.models.published import PUBLISHED
 from megarl.config import load_config
 from megarl.models import ParallelLayout, load_hf_config
 from megarl.plan import Efficiency, gpu, plan_config
@@ -22,7 +23,7 @@ from megarl.plan.report import config_comment
 from megarl.plan.sync import SyncLayout, sync_traffic, traffic_from_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "models" / "fixtures"
+FIXTURES = PUBLISHED
 CONFIGS = {"grpo_70b": "llama-3.1-70b", "ppo_70b": "llama-3.1-70b", "grpo_qwen3_235b": "qwen3-235b-a22b",
            "grpo_moe_671b": "deepseek-v3"}
 

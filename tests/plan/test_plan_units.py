@@ -3,13 +3,14 @@ from pathlib import Path
 
 import pytest
 
+from megarl.models.published import PUBLISHED
 from megarl.models import ParallelLayout, load_hf_config
 from megarl.plan.activations import MicroBatch, Recompute, in_flight
 from megarl.plan.buffers import buffer_buckets, slice_numel
 from megarl.plan.hardware import Efficiency, efficiency_with, gpu, with_overrides
 from megarl.plan.model import ModelFacts, is_ffn_projection, is_routed_expert, megatron_order
 
-FIXTURES = Path(__file__).resolve().parents[1] / "models" / "fixtures"
+FIXTURES = PUBLISHED
 
 
 def test_ddp_buckets_pad_like_megatron():
@@ -89,3 +90,19 @@ def test_layouts_the_model_cannot_take_are_refused_by_name():
     smollm2 = ModelFacts(load_hf_config(FIXTURES / "smollm2-135m"))
     with pytest.raises(ValueError, match="num_attention_heads=9 is not divisible by tp=2"):
         smollm2.stage_params(ParallelLayout(tp=2), 0)
+
+
+def test_a_model_path_that_is_not_here_plans_with_the_published_config(capsys):
+    """The packaged configs name /models/... paths; on a machine without them the plan reads the
+    published config.json of the model they name, and says so; an unknown model is an error."""
+    from megarl.models.published import match_published
+    from megarl.plan.command import main
+
+    assert match_published("/models/Llama-3.1-70B-Instruct").name == "llama-3.1-70b"
+    assert match_published("deepseek-ai/DeepSeek-V3").name == "deepseek-v3"
+    assert match_published("/home/user/verl/models/Qwen3-235B-A22B").name == "qwen3-235b-a22b"
+    assert match_published("/models/Llama-3.1-8B-Instruct") is None
+    assert main(["configs/grpo_moe_671b.yaml", "actor_rollout_ref.model.path=/nowhere/DeepSeek-V3"]) == 0
+    assert "model: DeepseekV3ForCausalLM, 671.03B parameters" in capsys.readouterr().out
+    assert main(["configs/grpo_70b.yaml", "actor_rollout_ref.model.path=/nowhere/Llama-3.1-8B"]) == 2
+    assert "not one of the published configs megarl carries" in capsys.readouterr().err

@@ -8,6 +8,7 @@
 * activations: the planner's estimate is within 25% of the peak of the bytes autograd keeps for
   backward (saved-tensor hooks), with and without recompute, on every pipeline stage.
 """
+from megarl.models.published import PUBLISHED
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
-FIXTURES = ROOT / "tests" / "models" / "fixtures"
+FIXTURES = PUBLISHED
 
 
 @pytest.fixture(scope="module")
