@@ -109,14 +109,13 @@ def local_gpu() -> Hardware | None:
     An unknown model gets its memory from the driver and the H100's speeds (they only matter
     for times, never for whether a run fits).
     """
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
+    from megarl.platform.hardware import gpu_identity
+
+    identity = gpu_identity()
+    if identity is None:
         return None
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name(0)
-    memory_gb = torch.cuda.get_device_properties(0).total_memory / GB
+    name, memory = identity
+    memory_gb = memory / GB
     entry = next((GPUS[key] for fragment, key in DEVICE_NAMES if fragment in name), GPUS["h100"])
     return replace(entry, name=name, memory_gb=memory_gb)
 

@@ -103,3 +103,10 @@ def set_device_rng_state(state: torch.Tensor | None) -> None:
     """Restore ``device_rng_state()``'s result; a no-op on CPU or for a state saved on CPU."""
     if has_cuda() and state is not None:
         torch.cuda.set_rng_state(state)
+
+
+def gpu_identity() -> tuple[str, int] | None:
+    """This machine's first GPU as (model name, memory in bytes), or None without CUDA."""
+    if not has_cuda():
+        return None
+    return torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory
