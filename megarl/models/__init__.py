@@ -15,15 +15,52 @@ Public API:
   save_hf_checkpoint, ExportedPiece
   ValueHead                                        -- value_head.py: the critic head
 """
-from megarl.models.build import build_model, default_transformer_impl
-from megarl.models.dims import ModelDims, load_hf_config
-from megarl.models.export import ExportedPiece, export_hf_pieces, gather_hf_tensors, save_hf_checkpoint
-from megarl.models.families import FAMILIES, FamilySpec, ParamMap, family_for, register_family
-from megarl.models.layout import ParallelLayout, RankCoords, rank_coords
-from megarl.models.loading import LoadReport, load_hf_weights
-from megarl.models.shards import HFPiece, ShardSpec, check_layout, hf_tensor_shapes, model_dims, param_shards, rank_shards
-from megarl.models.value_head import ValueHead
-from megarl.models.vllm_layout import VllmSplit, uses_mla, vllm_hf_overrides, vllm_splits
+# Imported on first use (PEP 562), so that `megarl.models.layout` or `.dims` alone (the planner, the
+# config checks) does not pay for megatron-core and torch.
+_HOMES = {
+    "ExportedPiece": "megarl.models.export",
+    "FAMILIES": "megarl.models.families",
+    "FamilySpec": "megarl.models.families",
+    "HFPiece": "megarl.models.shards",
+    "LoadReport": "megarl.models.loading",
+    "ModelDims": "megarl.models.dims",
+    "ParallelLayout": "megarl.models.layout",
+    "ParamMap": "megarl.models.families",
+    "RankCoords": "megarl.models.layout",
+    "ShardSpec": "megarl.models.shards",
+    "ValueHead": "megarl.models.value_head",
+    "VllmSplit": "megarl.models.vllm_layout",
+    "build_model": "megarl.models.build",
+    "check_layout": "megarl.models.shards",
+    "default_transformer_impl": "megarl.models.build",
+    "export_hf_pieces": "megarl.models.export",
+    "family_for": "megarl.models.families",
+    "gather_hf_tensors": "megarl.models.export",
+    "hf_tensor_shapes": "megarl.models.shards",
+    "load_hf_config": "megarl.models.dims",
+    "load_hf_weights": "megarl.models.loading",
+    "model_dims": "megarl.models.shards",
+    "param_shards": "megarl.models.shards",
+    "rank_coords": "megarl.models.layout",
+    "rank_shards": "megarl.models.shards",
+    "register_family": "megarl.models.families",
+    "save_hf_checkpoint": "megarl.models.export",
+    "uses_mla": "megarl.models.vllm_layout",
+    "vllm_hf_overrides": "megarl.models.vllm_layout",
+    "vllm_splits": "megarl.models.vllm_layout",
+}
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FAMILIES",
