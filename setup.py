@@ -36,7 +36,7 @@ setup(
         "packaging>=24.2",
         "math-verify>=0.9,<1",  # MATH answers: equivalence of LaTeX forms, after string normalisation
         # LLM judges (megarl.rewards.models): retries with backoff, per-minute rate limits, the HTTP client
-        "tenacity>=9.1,<10",
+        "tenacity>=9.2,<10",
         "aiolimiter>=1.2,<2",
         "httpx>=0.27",
     ],

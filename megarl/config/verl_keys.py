@@ -336,6 +336,11 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "start Ray in the environment you need (launch/ray_local.sh, slurm/launch.sh)"),
 )
 
+# Keys of megarl's schema that verl reads with ``config.get`` but its default config lacks, so verl's
+# users add them with '+' (Hydra refuses '+' on a key that exists): '+' sets them here too.
+ADDED_WITH_PLUS = frozenset(f"reward_model.{k}" for k in (
+    "max_concurrent", "max_rpm", "max_tpm", "estimated_tokens_per_request", "timeout"))  # verl's rate_limited manager
+
 # Leaf names other frameworks (and verl habits) use for a megarl key: the leaf to look for instead.
 POINTERS = {
     "lr": "optim.lr", "learning_rate": "optim.lr", "weight_decay": "optim.weight_decay",

@@ -111,7 +111,8 @@ class JudgeClient:
         chat = not isinstance(prompt, str)
         body = {"model": self.model, ("messages" if chat else "prompt"): prompt, **fields}
         retrying = AsyncRetrying(stop=stop_after_attempt(self.settings.max_retries + 1),
-                                 wait=wait_exponential_jitter(initial=self.settings.retry_backoff_s, max=30),
+                                 wait=wait_exponential_jitter(multiplier=self.settings.retry_backoff_s, max=30,
+                                                              jitter=self.settings.retry_backoff_s),
                                  retry=retry_if_exception_type(_Transient), reraise=True)
         async with self._limit():
             try:

@@ -33,7 +33,7 @@ class ReplicaRouter:
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{path:.*}", self._forward)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, 0)
         await site.start()
