@@ -35,6 +35,10 @@ setup(
         "matplotlib",  # reward-curve PNG written next to the TensorBoard logs
         "packaging>=24.2",
         "math-verify>=0.9,<1",  # MATH answers: equivalence of LaTeX forms, after string normalisation
+        # LLM judges (megarl.rewards.models): retries with backoff, per-minute rate limits, the HTTP client
+        "tenacity>=9.2,<10",
+        "aiolimiter>=1.2,<2",
+        "httpx>=0.27",
     ],
     extras_require={
         # CUDA clusters: the official CUDA build of vLLM and Transformer Engine.

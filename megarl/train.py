@@ -6,8 +6,10 @@ Order of events, each step logged:
      process starts before all of it is valid);
   2. join the Ray cluster ($RAY_ADDRESS / trainer.ray_address) or start a local one on 127.0.0.1;
   3. reserve the devices (one placement group per node, ``trainer/placement.py``), then start the
-     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them, and the agent
-     loops' rollout seam on the fleet (tools are loaded and checked before any of it starts);
+     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them, the reward model
+     or judge when one is configured (``megarl.rewards.models``, on the trainer's devices or its
+     own pool), and the agent loops' rollout seam on the fleet (tools are loaded and checked before
+     any of it starts);
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
 """
@@ -109,7 +111,8 @@ def run(cfg) -> dict[str, float]:
             logger.info("%s starts from the megatron checkpoint %s", role, checkpoint)
     tokenizer = load_tokenizer(cfg)
     tokenizer_path = cfg.actor_rollout_ref.model.tokenizer_path or model_path
-    need_source = not cfg.custom_reward_function.path  # rule rewards are picked by data_source
+    # rule rewards are picked by data_source (a custom function or a reward model scores without one)
+    need_source = not (cfg.custom_reward_function.path or cfg.reward_model.enable)
     # tools, agent loops and data: their errors surface before any process starts
     agent_context = build_agent_context(cfg, tokenizer)
     loops = LoopSet(agent_context)
@@ -119,14 +122,18 @@ def run(cfg) -> dict[str, float]:
 
     plan = plan_from_config(cfg)
     rollout = cfg.actor_rollout_ref.rollout
-    num_cpus = cfg.ray_kwargs.ray_init.num_cpus or max(os.cpu_count() or 1, plan.nnodes * plan.per_node)
+    from megarl.trainer.placement import reward_pool_from_config
+
+    reward_pool = reward_pool_from_config(cfg)  # a reward model's own devices, if it has them
+    slots = plan.nnodes * plan.per_node + (reward_pool.nnodes * reward_pool.per_node if reward_pool else 0)
+    num_cpus = cfg.ray_kwargs.ray_init.num_cpus or max(os.cpu_count() or 1, slots)
     resources = init_ray(address=cfg.trainer.ray_address, num_cpus=num_cpus)
     use_gpu = resources.get("GPU", 0) > 0
     logger.info("Ray cluster: %d node(s), resources %s; placement %s: %d trainer ranks, %d rollout replica(s) "
                 "x TP=%d", len(__import__("ray").nodes()), resources, plan.mode, plan.trainer_world,
                 len(plan.replicas), rollout.tensor_model_parallel_size)
     log_dir = Path(cfg.trainer.default_local_dir)
-    metrics_logger = workers = fleet = sync = placement = agent_rollout = None
+    metrics_logger = workers = fleet = sync = placement = agent_rollout = reward_model = reward_placement = None
     try:
         placement = ClusterPlacement(plan, use_gpu)
         workers = WorkerGroup(MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
@@ -137,11 +144,15 @@ def run(cfg) -> dict[str, float]:
                              slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
                              sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine)
         sync = WeightSyncSession(cfg, workers, fleet)
+        from megarl.rewards.models.service import start_reward_model
+
+        reward_model, reward_placement = start_reward_model(cfg, placement, use_gpu)
         agent_rollout = AgentRollout(agent_context, fleet, rollout, loops=loops,
                                      worker_factory=lambda count: start_workers(cfg, tokenizer_path, count))
         metrics_logger = MetricsLogger(cfg.trainer.logger, log_dir, cfg.trainer.project_name,
                                        cfg.trainer.experiment_name, OmegaConf.to_container(cfg, resolve=True))
-        trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset, rollout=agent_rollout)
+        trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset, rollout=agent_rollout,
+                            reward_model=reward_model)
         loop = TrainingLoop(trainer, metrics_logger, str(log_dir))
         last = loop.run()
         from megarl.trainer.plots import plot_reward_curve
@@ -157,7 +168,7 @@ def run(cfg) -> dict[str, float]:
                 logger.info("Ray timeline written to %s", cfg.ray_kwargs.timeline_json_file)
             except Exception as exc:  # keep tearing down
                 logger.warning("writing the Ray timeline failed: %s", exc)
-        for closer in (agent_rollout, sync, fleet, workers, metrics_logger, placement):
+        for closer in (agent_rollout, sync, fleet, reward_model, workers, metrics_logger, placement, reward_placement):
             if closer is not None:
                 try:
                     (getattr(closer, "close", None) or closer.shutdown)()

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from megarl.config.errors import Problem
 from megarl.config.screen import in_schema, suggest
-from megarl.config.verl_keys import rule_for
+from megarl.config.verl_keys import ADDED_WITH_PLUS, rule_for
 
 CONFIG_DIR = Path(os.environ.get("MEGARL_CONFIG_DIR", Path(__file__).resolve().parents[2] / "configs"))
 DEFAULT_CONFIG = "ppo_megatron_trainer"  # verl's default config name for the Megatron trainer
@@ -116,6 +116,9 @@ def apply_overrides(tree: DictConfig, overrides: Sequence[str], problems: list[P
             if override.package is None and not present and _known_without_plus(key):
                 if not override.is_delete():  # nothing to delete: verl's default would be used anyway
                     OmegaConf.update(tree, key, override.value(), merge=True, force_add=True)
+                continue
+            if override.is_add() and present and key in ADDED_WITH_PLUS:  # verl's defaults lack it: '+' sets it
+                OmegaConf.update(tree, key, override.value(), merge=True)
                 continue
             try:
                 ConfigLoaderImpl._apply_overrides_to_config([override], tree)

@@ -141,7 +141,7 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
     from megarl.rewards.registry import VERL_ONLY_REWARDS, UnknownDataSourceError, find_rule_reward
 
     d = cfg.data
-    custom = bool(cfg.custom_reward_function.path)
+    custom = bool(cfg.custom_reward_function.path) or bool(cfg.reward_model.enable)  # no rule reward needed
     problems: list[Problem] = []
     sources: set[str] = set()
     for split in ("train", "val"):
@@ -196,14 +196,17 @@ def _reward_problems(cfg: DictConfig) -> list[Problem]:
     from megarl.rewards.custom import SAMPLE, RewardFunctionLoadError, load_reward_function
     from megarl.rewards.managers import function_kwargs, manager_name
 
+    from megarl.rewards.models.settings import reward_model_file_problems
+
     key = "custom_reward_function.path"
+    problems = reward_model_file_problems(cfg)  # reward_model.model.path, when a reward model is on
     if not cfg.custom_reward_function.path:
-        return []
+        return problems
     try:
         fn = load_reward_function(cfg.custom_reward_function, function_kwargs(cfg))
     except (FileNotFoundError, RewardFunctionLoadError) as exc:
-        return [Problem(f"{key}: {exc}", key=key)]
-    problems = []
+        return problems + [Problem(f"{key}: {exc}", key=key)]
+    problems += _context_problems(cfg, fn)
     if manager_name(cfg) == "batch" and fn.form == SAMPLE:
         problems.append(Problem(f"reward_model.reward_manager=batch calls the reward function once per batch, but "
                                 f"{fn.describe()}; give a batch-form function or use the naive manager"))
@@ -211,6 +214,31 @@ def _reward_problems(cfg: DictConfig) -> list[Problem]:
         problems.append(Problem(f"reward.num_workers={cfg.reward.num_workers}: {fn.describe()} is called once per "
                                 "batch in the controller; set reward.num_workers=1"))
     return problems
+
+
+def _context_problems(cfg: DictConfig, fn: Any) -> list[Problem]:
+    """The reward-model arguments the function names must be ones this run's reward model gives."""
+    from megarl.rewards.models.settings import DISCRIMINATIVE, GENERATIVE, model_kind, read_hf_config
+
+    rm = cfg.reward_model
+    if not rm.enable:
+        if fn.required_context:
+            return [Problem(f"custom_reward_function: {fn.describe()} takes {', '.join(sorted(fn.required_context))}, "
+                            "which a reward model gives: set reward_model.enable=True and reward_model.model.path "
+                            "(or give those parameters defaults)", key="custom_reward_function.path")]
+        return []
+    try:
+        kind = model_kind(read_hf_config(resolve_model_path(str(rm.model.path)) or str(rm.model.path)))
+    except (OSError, ValueError, TypeError):
+        return []  # reported with the reward model's own checks
+    wrong = {GENERATIVE: ("rm_score", "rm_scores"), DISCRIMINATIVE: ("judge",)}.get(kind, ())
+    taken = sorted(set(wrong) & fn.context)
+    if taken:
+        what = "a judge (a causal LM): it gives judge, not scores" if kind == GENERATIVE else \
+            "a discriminative reward model: it gives rm_score, not a judge"
+        return [Problem(f"custom_reward_function: {fn.describe()} takes {', '.join(taken)}, but reward_model.model.path="
+                        f"{rm.model.path} is {what}", key="custom_reward_function.path")]
+    return []
 
 
 def _logger_problems(cfg: DictConfig) -> list[Problem]:

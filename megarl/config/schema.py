@@ -325,14 +325,70 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardModelModelConfig:
+    path: Optional[str] = None  # an HF ...ForSequenceClassification (one label) or ...ForCausalLM (a judge)
+    # The tokenizer that decodes the policy's responses before the RM's chat template is applied to
+    # them (verl's meaning); null: the RM reads the policy's token ids as they are (same tokenizer).
+    input_tokenizer: Optional[str] = II("actor_rollout_ref.model.path")
+    trust_remote_code: bool = False  # passed to the reward model's vLLM engines and tokenizer
+
+
+@dataclass
+class RewardEngineConfig:
+    """verl's ``reward_model.rollout``: the vLLM engines that serve the reward model or judge."""
+
+    name: str = "vllm"  # the only engine megarl runs
+    dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU (verl: bfloat16)
+    gpu_memory_utilization: float = 0.5
+    tensor_model_parallel_size: int = 2
+    enforce_eager: bool = True
+    free_cache_engine: bool = True  # colocated on GPU: the engines sleep outside the reward pass
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int = 8192  # tokens per engine step (verl's forward_max_token_len_per_gpu)
+    max_num_seqs: int = 1024  # sequences per engine step (verl's micro_batch_size_per_gpu)
+    max_model_len: Optional[int] = None  # None: prompt_length + response_length
+    prompt_length: int = II("data.max_prompt_length")  # a judge's prompt budget (verl: 2048)
+    response_length: int = II("data.max_response_length")  # a judge's answer budget (verl: 2048)
+    disable_log_stats: bool = True
+    seed: int = 0  # megarl: the engine's seed (a judge's sampled requests that give none)
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
+
+
+@dataclass
+class JudgeClientConfig:
+    """megarl: the judge client's requests (``megarl.rewards.models.judge``)."""
+
+    timeout_s: float = 60.0  # one HTTP request
+    max_retries: int = 3  # after the first try, on server errors (5xx), timeouts and lost connections
+    retry_backoff_s: float = 1.0  # exponential: 1, 2, 4, ... seconds (capped at 30), with jitter
+    max_concurrent: int = 64  # requests in flight per process
+    fallback_score: float = 0.0  # the score of a sample whose judge calls failed (counted: reward/judge_failures)
+
+
+@dataclass
 class RewardModelConfig:
     """verl's older spelling; ``reward.reward_manager.name``, ``reward.reward_kwargs`` and
-    ``reward.reward_model.enable`` (verl 2026) set the same keys."""
+    ``reward.reward_model.*`` (verl 2026, ``model_path`` for ``model.path``) set the same keys."""
 
-    enable: bool = False  # model-based rewards: refused until issue 16
-    reward_manager: str = "naive"  # naive | dapo | batch
+    enable: bool = False  # model-based rewards: a reward model or an LLM judge (megarl.rewards.models)
+    enable_resource_pool: bool = False  # True: its own devices (nnodes x n_gpus_per_node); False: the trainer's
+    n_gpus_per_node: int = 0
+    nnodes: int = 0
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    max_length: Optional[int] = None  # tokens of a reward-model input; longer ones are cut on the right (counted)
+    rollout: RewardEngineConfig = field(default_factory=RewardEngineConfig)
+    judge: JudgeClientConfig = field(default_factory=JudgeClientConfig)
+    reward_manager: str = "naive"  # naive | dapo | batch | rate_limited (also: limited)
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # the manager's: dapo takes max_resp_len, overlong_buffer_cfg
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)  # DAPO recipe's place
+    # the rate_limited manager's (verl's keys): reward-function calls in flight, requests and
+    # tokens per minute, and a per-call time limit (a call over it scores judge.fallback_score)
+    max_concurrent: int = 1
+    max_rpm: Optional[int] = None
+    max_tpm: Optional[int] = None
+    estimated_tokens_per_request: int = 2000
+    timeout: float = 300.0
 
 
 @dataclass

@@ -73,10 +73,10 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
     for key, value in list(_leaves(tree)):
         if in_schema(key):
             continue
-        rule = rule_for(key)
+        rule, target = _follow_aliases(key)
         if isinstance(rule, Alias):
-            if _move(tree, key, alias_target(rule, key), value, defaults, problems) and spellings is not None:
-                spellings[alias_target(rule, key)] = key
+            if _move(tree, key, target, value, defaults, problems) and spellings is not None:
+                spellings[target] = key
             if rule.note:
                 notes.setdefault(rule.note, []).append(key)
         elif isinstance(rule, Refused):
@@ -89,11 +89,28 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
         elif isinstance(rule, Noted):
             notes.setdefault(rule.note, []).append(key)
         elif not isinstance(rule, Parameters):
-            problems.append(Problem(f"{source}: unknown config key '{key}'.{suggest(key)}", key=key))
+            problems.append(Problem(f"{source}: unknown config key '{key}'.{suggest(target)}", key=key))
         _delete(tree, key)
     for (feature, instead, issue), keys in refused.items():
         problems.append(refusal(", ".join(keys), feature, instead, issue))
     return [f"{', '.join(keys)}: {note}" for note, keys in notes.items()]
+
+
+def _follow_aliases(key: str) -> tuple[Any, str]:
+    """The rule that decides ``key`` and, for an alias, its megarl key. An alias onto a key that is
+    not the schema's but verl's other spelling of it (e.g. ``reward.reward_model.micro_batch_size_per_gpu``
+    -> ``reward_model.micro_batch_size_per_gpu`` -> ``reward_model.rollout.max_num_seqs``) is followed;
+    onto a refused or noted key, that key's rule decides."""
+    rule, target = rule_for(key), key
+    while isinstance(rule, Alias):
+        target = alias_target(rule, target)
+        if in_schema(target):
+            return rule, target
+        further = rule_for(target)
+        if further is None:
+            return None, target  # unknown under its megarl name too
+        rule = further
+    return rule, target
 
 
 def suggest(key: str) -> str:

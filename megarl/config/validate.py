@@ -319,9 +319,10 @@ def _check_rewards(cfg, add) -> None:
         add(f"reward.num_workers={cfg.reward.num_workers}: must be >= 1.")
     if cfg.reward.on_error not in ON_ERROR_MODES:
         add(f"reward.on_error={cfg.reward.on_error!r}: use one of {ON_ERROR_MODES}.")
-    if cfg.reward_model.enable:
-        add(refusal("reward_model.enable=True", "model-based rewards (a reward model or an LLM judge)",
-                    "rule and custom reward functions score the responses (custom_reward_function.path)", issue=16))
+    from megarl.rewards.models.settings import reward_model_problems
+
+    for problem in reward_model_problems(cfg):  # reward_model.enable: a reward model or LLM judge
+        add(problem)
     for problem in reward_manager_problems(cfg):
         add(problem)
 

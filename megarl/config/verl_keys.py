@@ -81,15 +81,23 @@ Rule = Union[Alias, Refused, Renamed, Noted, Parameters]
 
 PROFILING = ("profile the job from outside (e.g. `nsys profile` around the launch) and read megarl's "
              "timing_s/* and timing_per_token_ms/* metrics")
-MODEL_REWARD = "rule and custom reward functions score the responses (custom_reward_function.path)"
+MODEL_REWARD = ("rule and custom reward functions score the responses (custom_reward_function.path), with a "
+                "reward model or LLM judge (reward_model.enable)")
 
 ALIASES: tuple[Alias, ...] = (
     Alias("reward.custom_reward_function", "custom_reward_function"),
     Alias("reward.reward_manager.name", "reward_model.reward_manager"),
     Alias("reward_manager.name", "reward_model.reward_manager"),  # verl's 2025 top-level section
     Alias("reward.reward_kwargs", "reward_model.reward_kwargs"),
-    Alias("reward.reward_model.enable", "reward_model.enable"),
+    Alias("reward.reward_model.model_path", "reward_model.model.path"),  # verl 2026
+    Alias("reward.reward_model", "reward_model"),  # verl 2026: enable, enable_resource_pool, nnodes, rollout.*, ...
     Alias("reward_model.num_workers", "reward.num_workers"),
+    # verl's legacy reward-model worker sized its forwards with these; megarl's vLLM engines batch by
+    # sequences and tokens per step (an interpolation, verl's default wiring, moves nowhere)
+    Alias("reward_model.micro_batch_size_per_gpu", "reward_model.rollout.max_num_seqs",
+          note="read as reward_model.rollout.max_num_seqs: sequences per step of the reward model's vLLM engines"),
+    Alias("reward_model.forward_max_token_len_per_gpu", "reward_model.rollout.max_num_batched_tokens",
+          note="read as reward_model.rollout.max_num_batched_tokens: tokens per step of the reward model's vLLM engines"),
     Alias(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", f"{ROLLOUT}.weight_sync.bucket_mb"),
 )
 
@@ -246,17 +254,54 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Parameters(("data.custom_cls.*", "data.sampler.*", "data.datagen.*"), of="custom data classes"),
     # ---------------------------------------------------------------- rewards
     Refused(("reward_manager.source", "reward.reward_manager.source"), "reward managers from other sources",
-            "reward managers: naive, dapo, batch; custom scoring goes in custom_reward_function", off=("register",)),
+            "reward managers: naive, dapo, batch, rate_limited; custom scoring goes in custom_reward_function",
+            off=("register",)),
     Refused(("reward_manager.module.path", "reward.reward_manager.module.path"), "custom reward manager classes",
-            "reward managers: naive, dapo, batch; custom scoring goes in custom_reward_function"),
+            "reward managers: naive, dapo, batch, rate_limited; custom scoring goes in custom_reward_function"),
     Parameters(("reward_manager.module.*", "reward.reward_manager.module.*"), of="custom reward managers"),
     Refused(("reward_model.sandbox_fusion.url", "sandbox_fusion.url", "reward.sandbox_fusion.url"),
             "code-execution rewards (sandbox fusion)", MODEL_REWARD),
     Parameters(("reward_model.sandbox_fusion.*", "sandbox_fusion.*", "reward.sandbox_fusion.*"), of="sandbox fusion"),
     Noted(("reward_model.launch_reward_fn_async",),
           "megarl scores in the controller after generation, in parallel with reward.num_workers"),
-    Parameters(("reward_model.*", "reward.reward_model.*"),
-               of="model-based rewards (reward_model.enable is refused until issue 16)"),
+    # ---------------------------------------------------------------- reward models (megarl.rewards.models)
+    Renamed(("reward_model.micro_batch_size",), "reward_model.micro_batch_size_per_gpu"),
+    Noted(("reward_model.use_dynamic_bsz", "reward_model.strategy"),
+          "megarl serves reward models with vLLM, as verl's reward loop does: its engines batch the requests by "
+          "sequences and tokens (reward_model.rollout.max_num_seqs, max_num_batched_tokens)"),
+    Refused(("reward_model.use_reward_loop",), "verl's legacy reward-model worker (a training-engine forward)",
+            "megarl serves reward models with vLLM scoring replicas, as verl's reward loop does (faster here: "
+            "README, Rewards -> Reward models)", off=(True,)),
+    Refused(_each(("reward_model.megatron",), "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                  "context_parallel_size", "expert_model_parallel_size", "virtual_pipeline_model_parallel_size"),
+            "a Megatron layout for the reward model", "the reward model runs on vLLM: set "
+            "reward_model.rollout.tensor_model_parallel_size", off=(1,)),
+    Parameters(("reward_model.megatron.*", "reward_model.load_weight", "reward_model.nccl_timeout"),
+               of="verl's legacy reward-model worker (reward_model.use_reward_loop=False is refused)"),
+    Refused(("reward_model.reward_loop_source",), "reward managers from other sources",
+            "reward managers: naive, dapo, batch, rate_limited; custom scoring goes in custom_reward_function",
+            off=("register",)),
+    Refused(("reward_model.reward_loop_module_path", "reward_model.reward_loop_class_name"),
+            "custom reward manager classes",
+            "reward managers: naive, dapo, batch, rate_limited; custom scoring goes in custom_reward_function"),
+    Refused(("reward_model.model.external_lib",), "importing external model code",
+            "the reward model is served by vLLM from its config.json and safetensors"),
+    Refused(("reward_model.model.override_config.*",), "overriding Hugging Face config fields",
+            "edit config.json in a copy of the reward model's checkpoint"),
+    Refused(("reward_model.rollout.skip_tokenizer_init",), "a reward model engine without its tokenizer",
+            "the reward model's engines need their tokenizer (chat templates, judge texts)", off=(False,)),
+    Refused(("reward_model.rollout.load_format",), "vLLM load formats other than auto",
+            "the reward model's engines load reward_model.model.path's safetensors", off=("auto",)),
+    Refused(("reward_model.rollout.data_parallel_size", "reward_model.rollout.expert_parallel_size"),
+            "data or expert parallelism inside one reward-model engine",
+            "each replica is one engine; the count follows from the devices and reward_model.rollout."
+            "tensor_model_parallel_size", off=(1,)),
+    Refused(("reward_model.rollout.cudagraph_capture_sizes",), "this key for CUDA-graph sizes",
+            "pass reward_model.rollout.engine_kwargs.vllm.cudagraph_capture_sizes"),
+    Parameters(("reward_model.rollout.limit_images",), of="vision-language reward models (refused by the model check)"),
+    Refused(("reward_model.rollout.engine_kwargs.sglang.*", "reward_model.rollout.engine_kwargs.trtllm.*"),
+            "SGLang and TensorRT-LLM engine arguments", "the reward model's engine is vLLM: use "
+            "reward_model.rollout.engine_kwargs.vllm"),
     # ---------------------------------------------------------------- algorithm
     Refused(("algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_rs"),
             "rollout correction (importance weights for off-policy tokens)",
@@ -290,6 +335,11 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused(("ray_kwargs.ray_init.runtime_env.*",), "Ray runtime environments set from the config",
             "start Ray in the environment you need (launch/ray_local.sh, slurm/launch.sh)"),
 )
+
+# Keys of megarl's schema that verl reads with ``config.get`` but its default config lacks, so verl's
+# users add them with '+' (Hydra refuses '+' on a key that exists): '+' sets them here too.
+ADDED_WITH_PLUS = frozenset(f"reward_model.{k}" for k in (
+    "max_concurrent", "max_rpm", "max_tpm", "estimated_tokens_per_request", "timeout"))  # verl's rate_limited manager
 
 # Leaf names other frameworks (and verl habits) use for a megarl key: the leaf to look for instead.
 POINTERS = {

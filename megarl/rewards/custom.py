@@ -16,6 +16,12 @@ are accepted, told apart by the function's signature when it is loaded (so befor
 * ``lists``, two positional lists (responses, then ground truths), for functions written as
   ``compute_reward(responses, ground_truths)``; it returns one score per response.
 
+With a reward model or judge (``reward_model.enable``, ``megarl.rewards.models``) a function may
+also take, by name: ``reward_router_address`` (``host:port`` of the model's OpenAI-compatible
+HTTP server) and ``reward_model_tokenizer`` (its tokenizer), as verl passes them (a ``**kwargs``
+takes them too); ``judge`` (megarl's ``JudgeClient``); ``rm_score`` (a discriminative reward
+model's score of this response; ``rm_scores``, one per response, in the batch form).
+
 A score is a number or a dict with a ``"score"`` number (its other keys are reported as
 metrics). Any form may be ``async def``: the samples of a batch are then awaited concurrently.
 A signature that fits no form is refused when the function is loaded, naming the forms.
@@ -42,6 +48,10 @@ FORMS = {
     BATCH: "compute_score(data_sources, solution_strs, ground_truths, extra_infos)",
     LISTS: "compute_reward(responses, ground_truths)",
 }
+
+# What a run with a reward model offers a reward function besides its data (see the module docstring).
+VERL_CONTEXT = ("reward_router_address", "reward_model_tokenizer")  # verl's; also through **kwargs
+CONTEXT = VERL_CONTEXT + ("judge", "rm_score", "rm_scores")  # megarl's only by name
 
 _loaded_functions: dict[tuple[str, str], Callable[..., Any]] = {}
 
@@ -81,12 +91,35 @@ def _load_function(path: str, name: str) -> Callable[..., Any]:
     return fn
 
 
+def context_names(fn: Callable[..., Any]) -> frozenset[str]:
+    """The reward-model arguments ``fn`` takes (``CONTEXT``): named, or verl's through ``**kwargs``."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return frozenset()
+    named = {n for n in CONTEXT if n in parameters}
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        named |= set(VERL_CONTEXT)
+    return frozenset(named)
+
+
+def required_context(fn: Callable[..., Any]) -> frozenset[str]:
+    """The reward-model arguments ``fn`` cannot run without (named, no default)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return frozenset()
+    return frozenset(n for n in CONTEXT if n in parameters and parameters[n].default is inspect.Parameter.empty)
+
+
 def detect_form(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -> str:
-    """Which of ``FORMS`` ``fn`` takes, from its signature; a clear error if none."""
+    """Which of ``FORMS`` ``fn`` takes, from its signature; a clear error if none. Reward-model
+    arguments it names (``CONTEXT``) count as given."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return SAMPLE  # builtins without a signature: the first call will tell
+    kwargs = {**{n: None for n in context_names(fn) if n in signature.parameters}, **kwargs}
     for form, trial in ((SAMPLE, dict(data_source="", solution_str="", ground_truth="", extra_info=None)),
                         (BATCH, dict(data_sources=[], solution_strs=[], ground_truths=[], extra_infos=[]))):
         try:
@@ -96,8 +129,8 @@ def detect_form(fn: Callable[..., Any], kwargs: dict[str, Any], where: str) -> s
             pass
     try:
         signature.bind([], [], **kwargs)
-        positional = [p for p in signature.parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        positional = [p for p in signature.parameters.values() if p.name not in kwargs
+                      and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
         if len(positional) == 2:
             return LISTS
     except TypeError:
@@ -116,7 +149,8 @@ class RewardFunction:
     """A custom reward function loaded from a file, with its form detected; picklable.
 
     ``form`` is ``sample`` (call it as verl's per-sample function), or ``batch`` / ``lists``
-    (call ``score_batch``). ``is_async``: calls return awaitables.
+    (call ``score_batch``). ``is_async``: calls return awaitables. ``context`` holds the
+    reward-model arguments it takes (``CONTEXT``); a call passes them as keywords.
     """
 
     def __init__(self, path: str, name: str = DEFAULT_FUNCTION_NAME, reward_kwargs: dict[str, Any] | None = None):
@@ -126,20 +160,23 @@ class RewardFunction:
         self._fn = _load_function(self.path, self.name)
         self.form = detect_form(self._fn, self.reward_kwargs, f"custom reward function {self.name!r} in {self.path!r}")
         self.is_async = is_async(self._fn)
+        self.context, self.required_context = context_names(self._fn), required_context(self._fn)
 
-    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any:
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None,
+                 **context: Any) -> Any:
         if self.form != SAMPLE:
             raise TypeError(f"{self!r} is a {self.form}-form function: call score_batch with lists")
         return self._fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                        extra_info=extra_info, **self.reward_kwargs)
+                        extra_info=extra_info, **self.reward_kwargs, **context)
 
-    def score_batch(self, data_sources: list, solution_strs: list, ground_truths: list, extra_infos: list) -> Any:
+    def score_batch(self, data_sources: list, solution_strs: list, ground_truths: list, extra_infos: list,
+                    **context: Any) -> Any:
         """One call for a whole batch (``batch`` and ``lists`` forms); returns the function's result."""
         if self.form == BATCH:
             return self._fn(data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths,
-                            extra_infos=extra_infos, **self.reward_kwargs)
+                            extra_infos=extra_infos, **self.reward_kwargs, **context)
         if self.form == LISTS:
-            return self._fn(solution_strs, ground_truths, **self.reward_kwargs)
+            return self._fn(solution_strs, ground_truths, **self.reward_kwargs, **context)
         raise TypeError(f"{self!r} is a per-sample function: call it once per response")
 
     def describe(self) -> str:
@@ -153,6 +190,7 @@ class RewardFunction:
         self._fn = _load_function(self.path, self.name)
         self.form = detect_form(self._fn, self.reward_kwargs, self.name)
         self.is_async = is_async(self._fn)
+        self.context, self.required_context = context_names(self._fn), required_context(self._fn)
 
     def __repr__(self) -> str:
         return f"RewardFunction(path={self.path!r}, name={self.name!r}, reward_kwargs={self.reward_kwargs!r})"

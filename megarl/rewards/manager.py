@@ -16,6 +16,18 @@ result does not depend on the number of workers.
 A batch-form function (see :mod:`megarl.rewards.custom`) is called once with the whole batch,
 in the calling process. An ``async def`` function's calls are awaited concurrently, per chunk.
 
+With a reward model or LLM judge (``model_reward``, a ``megarl.rewards.models.RewardModelService``)
+the pass runs while its engines are awake. A discriminative reward model's scores are the rewards
+when there is no custom function; a custom function receives them (``rm_score``) and the model's
+handles (``reward_router_address``, ``reward_model_tokenizer``, ``judge``) by name. A call that
+raises ``JudgeError`` (the judge failed after its retries, or the answer could not be parsed) or
+runs past ``reward_model.timeout`` (``rate_limited`` manager) scores ``reward_model.judge.fallback_score``,
+counted as ``reward/judge_failures`` (``reward/timeouts``), never an error that stops the run.
+
+The ``rate_limited`` manager (verl's; ``limited`` is accepted too) runs a batch's calls
+concurrently in the controller within ``reward_model.max_concurrent``, ``max_rpm``, ``max_tpm``
+and ``timeout`` (:mod:`megarl.rewards.rate_limit`); sync functions run in a thread pool.
+
 Config keys read by :meth:`RewardManager.from_config`: ``custom_reward_function.*``
 (see :mod:`megarl.rewards.custom`), ``reward.num_workers`` [1], ``reward.executor``
 ["process"], ``reward.on_error`` ["zero"], ``reward_model.reward_manager`` ["naive"] and the
@@ -25,6 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as futures
+import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -36,7 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from megarl.rewards.custom import SAMPLE, _get, form_of, load_reward_function
-from megarl.rewards.managers import OverlongPenalty, function_kwargs, manager_name, overlong_penalty
+from megarl.rewards.managers import OverlongPenalty, canonical_manager, function_kwargs, manager_name, overlong_penalty
+from megarl.rewards.models.judge import JudgeError
+from megarl.rewards.rate_limit import CallTimedOut, LimitSettings, RateLimits
 from megarl.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -66,17 +82,23 @@ class RewardResult:
 
 
 # ---- scoring one chunk (runs in the caller, a thread or a worker process) ----
+# A sample is (data_source, solution_str, ground_truth, extra_info, context): ``context`` holds the
+# reward-model arguments the function takes. An outcome is ("ok", score, extras, was_dict) |
+# ("error", message, traceback) | ("judge", message, timed_out) | ("bad_return", description).
 
-def _score_one(fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> tuple:
-    """("ok", score, extras, was_dict) | ("error", message, traceback) | ("bad_return", description)."""
+def _score_one(fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any, extra_info: Any,
+               context: dict[str, Any]) -> tuple:
     try:
-        value = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+        value = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info,
+                   **context)
     except Exception as exc:
         return _error(exc)
     return _check_value(value)
 
 
 def _error(exc: BaseException) -> tuple:
+    if isinstance(exc, (JudgeError, CallTimedOut)):
+        return ("judge", f"{type(exc).__name__}: {exc}", isinstance(exc, CallTimedOut))
     return ("error", f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc)))
 
 
@@ -100,15 +122,15 @@ def _check_value(value: Any) -> tuple:
     return ("ok", float(value), extras, was_dict)
 
 
-def _score_chunk(fn: Callable[..., Any], chunk: list[tuple[str, str, Any, Any]]) -> list[tuple]:
+def _score_chunk(fn: Callable[..., Any], chunk: list[tuple]) -> list[tuple]:
     if not getattr(fn, "is_async", False) and not inspect.iscoroutinefunction(fn):
         return [_score_one(fn, *sample) for sample in chunk]
 
     async def one(sample: tuple) -> tuple:
-        data_source, solution_str, ground_truth, extra_info = sample
+        data_source, solution_str, ground_truth, extra_info, context = sample
         try:
             value = await fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                             extra_info=extra_info)
+                             extra_info=extra_info, **context)
         except Exception as exc:
             return _error(exc)
         return _check_value(value)
@@ -119,11 +141,38 @@ def _score_chunk(fn: Callable[..., Any], chunk: list[tuple[str, str, Any, Any]])
     return asyncio.run(every())
 
 
-def _score_batch(fn: Any, samples: list[tuple]) -> list[tuple]:
+def _score_limited(fn: Callable[..., Any], samples: list[tuple], limits: LimitSettings) -> list[tuple]:
+    """The ``rate_limited`` manager: every call of the batch at once, within the limits."""
+    asynchronous = getattr(fn, "is_async", False) or inspect.iscoroutinefunction(fn)
+
+    async def every() -> list[tuple]:
+        gate, loop = RateLimits(limits), asyncio.get_running_loop()
+        threads = None if asynchronous else futures.ThreadPoolExecutor(limits.max_concurrent, "reward-limited")
+
+        async def one(sample: tuple) -> tuple:
+            data_source, solution_str, ground_truth, extra_info, context = sample
+            call = functools.partial(fn, data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                                     extra_info=extra_info, **context)
+            try:
+                value = await gate.run(call if asynchronous else lambda: loop.run_in_executor(threads, call))
+            except Exception as exc:
+                return _error(exc)
+            return _check_value(value)
+
+        try:
+            return list(await asyncio.gather(*(one(sample) for sample in samples)))
+        finally:
+            if threads is not None:
+                threads.shutdown(wait=False, cancel_futures=True)  # a call past its time limit keeps its thread
+
+    return asyncio.run(every())
+
+
+def _score_batch(fn: Any, samples: list[tuple], context: dict[str, Any]) -> list[tuple]:
     """One call for the batch (batch-form functions); its result checked element by element."""
-    columns = [list(column) for column in zip(*samples)] if samples else [[], [], [], []]
+    columns = [list(column) for column in zip(*samples)][:4] if samples else [[], [], [], []]
     try:
-        result = fn.score_batch(*columns)
+        result = fn.score_batch(*columns, **context)
         if inspect.isawaitable(result):
             async def wait() -> Any:
                 return await result
@@ -147,7 +196,8 @@ class RewardManager:
 
     def __init__(self, compute_score: Callable[..., Any] | None = None, *, num_workers: int = 1,
                  executor: str = "process", on_error: str = "zero", kind: str = "naive",
-                 overlong: OverlongPenalty | None = None):
+                 overlong: OverlongPenalty | None = None, model_reward: Any = None,
+                 limits: LimitSettings | None = None, fallback_score: float = 0.0):
         if on_error not in ON_ERROR_MODES:
             raise ValueError(f"reward.on_error={on_error!r} is not one of {ON_ERROR_MODES}")
         if executor not in EXECUTORS:
@@ -164,6 +214,16 @@ class RewardManager:
                              "in the controller; set reward.num_workers=1")
         if overlong is not None and kind != "dapo":
             raise ValueError("the overlong penalty is applied by the dapo reward manager (reward_model.reward_manager=dapo)")
+        kind = canonical_manager(kind)
+        if kind == "rate_limited" and int(num_workers) > 1:
+            raise ValueError(f"reward.num_workers={num_workers}: the rate_limited manager runs its calls concurrently in "
+                             "the controller (reward_model.max_concurrent); set reward.num_workers=1")
+        self.model_reward = model_reward
+        self.custom = compute_score is not None and compute_score is not default_compute_score \
+            and not isinstance(compute_score, functools.partial)
+        self.context_names = frozenset(getattr(self.compute_score, "context", ())) if model_reward is not None else frozenset()
+        self.limits = limits or LimitSettings()
+        self.fallback_score = float(fallback_score)
         self.kind = kind
         self.overlong = overlong
         self.num_workers = int(num_workers)
@@ -180,9 +240,10 @@ class RewardManager:
                 ) from exc
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "RewardManager":
-        """From the top-level config (``custom_reward_function``, ``reward`` and ``reward_model`` sections)."""
-        reward_cfg = _get(cfg, "reward")
+    def from_config(cls, cfg: Any, model_reward: Any = None) -> "RewardManager":
+        """From the top-level config (``custom_reward_function``, ``reward`` and ``reward_model``
+        sections); ``model_reward`` is the run's reward model or judge, if it has one."""
+        reward_cfg, rm = _get(cfg, "reward"), _get(cfg, "reward_model")
         return cls(
             load_reward_function(_get(cfg, "custom_reward_function"), function_kwargs(cfg)),
             num_workers=int(_get(reward_cfg, "num_workers", 1)),
@@ -190,6 +251,9 @@ class RewardManager:
             on_error=str(_get(reward_cfg, "on_error", "zero")),
             kind=manager_name(cfg),
             overlong=overlong_penalty(cfg),
+            model_reward=model_reward,
+            limits=LimitSettings.from_config(rm) if rm is not None and "max_concurrent" in rm else None,
+            fallback_score=float(rm.judge.fallback_score) if rm is not None and "judge" in rm else 0.0,
         )
 
     def score_samples(self, samples: Sequence[dict[str, Any]]) -> RewardResult:
@@ -208,8 +272,10 @@ class RewardManager:
         return self.score(columns["data_source"], columns["solution_str"], columns["ground_truth"], columns["extra_info"])
 
     def score(self, data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
-              extra_infos: Sequence[Any] | None = None, response_lengths: Sequence[int] | None = None) -> RewardResult:
-        """Score parallel lists (one entry per response); ``response_lengths`` (tokens) for the overlong penalty."""
+              extra_infos: Sequence[Any] | None = None, response_lengths: Sequence[int] | None = None,
+              model_inputs: Any = None) -> RewardResult:
+        """Score parallel lists (one entry per response); ``response_lengths`` (tokens) for the overlong
+        penalty; ``model_inputs`` (``megarl.rewards.models.ResponsesToScore``) for a reward model."""
         n = len(solution_strs)
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
         if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n):
@@ -219,13 +285,34 @@ class RewardManager:
             )
         if self.overlong is not None and (response_lengths is None or len(response_lengths) != n):
             raise ValueError("the overlong penalty needs the response length (in tokens) of every response")
-        samples = list(zip(data_sources, solution_strs, ground_truths, extra_infos))
-        outcomes = self._run(samples)
-        return self._collect(samples, outcomes, response_lengths)
+        model = self.model_reward
+        with model.awake() if model is not None else contextlib.nullcontext():
+            rm = None
+            if model is not None and model.scores_responses and (not self.custom or self.context_names & {"rm_score", "rm_scores"}):
+                if model_inputs is None or len(model_inputs) != n:
+                    raise ValueError("a reward model needs the prompts and responses it scores (model_inputs)")
+                rm = model.score(model_inputs)
+            context = model.context(self.context_names) if model is not None else {}
+            samples = [(d, s, g, e, {**context, **({"rm_score": rm.scores[i]} if "rm_score" in self.context_names else {})})
+                       for i, (d, s, g, e) in enumerate(zip(data_sources, solution_strs, ground_truths, extra_infos))]
+            if rm is not None and not self.custom:  # the reward model's score is the reward
+                outcomes = [("ok", float(v), {}, False) for v in rm.scores]
+            else:
+                if "rm_scores" in self.context_names:
+                    context = {**context, "rm_scores": list(rm.scores)}
+                outcomes = self._run(samples, context)
+        result = self._collect(samples, outcomes, response_lengths)
+        if rm is not None:
+            result.metrics.update(rm.metrics)
+        if model is not None:
+            result.metrics.update(model.client_metrics())
+        return result
 
-    def _run(self, samples: list[tuple]) -> list[tuple]:
+    def _run(self, samples: list[tuple], batch_context: dict[str, Any]) -> list[tuple]:
         if self.form != SAMPLE:
-            return _score_batch(self.compute_score, samples)
+            return _score_batch(self.compute_score, samples, batch_context)
+        if self.kind == "rate_limited":
+            return _score_limited(self.compute_score, samples, self.limits)
         if self.num_workers == 1 or len(samples) <= 1:
             return _score_chunk(self.compute_score, samples)
         pool = self._get_pool()
@@ -255,8 +342,15 @@ class RewardManager:
         scores: list[float] = []
         extras: list[dict[str, Any]] = []
         errors: list[SampleError] = []
+        judge_failures: list[str] = []
+        timeouts = 0
         for i, ((data_source, *_), outcome) in enumerate(zip(samples, outcomes)):
             kind = outcome[0]
+            if kind == "judge":  # the judge failed or a call ran out of time: the fallback, counted
+                judge_failures.append(f"sample {i} ({data_source}): {outcome[1]}")
+                timeouts += bool(outcome[2])
+                outcome = ("ok", self.fallback_score, {}, False)
+                kind = "ok"
             if kind == "bad_return":
                 raise RewardFunctionError(
                     f"reward function {self.compute_score!r} returned {outcome[1]} for sample {i} "
@@ -286,6 +380,11 @@ class RewardManager:
         keys = sorted({k for e in extras for k in e})
         extra = {k: [e.get(k) for e in extras] for k in keys}
         metrics: dict[str, Any] = {"reward/num_errors": len(errors)}
+        if (self.model_reward is not None and not self.model_reward.scores_responses) or self.kind == "rate_limited":
+            metrics.update({"reward/judge_failures": len(judge_failures), "reward/timeouts": timeouts})
+        if judge_failures:
+            logger.warning("the judge failed on %d of %d samples (scored %g, reward_model.judge.fallback_score); "
+                           "first: %s", len(judge_failures), len(samples), self.fallback_score, judge_failures[0])
         if scores:
             metrics["reward/score/mean"] = sum(scores) / len(scores)
         for key, values in extra.items():

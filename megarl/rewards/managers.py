@@ -4,7 +4,10 @@
 * ``dapo``: the score plus DAPO's soft overlong penalty (arXiv:2503.14476) when it is enabled,
   and the score recorded as ``acc`` when the function returns a number (verl's DAPO manager);
 * ``batch``: the function is called once per batch; it must have one of the batch forms
-  (``megarl.rewards.custom``). A batch-form function is called that way under any manager.
+  (``megarl.rewards.custom``). A batch-form function is called that way under any manager;
+* ``rate_limited`` (verl's name; ``limited``, the name of verl's module, is accepted too): the
+  calls of a batch run concurrently within ``reward_model.max_concurrent``, ``max_rpm``,
+  ``max_tpm`` and ``timeout`` (``megarl.rewards.rate_limit``), for judges and APIs with quotas.
 
 The manager's keyword arguments are ``reward_model.reward_kwargs`` (verl's place; 2026:
 ``reward.reward_kwargs``): ``dapo`` takes ``max_resp_len`` and ``overlong_buffer_cfg``
@@ -22,8 +25,9 @@ from typing import Any
 
 from megarl.config.errors import Problem, refusal
 
-REWARD_MANAGERS = ("naive", "dapo", "batch")
-VERL_ONLY_MANAGERS = ("prime", "limited", "remote", "gdpo", "rate_limited")  # verl registers these too
+REWARD_MANAGERS = ("naive", "dapo", "batch", "rate_limited")
+MANAGER_ALIASES = {"limited": "rate_limited"}
+VERL_ONLY_MANAGERS = ("prime", "remote", "gdpo")  # verl registers these too
 DAPO_KWARGS = ("max_resp_len", "overlong_buffer_cfg")
 OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 
@@ -55,6 +59,11 @@ def manager_name(cfg: Any) -> str:
     return str((section.get("reward_manager") if section is not None else None) or "naive")
 
 
+def canonical_manager(name: str) -> str:
+    """The registry name of a manager (``limited`` -> ``rate_limited``)."""
+    return MANAGER_ALIASES.get(name, name)
+
+
 def overlong_penalty(cfg: Any) -> OverlongPenalty | None:
     """The DAPO overlong penalty the config enables, from either of its places (None: off)."""
     section = _section(cfg, "reward_model")
@@ -83,14 +92,23 @@ def function_kwargs(cfg: Any) -> dict[str, Any]:
 
 def reward_manager_problems(cfg: Any) -> list[Problem]:
     """The reward manager's name and keyword arguments, and the overlong penalty's settings."""
+    from megarl.rewards.rate_limit import LimitSettings
+
     problems: list[Problem] = []
-    name = manager_name(cfg)
+    name = canonical_manager(manager_name(cfg))
     key = "reward_model.reward_manager"
     if name in VERL_ONLY_MANAGERS:
         problems.append(refusal(f"{key}={name}", f"verl's {name!r} reward manager",
                                 f"megarl's reward managers are {', '.join(REWARD_MANAGERS)}"))
     elif name not in REWARD_MANAGERS:
-        problems.append(Problem(f"{key}={name!r}: megarl's reward managers are {', '.join(REWARD_MANAGERS)}", key=key))
+        problems.append(Problem(f"{key}={name!r}: megarl's reward managers are {', '.join(REWARD_MANAGERS)} "
+                                f"(and {', '.join(MANAGER_ALIASES)})", key=key))
+    if name == "rate_limited":
+        problems += [Problem(message) for message in LimitSettings.from_config(cfg.reward_model).problems()]
+        if cfg.reward.num_workers > 1:
+            problems.append(Problem(f"reward.num_workers={cfg.reward.num_workers}: the rate_limited manager runs "
+                                    "its calls concurrently in the controller (reward_model.max_concurrent); set "
+                                    "reward.num_workers=1"))
     kwargs = _plain(cfg.reward_model.reward_kwargs) or {}
     if name == "batch":
         given = dict(_plain(cfg.custom_reward_function.reward_kwargs) or {})

@@ -8,6 +8,10 @@ every trajectory a request of its own) and vLLM's scheduler batches them continu
 core runs in a child process of the actor (vLLM's ``AsyncLLM`` always does); the TP workers, with
 megarl's worker extension, run in that process (TP=1) or in its children.
 
+A reward model's replica (``megarl.rewards.models``) runs vLLM's pooling runner instead and scores
+sequences (``classify``); reward-model and judge replicas also serve vLLM's OpenAI-compatible HTTP
+API on their engine (``serve_http``), which reward functions call.
+
 Weight updates and syncs go through ``collective_rpc`` to the worker extension; while one runs, or
 after one failed, the replica refuses to generate (``stale``), so stale weights are never served.
 """
@@ -63,6 +67,8 @@ class EngineReplica:
         self.start_seconds = time.perf_counter() - start - self.import_seconds
         self.stale: str | None = None  # set while a weight sync runs or after one failed
         self._request_counter = 0
+        self.model_path = spec.model_path
+        self.http = None  # the OpenAI-compatible server, once serve_http started it
         logger.info("replica %d: vLLM imported in %.1f s, engine started in %.1f s (pid %d)", index,
                     self.import_seconds, self.start_seconds, os.getpid())
 
@@ -166,6 +172,41 @@ class EngineReplica:
             result.append(row)
         return result
 
+    async def classify(self, sequences: Sequence[list[int]]) -> list[float]:
+        """A one-label sequence classifier's raw output (no sigmoid) at the last token of each
+        sequence: a reward model's scores (the engine runs vLLM's pooling runner)."""
+        self._check_fresh()
+        from vllm import PoolingParams
+        from vllm.inputs import TokensPrompt
+
+        async def one(ids: list[int]) -> float:
+            self._request_counter += 1
+            request_id = f"classify-{self.index}-{self._request_counter}"
+            final = None
+            params = PoolingParams(task="classify", use_activation=False)
+            async for output in self.engine.encode(TokensPrompt(prompt_token_ids=list(ids)), params, request_id):
+                final = output
+            if final is None:
+                raise RuntimeError(f"replica {self.index}: request {request_id} returned no output")
+            data = final.outputs.data
+            if data.numel() != 1:
+                raise RuntimeError(f"replica {self.index}: the reward model returned {data.numel()} values per "
+                                   "sequence; a reward model has one label (num_labels=1)")
+            return float(data.reshape(-1)[0])
+
+        return list(await asyncio.gather(*[one(ids) for ids in sequences]))
+
+    async def serve_http(self, host: str | None = None) -> str:
+        """Serve this engine over vLLM's OpenAI-compatible HTTP API on ``host`` (default: this node's
+        address as Ray knows it); return ``host:port``."""
+        import ray
+
+        from megarl.rollout.http_server import serve_openai
+
+        if self.http is None:
+            self.http = await serve_openai(self.engine, self.model_path, host or ray.util.get_node_ip_address())
+        return self.http.address
+
     # ------------------------------------------------------------------ weights
     async def load_weights(self, named_tensors: list, version: int) -> int:
         """Load HF-named full tensors into every TP worker; return the version they all report.
@@ -234,6 +275,9 @@ class EngineReplica:
 
     async def close(self) -> None:
         """Stop the engine (its core process and TP workers) before the actor is killed."""
+        if self.http is not None:
+            await self.http.close()
+            self.http = None
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.shutdown()

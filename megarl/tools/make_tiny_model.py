@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from megarl.tools.tiny_model import FAMILIES, SIZES, make_tiny_model, parameter_count
+from megarl.tools.tiny_model import FAMILIES, HEADS, SIZES, make_tiny_model, parameter_count
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size", default="tiny", choices=list(SIZES))
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="weight init seed (default 0)")
+    parser.add_argument("--head", default="causal_lm", choices=list(HEADS),
+                        help="causal_lm (default) or seq_cls: a one-label sequence classifier (a reward model)")
     parser.add_argument("--vocab-size", type=int, default=512, help="multiple of 8 (default 512)")
     parser.add_argument(
         "--tie-word-embeddings", action="store_true", help="share embedding and output weights"
@@ -56,12 +58,13 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             max_shard_size=args.max_shard_size,
             shards=args.shards,
+            head=args.head,
         )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
-    print(f"  family: {args.family}   size: {args.size}   seed: {args.seed}")
+    print(f"  family: {args.family}   size: {args.size}   head: {args.head}   seed: {args.seed}")
     print(f"  parameters: {parameter_count(out):,}")
     for path in sorted(out.iterdir()):
         print(f"  {path.name:40s} {path.stat().st_size:>12,} bytes")

@@ -14,6 +14,10 @@ router's ``e_score_correction_bias`` is random and non-zero (HF initialises it t
 hide a bridge that drops it), config.json carries ``topk_method``/``scoring_func`` (vLLM needs them,
 transformers writes neither), and the checkpoint holds one multi-token-prediction layer's
 tensors, as DeepSeek's own checkpoints do (the bridge skips them).
+
+``head="seq_cls"`` writes a reward model instead: ``<Family>ForSequenceClassification`` with one
+label, the backbone plus ``score.weight`` (no bias, as transformers' Llama/Qwen heads), the form of
+published reward models (e.g. Skywork-Reward); its score is the head's output at the last token.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch
 from safetensors import safe_open
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     DeepseekV3Config,
     GenerationConfig,
     LlamaConfig,
@@ -40,7 +45,7 @@ from transformers import (
 
 from megarl.tools.tiny_tokenizer import build_tokenizer
 
-__all__ = ["FAMILIES", "SIZES", "ModelSize", "make_tiny_model", "build_tokenizer", "build_config"]
+__all__ = ["FAMILIES", "HEADS", "SIZES", "ModelSize", "make_tiny_model", "build_tokenizer", "build_config"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,9 @@ SIZES: dict[str, ModelSize] = {
 
 NUM_EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
+
+# The output head: a causal LM, or a one-label sequence classifier (a reward model).
+HEADS = {"causal_lm": AutoModelForCausalLM, "seq_cls": AutoModelForSequenceClassification}
 
 
 @dataclass(frozen=True)
@@ -221,7 +229,7 @@ def _deepseek_v3_config(common: dict, ds: DeepSeekShape) -> DeepseekV3Config:
     return config
 
 
-def _random_model(config: PretrainedConfig, seed: int) -> torch.nn.Module:
+def _random_model(config: PretrainedConfig, seed: int, head: str = "causal_lm") -> torch.nn.Module:
     """Build the model with HF's own init, seeded, without touching the global RNG state.
 
     HF initialises norm scales to 1 and biases to 0. Those would hide a checkpoint converter that
@@ -230,7 +238,7 @@ def _random_model(config: PretrainedConfig, seed: int) -> torch.nn.Module:
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = HEADS[head].from_config(config, dtype=torch.float32)
         with torch.no_grad():
             for param in model.parameters():
                 if param.ndim == 1:
@@ -272,6 +280,7 @@ def make_tiny_model(
     overwrite: bool = False,
     max_shard_size: str | int | None = None,
     shards: int | None = None,
+    head: str = "causal_lm",
 ) -> Path:
     """Write a random-initialised checkpoint plus its tokenizer to ``out_dir``; return the path.
 
@@ -279,12 +288,17 @@ def make_tiny_model(
     ``out_dir`` is refused unless ``overwrite=True``. ``max_shard_size`` (bytes or e.g.
     ``"200KB"``) splits the weights into several safetensors files with a
     ``model.safetensors.index.json``; ``shards=N`` picks the size that gives at least N files
-    (more when the tensor sizes do not pack evenly). The files are written to a temporary sibling
+    (more when the tensor sizes do not pack evenly). ``head="seq_cls"`` writes a one-label
+    ``<Family>ForSequenceClassification`` (a reward model) instead of the causal LM. The files are written to a temporary sibling
     directory and renamed into place at the end, so a crash never leaves a half-written
     checkpoint behind.
     """
     _check_choice("family", family, FAMILIES)
     _check_choice("size", size, SIZES)
+    _check_choice("head", head, HEADS)
+    if head == "seq_cls" and (tie_word_embeddings or family == "deepseek_v3"):
+        raise ValueError("a seq_cls model has no LM head to tie, and transformers has no DeepSeek-V3 sequence "
+                         "classifier: use another family without --tie-word-embeddings")
     if shards is not None and max_shard_size is not None:
         raise ValueError("give either shards or max_shard_size, not both")
     if shards is not None and shards < 1:
@@ -301,7 +315,9 @@ def make_tiny_model(
         "pad": tokenizer.pad_token_id,
     }
     config = build_config(family, size, vocab_size, tie_word_embeddings, ids)
-    model = _random_model(config, seed)
+    if head == "seq_cls":
+        config.num_labels = 1
+    model = _random_model(config, seed, head)
     model.generation_config = GenerationConfig(
         bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"]
     )

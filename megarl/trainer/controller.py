@@ -5,7 +5,8 @@ One step (``RLTrainer.train_step``):
   1. draw a batch of prompts (the loader's position is checkpointed);
   2. rollout: ``rollout.n`` trajectories per prompt through the agent seam (``megarl.agent``): each
      sample's agent loop (single-turn, or multi-turn with tools) generates on the vLLM fleet;
-  3. reward: rule or custom functions score the decoded responses;
+  3. reward: rule or custom functions score the decoded responses, with a reward model or an LLM
+     judge when ``reward_model.enable`` (``megarl.rewards.models``; its engines wake for the pass);
   4. the Megatron workers compute old log-probs, reference log-probs and values;
   5. advantages: KL-in-reward if enabled, then the registered estimator;
   6. update: critic, then actor (after ``trainer.critic_warmup`` steps);
@@ -37,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_more_gen_batches, seq_metric_values
 from megarl.config import critic_enabled, devices_for
 from megarl.rewards import RewardManager, scores_to_token_level
+from megarl.rewards.models import ResponsesToScore
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
 from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metrics, timing_metrics
@@ -49,14 +51,14 @@ logger = logging.getLogger(__name__)
 
 class RLTrainer:
     def __init__(self, cfg: DictConfig, workers, fleet, weight_sync, tokenizer, train_loader, val_dataset=None,
-                 metrics_logger=None, rollout=None):
+                 metrics_logger=None, rollout=None, reward_model=None):
         from megarl.agent import AgentRollout, build_agent_context
 
         self.cfg, self.workers, self.fleet, self.weight_sync = cfg, workers, fleet, weight_sync
         self.rollout = rollout or AgentRollout(build_agent_context(cfg, tokenizer), fleet, cfg.actor_rollout_ref.rollout)
         self.tokenizer, self.train_loader, self.val_dataset = tokenizer, train_loader, val_dataset
         self.metrics_logger = metrics_logger
-        self.reward = RewardManager.from_config(cfg)
+        self.reward = RewardManager.from_config(cfg, model_reward=reward_model)
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl)
         self.use_critic = critic_enabled(cfg)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -97,10 +99,14 @@ class RLTrainer:
 
     def _score(self, data: StepData, trajectories, timings: dict) -> dict[str, float]:
         extras = sorted({k for t in trajectories for k in t.extras})
+        model_inputs = None
+        if self.reward.model_reward is not None:  # what a reward model reads: the prompts and whole responses
+            model_inputs = ResponsesToScore(data["prompt_ids"], [t.response_ids for t in trajectories],
+                                            data["raw_prompt"], data["response_text"])
         with timer(timings, "reward"):
             # the overlong penalty counts the whole response budget: model and tool tokens
             result = self.reward.score(data["data_source"], data["response_text"], data["ground_truth"],
-                                       reward_extra_info(data, extras), data["response_tokens"].tolist())
+                                       reward_extra_info(data, extras), data["response_tokens"].tolist(), model_inputs)
         data.add(score=result.scores, **result.extra)
         if result.errors:
             logger.warning("%d reward function error(s); first: %s", len(result.errors), result.errors[0])

@@ -16,6 +16,12 @@ placement group (``{"GPU": 1, "CPU": c}`` each, or ``{"CPU": c}`` without GPUs).
 * ``split``: the first ``world - trainer.rollout_gpus`` slots are the trainer's, the last
   ``trainer.rollout_gpus`` the fleet's, each with whole GPUs; nobody sleeps.
 
+A reward model or LLM judge (``reward_model.enable``, ``megarl.rewards.models``) runs on vLLM
+replicas too: on the trainer's slots (``reward_model.enable_resource_pool=False``, verl's colocated
+mode; its engines sleep outside the reward pass), or on a pool of its own
+(``reward_model.nnodes x reward_model.n_gpus_per_node`` devices, another placement group:
+``plan_reward_pool``). Processes that share a slot share its bundle evenly (``share_of``).
+
 A replica's TP group stays within one node (vLLM's "mp" executor: the replica actor sits in its
 first slot's bundle and, on GPU, exposes exactly its slots' GPUs to vLLM through
 ``CUDA_VISIBLE_DEVICES``) or covers whole nodes (TP 16 or 32 for a 671B model: vLLM's Ray
@@ -23,10 +29,10 @@ executor starts one TP worker in each of the replica's bundles, ``VLLM_RAY_BUNDL
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-COLOCATED_SHARE = 0.5  # of a bundle's GPU (and CPU), for each of the trainer rank and the engine
 
 
 @dataclass(frozen=True)
@@ -38,15 +44,23 @@ class PlacementPlan:
     mode: str  # colocated | split
     trainer: tuple[int, ...]  # slot of trainer rank r
     replicas: tuple[tuple[int, ...], ...]  # slots of replica i (its TP ranks in order)
+    reward_replicas: tuple[tuple[int, ...], ...] = ()  # a colocated reward model's replicas (on trainer slots)
 
     @property
     def trainer_world(self) -> int:
         return len(self.trainer)
 
+    def share_of(self, slot: int) -> float:
+        """The fraction of a slot's bundle (GPU and CPU) each process on it takes: the trainer rank,
+        a rollout replica's TP rank and a reward-model replica's TP rank share it evenly."""
+        occupants = (slot in self.trainer) + sum(slot in r for r in self.replicas + self.reward_replicas)
+        return 1.0 / max(occupants, 1)
+
     @property
     def share(self) -> float:
-        """The fraction of a bundle each process takes: half each when colocated, all of it when split."""
-        return COLOCATED_SHARE if self.mode == "colocated" else 1.0
+        """The share of the most crowded slot (half each when trainer and rollout are colocated)."""
+        slots = set(self.trainer).union(*self.replicas, *self.reward_replicas)
+        return min(self.share_of(s) for s in slots)
 
     def node_of(self, slot: int) -> int:
         return slot // self.per_node
@@ -97,10 +111,53 @@ def plan_placement(nnodes: int, per_node: int, mode: str, rollout_tp: int, rollo
     return PlacementPlan(nnodes, per_node, mode, trainer, replicas)
 
 
+def _replica_groups(slots: Sequence[int], tp: int, per_node: int, what: str, key: str) -> tuple[tuple[int, ...], ...]:
+    """``slots`` cut into TP groups; each stays within a node or covers whole nodes."""
+    if tp < 1 or len(slots) % tp:
+        raise ValueError(f"{key}={tp} must divide the {len(slots)} devices of the {what}")
+    groups = tuple(tuple(slots[i * tp:(i + 1) * tp]) for i in range(len(slots) // tp))
+    for i, group in enumerate(groups):
+        nodes = {s // per_node for s in group}
+        if len(nodes) > 1 and not (group[0] % per_node == 0 and len(group) % per_node == 0):
+            raise ValueError(f"{what} replica {i} (TP={tp}) would span nodes {sorted(nodes)} without filling them; "
+                             f"pick a {key} that divides or is a multiple of {per_node} devices per node")
+    return groups
+
+
+def with_colocated_reward_model(plan: PlacementPlan, tp: int) -> PlacementPlan:
+    """``plan`` plus reward-model replicas of TP ``tp`` on the trainer's slots (verl's colocated mode:
+    as many replicas as the trainer's devices hold)."""
+    groups = _replica_groups(list(plan.trainer), tp, plan.per_node, "trainer's devices (a colocated reward model)",
+                             "reward_model.rollout.tensor_model_parallel_size")
+    return dataclasses.replace(plan, reward_replicas=groups)
+
+
+def plan_reward_pool(nnodes: int, per_node: int, tp: int) -> PlacementPlan:
+    """A reward model's own pool (``reward_model.enable_resource_pool``): ``nnodes x per_node``
+    devices, all of them replicas of TP ``tp`` (each process has its slot to itself)."""
+    if nnodes < 1 or per_node < 1:
+        raise ValueError(f"reward_model.enable_resource_pool=True needs reward_model.nnodes={nnodes} and "
+                         f"reward_model.n_gpus_per_node={per_node} >= 1 (the reward model's own devices)")
+    groups = _replica_groups(list(range(nnodes * per_node)), tp, per_node, "reward model's pool",
+                             "reward_model.rollout.tensor_model_parallel_size")
+    return PlacementPlan(nnodes, per_node, "pool", (), groups)
+
+
 def plan_from_config(cfg) -> PlacementPlan:
-    t, rollout = cfg.trainer, cfg.actor_rollout_ref.rollout
-    return plan_placement(t.nnodes, t.n_gpus_per_node, t.placement, rollout.tensor_model_parallel_size,
+    t, rollout, rm = cfg.trainer, cfg.actor_rollout_ref.rollout, cfg.reward_model
+    plan = plan_placement(t.nnodes, t.n_gpus_per_node, t.placement, rollout.tensor_model_parallel_size,
                           t.rollout_gpus, rollout.num_replicas)
+    if rm.enable and not rm.enable_resource_pool:
+        plan = with_colocated_reward_model(plan, rm.rollout.tensor_model_parallel_size)
+    return plan
+
+
+def reward_pool_from_config(cfg) -> PlacementPlan | None:
+    """The reward model's own pool, when ``reward_model.enable_resource_pool`` asks for one."""
+    rm = cfg.reward_model
+    if not (rm.enable and rm.enable_resource_pool):
+        return None
+    return plan_reward_pool(rm.nnodes, rm.n_gpus_per_node, rm.rollout.tensor_model_parallel_size)
 
 
 @dataclass(frozen=True)
@@ -196,7 +253,7 @@ class ClusterPlacement:
         return [(node, gpus[0] if self.use_gpu else "") for node, gpus in found]
 
     def _slot(self, slot: int, driven: Sequence[int] = (), spans_nodes: bool = False) -> ActorSlot:
-        share = self.plan.share
+        share = self.plan.share_of(slot)
         return ActorSlot(self.group, self.slot_bundle[slot], num_cpus=self.bundle["CPU"] * share,
                          num_gpus=share if self.use_gpu and not spans_nodes else 0, node_id=self.slot_node[slot],
                          bundle_indices=tuple(self.slot_bundle[s] for s in driven),
@@ -209,8 +266,15 @@ class ClusterPlacement:
     def replica_slots(self) -> list[ActorSlot]:
         """Replica ``i`` starts in its first slot's bundle; a node-spanning one takes no GPU itself
         (its TP workers, started by vLLM's Ray executor, take each bundle's share)."""
+        return self._replica_slots(self.plan.replicas)
+
+    def reward_slots(self) -> list[ActorSlot]:
+        """The reward model's replicas: colocated on the trainer's slots, or every slot of its own pool."""
+        return self._replica_slots(self.plan.reward_replicas or (self.plan.replicas if self.plan.mode == "pool" else ()))
+
+    def _replica_slots(self, groups) -> list[ActorSlot]:
         return [self._slot(slots[0], slots, spans_nodes=len({self.plan.node_of(s) for s in slots}) > 1)
-                for slots in self.plan.replicas]
+                for slots in groups]
 
     def close(self) -> None:
         from ray.util.placement_group import remove_placement_group

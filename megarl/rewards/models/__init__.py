@@ -1,0 +1,13 @@
+"""Model-based rewards: a discriminative reward model or an LLM judge, served by vLLM replicas.
+
+``settings`` (what the config asks for, and its checks), ``inputs`` (what a reward model reads),
+``service`` (the replicas, their HTTP servers and scores), ``judge`` (the client a reward function
+calls, and a score parser), ``router`` (one address for several replicas). README: Rewards and
+custom reward functions -> Reward models and LLM judges.
+"""
+from megarl.rewards.models.inputs import ResponsesToScore
+from megarl.rewards.models.judge import JudgeClient, JudgeError, JudgeRequestError, parse_score
+from megarl.rewards.models.settings import DISCRIMINATIVE, GENERATIVE, JudgeSettings
+
+__all__ = ["DISCRIMINATIVE", "GENERATIVE", "JudgeClient", "JudgeError", "JudgeRequestError", "JudgeSettings",
+           "ResponsesToScore", "parse_score"]
