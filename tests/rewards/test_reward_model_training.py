@@ -26,7 +26,7 @@ from megarl.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
-LEARNING_STEPS = 25
+LEARNING_STEPS = 15  # even answers reach 0.9+ by step 4-6, 0.98-1.0 from step 11
 
 
 @pytest.fixture(scope="module")
