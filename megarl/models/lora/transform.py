@@ -3,7 +3,8 @@
     chunks = build_model(path, layout, "actor", transforms=[LoRATransform(settings)])
 
 After the base weights are loaded, every parameter is frozen (a critic's value head stays
-trainable: it is new), and each selected linear of this rank (``settings``: targets, excludes)
+trainable: it is new; the embedding's output is marked as needing a gradient, so recomputed layers
+still back-propagate into their adapters), and each selected linear of this rank (``settings``: targets, excludes)
 gets ``lora_A`` / ``lora_B`` (``layers.attach``). Initial values are drawn in HF coordinates: A
 from a generator seeded by the linear's global name, each HF projection's rows of B from one
 seeded by that projection's PEFT name, then cut to this rank's shard by the adapter's pieces. So
@@ -124,6 +125,10 @@ class LoRATransform:
                    expert_split=spec.base.is_expert and spec.parallel in (COLUMN, ROW) and layout.etp > 1)
             module.lora_swiglu = spec.module.endswith("linear_fc1") and _is_gate_up(spec)
             adapted.append(spec.module)
+        for chunk in chunks:
+            embedding = getattr(chunk, "embedding", None)
+            if embedding is not None:  # see _input_requires_grad
+                embedding.register_forward_hook(_input_requires_grad)
         for index, chunk in enumerate(chunks):
             if not adapted_linears(chunk):
                 raise ValueError(f"LoRA adapts no linear of model chunk {index} on this rank (pipeline stage layers "
@@ -132,6 +137,14 @@ class LoRATransform:
         elements = sum(p.numel() for c in chunks for p in c.parameters() if p.requires_grad)
         frozen = sum(p.numel() for c in chunks for p in c.parameters() if not p.requires_grad)
         self.report = LoRAReport(adapted, elements, frozen)
+
+
+def _input_requires_grad(module, inputs, output):
+    """The frozen embedding's output is marked as needing a gradient. Without it, activation recompute
+    (megatron's reentrant checkpoint of whole layers) sees a layer input that needs none and skips the
+    layer's backward: the adapters inside would get no gradient (HF's ``enable_input_require_grads``
+    for PEFT does the same). Stages after the first receive inputs that need gradients already."""
+    return output.requires_grad_(True) if torch.is_grad_enabled() and not output.requires_grad else output
 
 
 def _is_gate_up(spec: AdapterSpec) -> bool:
