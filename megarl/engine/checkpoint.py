@@ -123,7 +123,7 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 MODEL_PARTS = ("all", "trainable", "base")
 
 
-def _model_state(model: torch.nn.Module, part: str) -> dict:
+def model_sharded_state(model: torch.nn.Module, part: str = "all") -> dict:
     """The model's sharded state: ``all`` of it, only the ``trainable`` tensors, or the ``base`` (all but
     LoRA adapters: what a whole-model checkpoint gives a model with adapters)."""
     from megarl.models.lora import adapter_parameters
@@ -143,7 +143,7 @@ def _sharded_state(models: Sequence[torch.nn.Module], optimizer, scheduler, rng:
                    model_part: str = "all") -> dict:
     if model_part not in MODEL_PARTS:
         raise ValueError(f"model_part={model_part!r}; use one of {MODEL_PARTS}")
-    state: dict[str, Any] = {f"model{i}": _model_state(model, model_part) for i, model in enumerate(models)}
+    state: dict[str, Any] = {f"model{i}": model_sharded_state(model, model_part) for i, model in enumerate(models)}
     if optimizer is not None:
         initialize_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=OPTIMIZER_SHARDING)
@@ -280,6 +280,8 @@ def load_checkpoint(
     """
     from megatron.core import dist_checkpointing
 
+    from megarl.models.lora import has_adapters
+
     path = resolve_checkpoint(path)
     meta = json.loads((path / META_FILE).read_text())
     same_layout = meta["layout"] == _layout()
@@ -289,8 +291,6 @@ def load_checkpoint(
         raise ValueError(f"{path} holds {meta['contents']}, not {missing}; load without them "
                          f"({', '.join(f'{m}=None' if m != 'rng' else 'load_rng=False' for m in missing)})")
     with_rng = load_rng and same_layout
-    from megarl.models.lora import has_adapters
-
     saved_part = meta.get("model_part", "all")
     if saved_part == "trainable" and not has_adapters(models):
         raise ValueError(f"{path} holds only the trained tensors of a LoRA run (the adapters), not a whole model; "
