@@ -232,3 +232,33 @@ def test_a_lora_checkpoint_holds_only_adapters_and_resumes_exactly_under_another
     for name, tensor in ckpt["continued_peft"].items():
         assert close(tensor, ckpt["pp2_resumed_peft"][name], 1e-6), name
     assert "holds only the trained tensors of a LoRA run" in ckpt["full_model_load_error"]
+
+
+def test_conversion_merges_a_lora_checkpoint_or_writes_its_peft_adapter(work, results, tmp_path):
+    """``megatron-to-hf`` on the LoRA checkpoint (adapters only, written at TP2+SP), converted on one
+    process: the merged model is W + alpha/r * B A with the base from ``--hf-config``'s weights, and
+    ``--adapter-only`` writes the checkpoint's adapter in PEFT format."""
+    import json
+
+    from tests.conversion.conftest import assert_ok, run_cli
+
+    saved = results["checkpoint"]["saved_peft"]
+    checkpoint, base = work / "lora_checkpoints", work / _worker.LLAMA
+    assert_ok(run_cli(["megatron-to-hf", "--checkpoint", checkpoint, "--hf-config", base, "--out", tmp_path / "merged"]))
+    merged = {}
+    for shard in sorted((tmp_path / "merged").glob("*.safetensors")):
+        merged.update(load_file(str(shard)))
+    expected = peft_merge(original(work, _worker.LLAMA), saved, SCALE)
+    assert sorted(merged) == sorted(expected)
+    for name, tensor in merged.items():
+        assert close(tensor, expected[name], 1e-6), name
+    assert any(not torch.equal(merged[n], original(work, _worker.LLAMA)[n]) for n in merged)  # the adapters count
+
+    assert_ok(run_cli(["megatron-to-hf", "--checkpoint", checkpoint, "--hf-config", base, "--out", tmp_path / "adapter",
+                       "--adapter-only"]))
+    adapter = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    assert sorted(adapter) == sorted(saved)
+    for name, tensor in adapter.items():
+        assert torch.equal(tensor, saved[name]), name
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (_worker.KAIMING_B.rank, _worker.KAIMING_B.alpha)

