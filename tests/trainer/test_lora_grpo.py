@@ -37,3 +37,26 @@ def test_lora_grpo_learns_with_merged_syncs(quickstart_inputs, tmp_path):  # noq
     assert vals[-1] - vals[0] >= 0.3, f"validation accuracy {vals}"
     assert max(diffs) < 1e-5, diffs  # merged syncs: the fleet serves W + alpha/r * B A exactly
     assert "actor/kl_loss" in logged and max(abs(v) for _, v in logged["actor/kl_loss"]) > 0  # adapters-off reference
+
+
+@pytest.mark.timeout(900)
+def test_lora_grpo_with_adapter_only_updates(quickstart_inputs, tmp_path):  # noqa: F811
+    """verl's default ``lora.merge=False`` through ``megarl.train``: the fleet runs vLLM's LoRA and each
+    step's sync sends only the adapter, which the fleet serves exactly (``rollout/logprob_diff``)."""
+    from megarl.train import run
+
+    out = tmp_path / "run"
+    steps = 4
+    cfg = load_config("quickstart", overrides(quickstart_inputs, out, "trainer.save_freq=-1", "trainer.test_freq=-1",
+                                              "trainer.val_before_train=false", f"trainer.total_training_steps={steps}",
+                                              *[k for k in LORA if ".merge=" not in k]))
+    assert cfg.actor_rollout_ref.model.lora.merge is False  # verl's default
+    run(cfg)
+    logged = scalars(out)
+    diffs = [v for _, v in logged["rollout/logprob_diff"]]
+    sent = [v for _, v in logged["weight_sync/bytes_sent"]]
+    print(f"\nadapter-only LoRA GRPO: rollout/logprob_diff {diffs}; bytes per sync {sent}")
+    assert len(diffs) == steps and max(diffs) < 1e-5, diffs
+    model_bytes = sum(f.stat().st_size for f in quickstart_inputs["model"].glob("*.safetensors"))
+    assert len(sent) == steps and max(sent) < model_bytes / 5, (sent, model_bytes)  # the adapter alone
+    assert max(abs(v) for _, v in logged["actor/pg_loss"]) > 0
