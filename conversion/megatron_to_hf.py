@@ -11,6 +11,13 @@ and generation_config.json are copied. Before loading, every model tensor's glob
 checked against the checkpoint, so a wrong ``--hf-config`` is named rather than failing deep in
 megatron. Tensors are gathered one at a time to rank 0 and written as shards of at most
 ``--max-shard-size`` with ``model.safetensors.index.json``, under ``<out>.tmp`` renamed when done.
+
+A LoRA checkpoint (a LoRA run's ``actor/step_N``: the adapters only, with the LoRA settings and the
+base model recorded) is merged: the base is read from ``--hf-config`` (which then needs its
+weights) or from the megatron checkpoint the run started from (recorded; ``--base`` overrides), the
+adapters from the checkpoint, and the export is ``W + alpha/r * B A`` computed in fp32.
+``--adapter-only`` writes the adapter in PEFT format instead (``adapter_config.json`` +
+``adapter_model.safetensors``; no base weights are read).
 """
 from __future__ import annotations
 
@@ -56,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="dtype of the written tensors (auto: the checkpoint's)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output")
+    parser.add_argument("--adapter-only", action="store_true",
+                        help="a LoRA checkpoint: write its adapter in PEFT format instead of the merged model")
+    parser.add_argument("--base", default=None,
+                        help="a LoRA checkpoint: the megatron checkpoint of its base model (default: the one it records)")
 
 
 def parse_size(text: str) -> int:
@@ -109,15 +120,18 @@ def stored_tensors(checkpoint: Path) -> dict[str, tuple[tuple[int, ...], torch.d
     }
 
 
-def expected_tensors(models: list) -> dict[str, tuple[int, ...]]:
-    """Model tensor key -> global shape, as the freshly built models would load them. The first
-    dimension of a tensor megatron lets load at another shape (the padded vocabulary of the
-    embedding and output layer, ``allow_shape_mismatch``) is None: any padding loads."""
+def expected_tensors(models: list, part: str = "all") -> dict[str, tuple[int, ...]]:
+    """Model tensor key -> global shape, as the freshly built models would load them (``part``: all,
+    or the ``trainable`` tensors a LoRA checkpoint holds). The first dimension of a tensor megatron
+    lets load at another shape (the padded vocabulary of the embedding and output layer,
+    ``allow_shape_mismatch``) is None: any padding loads."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
     from megatron.core.dist_checkpointing.dict_utils import nested_values
 
+    from megarl.engine.checkpoint import model_sharded_state
+
     shapes: dict[str, tuple[int, ...]] = {}
-    pending = [value for model in models for value in nested_values(model.sharded_state_dict())]
+    pending = [value for model in models for value in nested_values(model_sharded_state(model, part))]
     while pending:
         value = pending.pop()
         if isinstance(value, ShardedTensorFactory):
@@ -128,9 +142,9 @@ def expected_tensors(models: list) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_matches(models: list, stored: dict, checkpoint: Path, hf_config: Path) -> None:
+def check_matches(models: list, stored: dict, checkpoint: Path, hf_config: Path, part: str = "all") -> None:
     """Raise naming the first tensors whose presence or shape differs between checkpoint and config."""
-    expected = expected_tensors(models)
+    expected = expected_tensors(models, part)
     missing = sorted(set(expected) - set(stored))
     def differs(stored_shape, expected_shape) -> bool:
         return len(stored_shape) != len(expected_shape) or any(
@@ -167,15 +181,47 @@ def copy_tokenizer_files(hf_config: Path, out: Path) -> list[str]:
     return copied
 
 
+def lora_of(checkpoint: Path):
+    """(LoRASettings, recorded base) of a LoRA checkpoint, or (None, None)."""
+    from megarl.engine.checkpoint import checkpoint_meta
+    from megarl.models.lora import LoRASettings
+
+    meta = checkpoint_meta(checkpoint)
+    if meta.get("model_part") != "trainable":
+        return None, None
+    if not meta.get("lora"):
+        raise ConversionError(f"{checkpoint} holds only trained tensors but records no LoRA settings; it cannot be "
+                              "merged into a base model")
+    return LoRASettings.from_dict(meta["lora"]), meta.get("base") or {}
+
+
+def lora_base(args: argparse.Namespace, base: dict) -> Path | None:
+    """The megatron checkpoint to read a LoRA checkpoint's base from (None: the HF weights of --hf-config)."""
+    path = args.base or base.get("megatron")
+    if path is None:
+        return None
+    try:
+        return resolve_checkpoint(path)
+    except ConversionError as exc:
+        raise ConversionError(f"the LoRA checkpoint's base model: {exc}; pass --base MEGATRON_CHECKPOINT") from None
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> Path:
     """Convert (collective over all ranks); returns the output directory."""
     from megarl.engine import load_checkpoint
     from megarl.models import build_model, default_transformer_impl, save_hf_checkpoint
+    from megarl.models.lora import LoRATransform
+    from megarl.models.lora.peft import save_peft_adapter
 
     layout = layout_from_args(args)
-    hf_config = check_hf_dir(args.hf_config, need_weights=False, layout=layout)
-    check_world_size(layout, "megatron-to-hf", argv)
     checkpoint = resolve_checkpoint(args.checkpoint)
+    lora, base = lora_of(checkpoint)
+    if args.adapter_only and lora is None:
+        raise ConversionError(f"--adapter-only: {checkpoint} is not a LoRA checkpoint (it holds the whole model)")
+    base_checkpoint = lora_base(args, base) if lora is not None and not args.adapter_only else None
+    from_hf = lora is not None and not args.adapter_only and base_checkpoint is None
+    hf_config = check_hf_dir(args.hf_config, need_weights=from_hf, layout=layout)
+    check_world_size(layout, "megatron-to-hf", argv)
     final, staging = prepare_output(args.out, args.overwrite)
     max_shard_bytes = parse_size(args.max_shard_size)
     stored = stored_tensors(checkpoint)
@@ -184,18 +230,34 @@ def run(args: argparse.Namespace, argv: list[str]) -> Path:
     progress = Progress(4)
     start_model_parallel(layout)
     try:
-        progress.step(f"reading {checkpoint} at {describe(layout)} on {dist.get_world_size()} rank(s)")
-        models = build_model(hf_config, layout, "actor", load_weights=False, params_dtype=params_dtype)
-        check_matches(models, stored, checkpoint, hf_config)
+        what = f"LoRA adapters (rank {lora.rank}, alpha {lora.alpha:g}) of " if lora is not None else ""
+        progress.step(f"reading {what}{checkpoint} at {describe(layout)} on {dist.get_world_size()} rank(s)")
+        transforms = [LoRATransform(lora)] if lora is not None else []
+        models = build_model(hf_config, layout, "actor", load_weights=from_hf, params_dtype=params_dtype,
+                             transforms=transforms)
+        check_matches(models, stored, checkpoint, hf_config, "trainable" if lora is not None else "all")
+        if base_checkpoint is not None:
+            load_checkpoint(base_checkpoint, models, load_rng=False)  # the base part of a whole-model checkpoint
         load_checkpoint(checkpoint, models, load_rng=False)
-        progress.step(f"loaded the model state ({params_dtype})")
+        base_note = "" if lora is None or args.adapter_only else \
+            f", base from {base_checkpoint or hf_config}"
+        progress.step(f"loaded the model state ({params_dtype}{base_note})")
         with clean_up_on_failure(staging):
             if is_rank0():
                 shutil.rmtree(staging, ignore_errors=True)  # an interrupted earlier run
             dist.barrier()
+            if args.adapter_only:
+                save_peft_adapter(models, hf_config, layout, lora, staging, transformer_impl=default_transformer_impl())
+                progress.step("gathered and wrote the adapter in PEFT format")
+                if is_rank0():
+                    finish_output(staging, final)
+                dist.barrier()
+                progress.step(f"wrote {final}")
+                return final
             save_hf_checkpoint(models, hf_config, layout, staging, "actor", default_transformer_impl(),
                                max_shard_bytes=max_shard_bytes, dtype=out_dtype)
-            progress.step(f"gathered and wrote safetensors ({out_dtype}, shards <= {max_shard_bytes:,} bytes)")
+            merged = " (LoRA merged: W + alpha/r * B A in fp32)" if lora is not None else ""
+            progress.step(f"gathered and wrote safetensors ({out_dtype}, shards <= {max_shard_bytes:,} bytes){merged}")
             if is_rank0():
                 copied = copy_tokenizer_files(hf_config, staging)
                 finish_output(staging, final)

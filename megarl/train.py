@@ -94,7 +94,7 @@ def run(cfg) -> dict[str, float]:
     from megarl.trainer.placement import ClusterPlacement, plan_from_config
     from megarl.trainer.ray_cluster import init_ray, shutdown_ray
     from megarl.trainer.worker_group import WorkerGroup
-    from megarl.weight_sync.session import WeightSyncSession
+    from megarl.weight_sync.adapter_updates import weight_updates
 
     torch.set_num_threads(1)
     local_model_paths(cfg)
@@ -140,10 +140,12 @@ def run(cfg) -> dict[str, float]:
                               slots=placement.trainer_slots(),
                               env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
                               dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout)
+        lora = cfg.actor_rollout_ref.model.lora
         fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
                              slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                             sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine)
-        sync = WeightSyncSession(cfg, workers, fleet)
+                             sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine,
+                             lora_rank=lora.rank if lora.rank > 0 and not lora.merge else 0)
+        sync = weight_updates(cfg, workers, fleet)  # merged weights, sharded; or the LoRA adapter alone
         from megarl.rewards.models.service import start_reward_model
 
         reward_model, reward_placement = start_reward_model(cfg, placement, use_gpu)

@@ -147,6 +147,12 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.agent.rollout:default_loop_name", ("actor_rollout_ref.rollout.agent.default_agent_loop",)),
     ("megarl.agent.rollout:build_agent_context", ("actor_rollout_ref.rollout.agent.agent_loop_config_path",)),
     ("megarl.plan.check:plan_problems", ("trainer.plan_check",)),
+    (f"{ENGINE}:lora_settings", tuple(f"{section}.{k}" for section in ("actor_rollout_ref.model.lora", "critic.model.lora")
+                                      for k in ("rank", "alpha", "dropout", "target_modules", "exclude_modules",
+                                                "lora_A_init_method", "lora_B_init_method"))),
+    ("megarl.config.lora:lora_problems", ("*.model.lora.type", "*.model.lora.dropout_position")),
+    (f"{WORKER}:MegatronWorker._build", ("*.model.lora.adapter_path",)),
+    ("megarl.weight_sync.adapter_updates:weight_updates", ("actor_rollout_ref.model.lora.merge",)),
 )
 
 INERT = {

@@ -152,6 +152,9 @@ def _verl_value_forms(key: str, value: Any) -> Any:
         return [value]
     if key.endswith(".dist_checkpointing_path") and value == "":
         return None
+    if key.endswith((".lora.target_modules", ".lora.exclude_modules")) and isinstance(value, str) \
+            and not value.startswith("${"):
+        return [value]  # verl's FSDP form: target_modules: all-linear
     return value
 
 

@@ -35,6 +35,9 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
     if critic_enabled(cfg) and cfg.critic.model.path != arr.model.path:
         problems += model_problems("critic.model.path", cfg.critic.model.path)
     problems += _checkpoint_problems(cfg)
+    from megarl.config.lora import lora_preflight_problems
+
+    problems += lora_preflight_problems(cfg)
     problems += _data_problems(cfg)
     problems += _reward_problems(cfg)
     problems += _logger_problems(cfg)

@@ -108,12 +108,38 @@ class OptimConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """verl's Megatron LoRA keys (``model.lora.*``); ``rank: 0`` turns LoRA off. README "LoRA"."""
+
+    type: str = "lora"  # lora: adapters on megatron's (fused) linears; canonical_lora / dora / vlm_lora are refused
+    rank: int = 0
+    alpha: float = 32.0  # the update is scaled by alpha / rank
+    dropout: float = 0.0
+    dropout_position: str = "pre"  # pre: dropout on the adapter's input (post is refused)
+    # megatron names (linear_qkv, linear_proj, linear_fc1, linear_fc2, MLA's linear_q_down_proj, ...), HF names
+    # (q_proj, ..., down_proj, w1, kv_b_proj), all-linear, or patterns on full megatron names
+    target_modules: List[str] = field(default_factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"])
+    exclude_modules: List[str] = field(default_factory=list)
+    lora_A_init_method: str = "xavier"  # xavier | kaiming | uniform | normal
+    lora_B_init_method: str = "zero"  # zero | xavier | kaiming | uniform | normal
+    adapter_path: Optional[str] = None  # start from an adapter: a PEFT directory or a megarl LoRA checkpoint
+
+
+@dataclass
+class ActorLoRAConfig(LoRAConfig):
+    # verl: false = the fleet serves the base model plus the adapter (adapter-only weight updates through
+    # vLLM's LoRA); true = the adapter is merged into the weights (W + alpha/r * B A in fp32) and synced
+    merge: bool = False
+
+
+@dataclass
 class ModelConfig:
     path: str = MISSING  # HF checkpoint directory, or a hub id already in the HF cache
     tokenizer_path: Optional[str] = None
     trust_remote_code: bool = False  # passed to the vLLM engines
     custom_chat_template: Optional[str] = None  # a Jinja chat template that replaces the tokenizer's
     enable_gradient_checkpointing: bool = False
+    lora: ActorLoRAConfig = field(default_factory=ActorLoRAConfig)  # verl's FSDP-style lora_rank/... map here
 
 
 @dataclass
@@ -280,6 +306,7 @@ class ActorRolloutRefConfig:
 class CriticModelConfig:
     path: Optional[str] = II("actor_rollout_ref.model.path")
     enable_gradient_checkpointing: bool = False
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # the critic's own adapters; its value head trains whole
 
 
 @dataclass

@@ -64,17 +64,24 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
     notes: dict[str, list[str]] = {}
     refused: dict[tuple, list[str]] = {}
 
-    def get(path: str) -> Any:
+    def select(node: DictConfig, path: str) -> Any:
         try:
-            return OmegaConf.select(tree, path)
+            return OmegaConf.select(node, path)
         except Exception:  # an interpolation that does not resolve here: the typed build reports it
             return None
+
+    def get(path: str) -> Any:
+        return select(tree, path)
+
+    as_given = tree.copy()  # conditional aliases look at the keys as given, before any of them moved
 
     for key, value in list(_leaves(tree)):
         if in_schema(key):
             continue
         rule, target = _follow_aliases(key)
-        if isinstance(rule, Alias):
+        if isinstance(rule, Alias) and rule.active is not None and not rule.active(lambda p: select(as_given, p)):
+            pass  # a parameter of a feature that is off (deleted below)
+        elif isinstance(rule, Alias):
             if _move(tree, key, target, value, defaults, problems) and spellings is not None:
                 spellings[target] = key
             if rule.note:

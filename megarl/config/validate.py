@@ -55,7 +55,11 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
     _check_algorithm(cfg, add, notes)
     _check_rewards(cfg, add)
     _check_trainer(cfg, add)
+    from megarl.config.lora import lora_problems
     from megarl.trainer.engine_keys import engine_key_problems
+
+    for problem in lora_problems(cfg):
+        add(problem)
 
     for problem in engine_key_problems(cfg, with_critic=critic_enabled(cfg)):  # megatron overrides, offload, checkpoints
         add(problem)

@@ -4,7 +4,9 @@ verl's fully resolved Megatron config has about 600 keys; the ones megarl implem
 ``megarl.config.schema``. Every other verl key is named here by exactly one rule:
 
 * ``Alias``: another spelling of a megarl key (verl's 2026 ``reward.*`` names, the sync bucket
-  size); the value moves to the megarl key, and the two given with different values is an error;
+  size, the FSDP-style ``model.lora_rank``); the value moves to the megarl key, and the two given
+  with different values is an error. An alias with ``active`` moves only while that holds (verl's
+  FSDP LoRA keys only while ``lora_rank > 0``: its defaults, e.g. ``lora_alpha: 16``, stay inert);
 * ``Refused``: asks for a feature megarl does not have. The key is accepted only at a value that
   asks for nothing (``off``: verl's default, which turns the feature off), so a full verl config
   loads, and refused otherwise with what megarl does instead and the issue that plans the feature;
@@ -41,6 +43,19 @@ class Alias:
     key: str  # a key, or a section whose keys all move (prefix alias)
     target: str
     note: str | None = None  # logged once when the key is given (an old spelling: say it is read as ``target``)
+    active: Callable[[Callable[[str], Any]], bool] | None = None  # None: always; else moves only when true
+
+
+def _fsdp_lora_on(model: str) -> Callable[[Callable[[str], Any]], bool]:
+    """verl's FSDP LoRA (``<model>.lora_rank`` and friends) is on when ``lora_rank > 0``."""
+    return lambda get: (get(f"{model}.lora_rank") or 0) > 0
+
+
+def _fsdp_lora_aliases(model: str) -> tuple[Alias, ...]:
+    on = _fsdp_lora_on(model)
+    return tuple(Alias(f"{model}.{key}", f"{model}.lora.{target}", active=on) for key, target in (
+        ("lora_rank", "rank"), ("lora_alpha", "alpha"), ("target_modules", "target_modules"),
+        ("exclude_modules", "exclude_modules"), ("lora_adapter_path", "adapter_path")))
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,8 @@ ALIASES: tuple[Alias, ...] = (
     Alias("reward_model.forward_max_token_len_per_gpu", "reward_model.rollout.max_num_batched_tokens",
           note="read as reward_model.rollout.max_num_batched_tokens: tokens per step of the reward model's vLLM engines"),
     Alias(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", f"{ROLLOUT}.weight_sync.bucket_mb"),
+    *_fsdp_lora_aliases(MODEL),
+    *_fsdp_lora_aliases("critic.model"),
 )
 
 RULES: tuple[Rule, ...] = ALIASES + (
@@ -153,13 +170,13 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "megarl trains text-only causal LMs", off=(False,)),
     Parameters(("data.image_key", "data.video_key", "data.image_patch_size", "data.return_multi_modal_inputs"),
                of="vision-language data (refused by the model check)"),
-    # ---------------------------------------------------------------- LoRA (issue 15)
-    Refused((f"{MODEL}.lora.rank", f"{MODEL}.lora_rank", "critic.model.lora.rank", "critic.model.lora_rank"),
-            "LoRA", "megarl trains the full model", off=(0,), issue=15),
-    Refused((f"{MODEL}.lora.adapter_path", f"{MODEL}.lora_adapter_path", "critic.model.lora.adapter_path"),
-            "LoRA adapters", "megarl trains the full model", issue=15),
-    Parameters((f"{MODEL}.lora.*", f"{MODEL}.lora_alpha", f"{MODEL}.target_modules", f"{MODEL}.exclude_modules",
-                "critic.model.lora.*", "critic.model.lora_alpha", "critic.model.target_modules"), of="LoRA"),
+    # ---------------------------------------------------------------- LoRA (the FSDP-style lora_rank, ...: ALIASES)
+    Refused(_each((MODEL, "critic.model"), "lora.a2a_experimental"), "Megatron-Bridge's experimental all-to-all "
+            "LoRA for experts", "expert adapters run inside megatron's token dispatcher", off=(False,)),
+    Refused(_each((MODEL, "critic.model"), "lora.dtype"), "an adapter dtype apart from the model's",
+            "adapters are in the model's dtype (bf16 on GPU, fp32 on CPU); merges are computed in fp32"),
+    Parameters(_each((MODEL, "critic.model"), "lora.freeze_vision_model", "lora.freeze_vision_projection",
+                     "lora.freeze_language_model"), of="vision-language LoRA (lora.type=vlm_lora is refused)"),
     # ---------------------------------------------------------------- actor loss and optimizer
     Refused((f"{ACTOR}.loss_scale_factor",), "a custom loss_scale_factor",
             "seq-mean-token-sum-norm divides by the padded response length (verl's default)"),
@@ -206,7 +223,7 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Noted((f"{ROLLOUT}.calculate_log_probs",), "the fleet always returns the sampled tokens' log-probs (rollout/logprob_diff)"),
     Noted((f"{ROLLOUT}.layer_name_map.*",), "megarl derives vLLM's fused parameter names from the model family"),
     Refused((f"{ROLLOUT}.load_format",), "vLLM load formats other than auto", "the engines load model.path's "
-            "safetensors, then receive the trainer's weights", off=("auto", "dummy")),
+            "safetensors, then receive the trainer's weights", off=("auto", "dummy", "safetensors")),
     Refused((f"{ROLLOUT}.data_parallel_size",), "data parallelism inside one rollout engine",
             "set actor_rollout_ref.rollout.num_replicas: each replica is one engine", off=(1,)),
     Refused((f"{ROLLOUT}.expert_parallel_size",), "expert parallelism in the rollout engines",

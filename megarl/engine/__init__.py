@@ -30,7 +30,7 @@ from megarl.engine.batching import (balanced_partitions, fixed_micro_batches, mi
 from megarl.engine.checkpoint import (checkpoint_contents, checkpoint_dir, checkpoint_extra, latest_checkpoint,
                                      load_checkpoint, resolve_checkpoint, save_checkpoint)
 from megarl.engine.critic import MegatronCritic
-from megarl.engine.reference import MegatronReference
+from megarl.engine.reference import BaseModelReference, MegatronReference
 from megarl.engine.settings import (
     ActorSettings,
     BatchSettings,
@@ -39,12 +39,14 @@ from megarl.engine.settings import (
     PolicyLossSettings,
     actor_settings,
     critic_settings,
+    lora_settings,
     model_overrides,
     reference_settings,
 )
 
 __all__ = [
     "ActorSettings",
+    "BaseModelReference",
     "BatchSettings",
     "CriticSettings",
     "MegatronActor",
@@ -65,6 +67,7 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "mini_batches",
+    "lora_settings",
     "model_overrides",
     "reference_settings",
     "resolve_checkpoint",

@@ -17,7 +17,10 @@ never loaded, and ``latest`` still names the previous complete checkpoint.
 
 Contents: the model always; the optimizer, the LR schedule, the RNG states, the caller's
 ``extra`` and ``exports`` (e.g. an HF export written into the checkpoint directory before it is
-renamed) as the caller asks. ``megarl_checkpoint.json`` lists what a checkpoint holds, and a load
+renamed) as the caller asks. ``model_part="trainable"`` saves only the model tensors that train
+(a LoRA run's adapters, and a LoRA critic's new value head): the frozen base is not copied into
+every checkpoint. Loading follows the checkpoint: a trainable-only one fills exactly those tensors
+(the model must have them), a whole-model one fills everything but LoRA adapters. ``megarl_checkpoint.json`` lists what a checkpoint holds, and a load
 that asks for a part the checkpoint lacks fails naming what it has.
 
 Saving starts a helper process (multiprocessing spawn), so an entry script must guard its code
@@ -117,8 +120,30 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _sharded_state(models: Sequence[torch.nn.Module], optimizer, scheduler, rng: bool, extra, is_loading: bool) -> dict:
-    state: dict[str, Any] = {f"model{i}": _unwrap(model).sharded_state_dict() for i, model in enumerate(models)}
+MODEL_PARTS = ("all", "trainable", "base")
+
+
+def model_sharded_state(model: torch.nn.Module, part: str = "all") -> dict:
+    """The model's sharded state: ``all`` of it, only the ``trainable`` tensors, or the ``base`` (all but
+    LoRA adapters: what a whole-model checkpoint gives a model with adapters)."""
+    from megarl.models.lora import adapter_parameters
+
+    module = _unwrap(model)
+    state = module.sharded_state_dict()
+    if part == "all":
+        return state
+    if part == "trainable":
+        keep = {id(p) for p in module.parameters() if p.requires_grad}
+        return {k: v for k, v in state.items() if id(getattr(v, "data", None)) in keep}
+    adapters = {id(p) for _, p in adapter_parameters([module])}
+    return {k: v for k, v in state.items() if id(getattr(v, "data", None)) not in adapters}
+
+
+def _sharded_state(models: Sequence[torch.nn.Module], optimizer, scheduler, rng: bool, extra, is_loading: bool,
+                   model_part: str = "all") -> dict:
+    if model_part not in MODEL_PARTS:
+        raise ValueError(f"model_part={model_part!r}; use one of {MODEL_PARTS}")
+    state: dict[str, Any] = {f"model{i}": model_sharded_state(model, model_part) for i, model in enumerate(models)}
     if optimizer is not None:
         initialize_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=OPTIMIZER_SHARDING)
@@ -140,13 +165,17 @@ def save_checkpoint(
     extra: dict | None = None,
     rng: bool = True,
     exports: dict[str, Callable[[Path], None]] | None = None,
+    model_part: str = "all",
+    meta: dict | None = None,
 ) -> Path:
     """Save ``<root>/step_<step>`` on every rank (collective) and point ``<root>/latest`` at it.
 
     ``models`` are this rank's model chunks (DDP-wrapped or not); ``extra`` is any picklable dict
     (trainer step, data loader position, KL controller, ...), saved by rank 0. ``exports`` maps a
     content name to a collective function that writes into the checkpoint directory (called on
-    every rank with the staging directory, before the rename).
+    every rank with the staging directory, before the rename). ``model_part="trainable"`` saves
+    only the tensors that train (see the module docstring); ``meta`` (JSON) is recorded in
+    ``megarl_checkpoint.json`` (e.g. the LoRA settings and the base model, for the conversion).
     """
     from megatron.core import dist_checkpointing
 
@@ -156,14 +185,14 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)  # a crashed earlier attempt
         staging.mkdir(parents=True)
     dist.barrier()
-    state = _sharded_state(models, optimizer, scheduler, rng=rng, extra=extra, is_loading=False)
+    state = _sharded_state(models, optimizer, scheduler, rng=rng, extra=extra, is_loading=False, model_part=model_part)
     dist_checkpointing.save(state, str(staging))
     for export in (exports or {}).values():
         export(staging)
     dist.barrier()
     if dist.get_rank() == 0:
         parts = sorted(k for k in state if not k.startswith("model")) + ["model"] + sorted(exports or {})
-        meta = {"step": step, "layout": _layout(), "contents": parts}
+        meta = {"step": step, "layout": _layout(), "contents": parts, "model_part": model_part, **(meta or {})}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():
             shutil.rmtree(final)
@@ -225,6 +254,11 @@ def checkpoint_contents(path: str | os.PathLike) -> list[str]:
     return list(json.loads((resolve_checkpoint(path) / META_FILE).read_text())["contents"])
 
 
+def checkpoint_meta(path: str | os.PathLike) -> dict:
+    """``megarl_checkpoint.json`` of a checkpoint (step, layout, contents, model part, the caller's meta)."""
+    return json.loads((resolve_checkpoint(path) / META_FILE).read_text())
+
+
 def checkpoint_extra(path: str | os.PathLike) -> dict | None:
     """The ``extra`` dict a checkpoint was saved with, read without loading any tensor."""
     from megatron.core import dist_checkpointing
@@ -246,6 +280,8 @@ def load_checkpoint(
     """
     from megatron.core import dist_checkpointing
 
+    from megarl.models.lora import has_adapters
+
     path = resolve_checkpoint(path)
     meta = json.loads((path / META_FILE).read_text())
     same_layout = meta["layout"] == _layout()
@@ -255,10 +291,21 @@ def load_checkpoint(
         raise ValueError(f"{path} holds {meta['contents']}, not {missing}; load without them "
                          f"({', '.join(f'{m}=None' if m != 'rng' else 'load_rng=False' for m in missing)})")
     with_rng = load_rng and same_layout
-    state = _sharded_state(models, optimizer, scheduler, rng=with_rng, extra=None, is_loading=True)
+    saved_part = meta.get("model_part", "all")
+    if saved_part == "trainable" and not has_adapters(models):
+        raise ValueError(f"{path} holds only the trained tensors of a LoRA run (the adapters), not a whole model; "
+                         "load it into a model with the same LoRA settings (actor_rollout_ref.model.lora.*), or convert "
+                         "it with its base model: python -m conversion megatron-to-hf --checkpoint ... --hf-config BASE")
+    part = saved_part if saved_part == "trainable" else ("base" if has_adapters(models) else "all")
+    if part == "base" and optimizer is not None:
+        raise ValueError(f"{path} is a whole-model checkpoint: it has no optimizer state for LoRA adapters; load it as "
+                         "the base model only (optimizer=None), e.g. as dist_checkpointing_path")
+    state = _sharded_state(models, optimizer, scheduler, rng=with_rng, extra=None, is_loading=True, model_part=part)
     loaded = dist_checkpointing.load(state, str(path))
     for i, model in enumerate(models):
-        _unwrap(model).load_state_dict(loaded[f"model{i}"])
+        result = _unwrap(model).load_state_dict(loaded[f"model{i}"], strict=part == "all")
+        if part != "all" and result.unexpected_keys:
+            raise ValueError(f"{path}: tensors the model does not have: {result.unexpected_keys[:5]}")
     if optimizer is not None:
         _load_optimizer(optimizer, loaded["optimizer"])
     if scheduler is not None:

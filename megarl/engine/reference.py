@@ -2,6 +2,9 @@
 
 No DDP wrapper, no optimizer state, no gradients: its parameters are set to
 ``requires_grad=False`` and every forward runs under ``torch.no_grad``.
+
+With LoRA the initial model is the actor's own frozen base: ``BaseModelReference`` runs the actor's
+chunks with every adapter off, so no second model is built or held.
 """
 from __future__ import annotations
 
@@ -32,3 +35,21 @@ class MegatronReference:
             return {"log_probs": response_log_probs(logits, micro_batch, self.temperature)[0]}
 
         return self.runner.infer(batch, self.settings, compute, ["log_probs"])["log_probs"]
+
+
+class BaseModelReference:
+    """``compute_ref_log_prob`` with the actor's model chunks, their LoRA adapters switched off."""
+
+    def __init__(self, actor, settings: BatchSettings, temperature: float = 1.0):
+        self.runner = actor.runner
+        self.settings = settings
+        self.temperature = temperature
+
+    def compute_ref_log_prob(self, batch: RLBatch) -> torch.Tensor:
+        from megarl.models.lora import adapters_disabled
+
+        def compute(micro_batch: MicroBatch, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"log_probs": response_log_probs(logits, micro_batch, self.temperature)[0]}
+
+        with adapters_disabled(self.runner.chunks):
+            return self.runner.infer(batch, self.settings, compute, ["log_probs"])["log_probs"]

@@ -173,6 +173,24 @@ def model_overrides(cfg, role: str) -> dict:
     return transformer_overrides(_plain(megatron.override_transformer_config), model.enable_gradient_checkpointing)
 
 
+def lora_settings(cfg, role: str):
+    """The ``LoRASettings`` of ``role``: the actor's ``actor_rollout_ref.model.lora.*``, the critic's
+    ``critic.model.lora.*``; None when its rank is 0 (and always for the reference, which is the
+    actor's base model). The adapters are initialised from the role's ``megatron.seed``."""
+    from megarl.models.lora import LoRASettings
+
+    if role == "ref":
+        return None
+    lora = cfg.actor_rollout_ref.model.lora if role == "actor" else cfg.critic.model.lora
+    if lora.rank <= 0:
+        return None
+    megatron = cfg.actor_rollout_ref.actor.megatron if role == "actor" else cfg.critic.megatron
+    return LoRASettings(rank=int(lora.rank), alpha=float(lora.alpha), dropout=float(lora.dropout),
+                        target_modules=tuple(lora.target_modules), exclude_modules=tuple(lora.exclude_modules),
+                        lora_A_init_method=lora.lora_A_init_method, lora_B_init_method=lora.lora_B_init_method,
+                        seed=int(megatron.seed))
+
+
 def actor_settings(cfg, dp_size: int) -> ActorSettings:
     """ActorSettings from a megarl config (``actor_rollout_ref.*``) for ``dp_size`` data-parallel ranks."""
     arr = cfg.actor_rollout_ref

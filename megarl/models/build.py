@@ -12,11 +12,19 @@ LM head for a scalar ``ValueHead`` and returns values [batch, seq, 1].
 After the build: a vocabulary padded for TP gets zero padding rows and masked padding logits
 (``megarl.models.vocab_padding``); Llama-3 RoPE gets transformers' exact inverse frequencies
 (megatron-core's own llama3 scaling fixes low/high factors and the original context to 1/4/8192).
+
+Model transforms (``transforms=[...]``, torchtitan's "model converters"): callables
+``transform(chunks, BuildContext)`` applied in order once the model is built and its weights are
+loaded (before the reference is frozen), e.g. ``megarl.models.lora.LoRATransform``. A transform
+may add parameters, but the bridge's own parameters keep their names and shapes, so loading,
+export, the shard layout and the weight sync are unchanged by it.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 from transformers import PretrainedConfig
@@ -27,6 +35,19 @@ from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
 from megarl.models.shards import ROLES, check_layout
 from megarl.models.value_head import ValueHead
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a model transform is told about the model it transforms."""
+
+    hf_config: PretrainedConfig
+    layout: ParallelLayout
+    role: str
+    transformer_impl: str
+
+
+ModelTransform = Callable[[list, BuildContext], None]
 
 
 def default_transformer_impl() -> str:
@@ -78,6 +99,7 @@ def build_model(
     moe_token_dispatcher: str = "alltoall",
     config_overrides: dict | None = None,
     value_head_seed: int = 0,
+    transforms: Sequence[ModelTransform] = (),
 ) -> list:
     """This rank's GPTModel chunks (one per VPP chunk, in chunk order).
 
@@ -85,7 +107,8 @@ def build_model(
     ``load_weights`` the weights are read from its safetensors (weight init is skipped). A critic
     built from a causal-LM checkpoint keeps its freshly initialised value head.
     ``params_dtype`` defaults to the platform's (bf16 on GPU, fp32 on CPU). ``config_overrides``
-    are TransformerConfig fields applied last (e.g. ``recompute_granularity``).
+    are TransformerConfig fields applied last (e.g. ``recompute_granularity``). ``transforms``
+    run last, in order, on the loaded chunks (see the module docstring).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -159,6 +182,9 @@ def build_model(
         zero_vocab_padding(models, config, layout, role, impl)
     if role != "critic":
         mask_padding_logits(models, dims.vocab_size, layout)
+    context = BuildContext(config, layout, role, impl)
+    for transform in transforms:
+        transform(models, context)
     if role == "ref":
         for model in models:
             model.requires_grad_(False)

@@ -1,7 +1,9 @@
 """Export megatron shards back to HF names: per-rank pieces (weight sync) or full tensors (conversion).
 
 ``export_hf_pieces`` yields, on each rank, (hf_name, hf_slice, tensor) pieces straight from its own
-shards (views, no copy, no communication). By default only the sending copy of each element is
+shards (views, no copy, no communication). A LoRA-adapted linear exports its merged weight
+``W + alpha/r * B A`` (``megarl.models.lora.merge``: computed in fp32 when a region is read, then
+cast), so the weight sync and the HF export carry the adapted model without knowing about LoRA. By default only the sending copy of each element is
 yielded: primary specs (TP rank 0 for TP-replicated params) on data-parallel rank 0 for dense
 params and expert-data-parallel rank 0 for expert params, so over all ranks each HF element is
 yielded exactly once.
@@ -62,11 +64,22 @@ def export_hf_pieces(
     replicas: bool = False,
 ) -> Iterator[ExportedPiece]:
     """This rank's pieces of HF tensors; ``replicas=True`` also yields the copies it holds that do not send."""
+    from megarl.models.lora import region
+
     specs = this_rank_shards(load_hf_config(hf_config), layout, role, transformer_impl)
-    for spec, param in chunk_parameters(models, specs):
+    for spec, param in export_pairs(models, specs):
         if replicas or _is_sender(spec):
             for piece in spec.pieces:
-                yield ExportedPiece(piece.hf_name, piece.hf_shape, piece.hf_slice, param.detach()[piece.megatron_slice])
+                yield ExportedPiece(piece.hf_name, piece.hf_shape, piece.hf_slice, region(param, piece.megatron_slice))
+
+
+def export_pairs(models: list, specs: list[ShardSpec]) -> list:
+    """``chunk_parameters`` as the export reads them: an adapted linear's weight is its merged weight."""
+    from megarl.models.lora import exported_tensor
+    from megarl.models.loading import unwrap
+
+    return [(spec, exported_tensor(unwrap(models[spec.vpp_chunk]), spec.name, tensor))
+            for spec, tensor in chunk_parameters(models, specs)]
 
 
 def _rank_coords() -> dict:
@@ -115,31 +128,40 @@ def gather_hf_tensors(
     router's expert bias) stay fp32, as megatron and HF keep them. Vocabulary padding is not part
     of any piece, so it never leaves the model.
     """
-    from megarl.platform import device
-
     config = load_hf_config(hf_config)
-    rank = dist.get_rank()
-    pairs = chunk_parameters(models, this_rank_shards(config, layout, role, transformer_impl))
+    pairs = export_pairs(models, this_rank_shards(config, layout, role, transformer_impl))
     local = {(spec.vpp_chunk, spec.name): tensor for spec, tensor in pairs}
     param_dtype = next(tensor.dtype for spec, tensor in pairs if not spec.buffer)
     sources = _sources(param_shards(config, layout, role, transformer_impl))
-    for name, shape in hf_tensor_shapes(config, role).items():
-        is_buffer = sources[name][0][1].buffer
-        comm_dtype = torch.float32 if is_buffer else param_dtype
-        full = torch.empty(shape, dtype=comm_dtype) if rank == dst else None
+    for name, full in gather_pieces(hf_tensor_shapes(config, role), sources, local, dst,
+                                    lambda spec: torch.float32 if spec.buffer else param_dtype):
+        yield name, full if dtype is None or sources[name][0][1].buffer else full.to(dtype)
+
+
+def gather_pieces(shapes: dict[str, tuple[int, ...]], sources: dict[str, list], local: dict, dst: int,
+                  comm_dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Assemble each tensor of ``shapes`` on rank ``dst`` from its ``sources`` (``_sources``), one at a
+    time; ``local[(vpp_chunk, name)]`` is this rank's tensor of a spec, ``comm_dtype(spec)`` the dtype
+    on the wire. Collective: every rank iterates to the end."""
+    from megarl.platform import device
+
+    rank = dist.get_rank()
+    for name, shape in shapes.items():
+        dtype = comm_dtype(sources[name][0][1])
+        full = torch.empty(shape, dtype=dtype) if rank == dst else None
         for src, spec, piece in sources[name]:
             if src == rank:
                 values = local[(spec.vpp_chunk, spec.name)][piece.megatron_slice]
                 if rank == dst:
                     full[piece.hf_slice] = values.cpu()
                 else:
-                    dist.send(values.contiguous(), dst)
+                    dist.send(values.to(dtype).contiguous(), dst)
             elif rank == dst:
-                buffer = torch.empty([s.stop - s.start for s in piece.hf_slice], dtype=comm_dtype, device=device())
+                buffer = torch.empty([s.stop - s.start for s in piece.hf_slice], dtype=dtype, device=device())
                 dist.recv(buffer, src)
                 full[piece.hf_slice] = buffer.cpu()
         if rank == dst:
-            yield name, full if dtype is None or is_buffer else full.to(dtype)
+            yield name, full
 
 
 def _export_config(hf_config, role: str):

@@ -74,11 +74,17 @@ def this_rank_shards(hf_config, layout: ParallelLayout, role: str, transformer_i
 
 
 def chunk_parameters(models: list, specs: list[ShardSpec]) -> list[tuple[ShardSpec, torch.Tensor]]:
-    """Pair every spec with its parameter (or buffer); raise if the models and the layout disagree on any name."""
+    """Pair every spec with its parameter (or buffer); raise if the models and the layout disagree on any name.
+
+    Adapter tensors a model transform added (LoRA's ``lora_A`` / ``lora_B``) are not part of the
+    bridge's layout and are left out here.
+    """
+    from megarl.models.lora import is_adapter_param
+
     pairs = []
     for chunk, model in enumerate(models):
         module = unwrap(model)
-        params = dict(module.named_parameters())
+        params = {name: p for name, p in module.named_parameters() if not is_adapter_param(name)}
         chunk_specs = {spec.name: spec for spec in specs if spec.vpp_chunk == chunk}
         expected = {name for name, spec in chunk_specs.items() if not spec.buffer}
         missing, extra = sorted(expected - set(params)), sorted(set(params) - expected)

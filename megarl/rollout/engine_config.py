@@ -127,13 +127,14 @@ class ReplicaSpec:
     engine_kwargs: dict = field(default_factory=dict)  # rollout.engine_kwargs.vllm, checked
     hf_overrides: tuple[tuple[str, Any], ...] = ()  # config fields vLLM needs that the checkpoint may lack
     mla: bool = False  # multi-latent attention (DeepSeek-V3): on CPU in fp32 it needs vLLM's CPU_MLA backend
+    max_lora_rank: int = 0  # > 0: vLLM's LoRA is on (adapter-only weight updates, lora.merge=False), one adapter
 
 
 def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path: str | None = None,
                  cpus_per_replica: int = 1, cpu_kv_cache_gib: float = 1.0,
                  trust_remote_code: bool = False, logprobs_mode: str | None = None,
                  sleep_mode: bool | None = None, ray_executor: bool = False,
-                 hf_overrides: dict | None = None, mla: bool = False) -> ReplicaSpec:
+                 hf_overrides: dict | None = None, mla: bool = False, lora_rank: int = 0) -> ReplicaSpec:
     """Read the rollout config; ``max_model_len=None`` means prompt_length + response_length (as verl).
 
     ``sleep_mode`` (GPU only) defaults to ``rollout.free_cache_engine``; the trainer turns it off
@@ -141,6 +142,7 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
     defaults to ``rollout.logprobs_mode``. ``rollout.engine_kwargs.vllm`` must pass
     ``vllm_engine_kwargs`` (the config check reports its problems before anything starts).
     ``hf_overrides`` and ``mla`` are facts of the model (``megarl.models.vllm_hf_overrides`` / ``uses_mla``).
+    ``lora_rank > 0`` turns vLLM's LoRA on for one adapter of that rank (adapter-only weight updates).
     """
     tp = int(config.tensor_model_parallel_size)
     if tp < 1:
@@ -185,7 +187,20 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         engine_kwargs=engine_kwargs,
         hf_overrides=tuple(sorted((hf_overrides or {}).items())),
         mla=mla,
+        max_lora_rank=vllm_lora_rank(lora_rank) if lora_rank > 0 else 0,
     )
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's LoRAConfig.max_lora_rank values
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}; lower "
+                     "actor_rollout_ref.model.lora.rank or set lora.merge=True (merged weights are synced)")
 
 
 def _option(config: Any, key: str, default: Any) -> Any:
@@ -227,6 +242,8 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
     )
     if spec.hf_overrides:  # e.g. DeepSeek-V3's topk_method/scoring_func, which transformers does not write
         kwargs["hf_overrides"] = dict(spec.hf_overrides)
+    if spec.max_lora_rank:  # the actor's adapter is served through vLLM's LoRA (one adapter at a time)
+        kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
     if on_gpu:
         kwargs.update(gpu_memory_utilization=spec.gpu_memory_utilization, enable_sleep_mode=spec.enable_sleep_mode)
     else:

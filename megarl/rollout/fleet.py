@@ -64,7 +64,7 @@ class RolloutFleet:
                  cpus_per_replica: int | None = None, cpu_kv_cache_gib: float = 1.0,
                  trust_remote_code: bool = False, logprobs_mode: str | None = None,
                  start_timeout_s: float = 600.0, slots: Sequence[Any] | None = None,
-                 sleep_mode: bool | None = None):
+                 sleep_mode: bool | None = None, lora_rank: int = 0):
         import ray
 
         if not ray.is_initialized():
@@ -82,7 +82,7 @@ class RolloutFleet:
             cpus_per_replica=cpus_per_replica, cpu_kv_cache_gib=cpu_kv_cache_gib,
             trust_remote_code=trust_remote_code, logprobs_mode=logprobs_mode, sleep_mode=sleep_mode,
             ray_executor=any(getattr(slot, "spans_nodes", False) for slot in slots or ()),
-            hf_overrides=vllm_hf_overrides(model_path), mla=uses_mla(model_path))
+            hf_overrides=vllm_hf_overrides(model_path), mla=uses_mla(model_path), lora_rank=lora_rank)
         self.slots = list(slots) if slots is not None else None
         if self.slots is not None:
             if num_replicas is not None and num_replicas != len(self.slots):
@@ -326,6 +326,16 @@ class RolloutFleet:
         logger.info("rollout: weights version %d (%d tensors, %.1f MB) loaded into %d replica(s) in %.2f s",
                     version, len(tensors), sum(t.numel() * t.element_size() for _, t in tensors) / 1e6,
                     len(versions), time.perf_counter() - start)
+
+    def load_adapter(self, adapter, version: int) -> list[dict]:
+        """Serve the base model with this LoRA adapter from now on (``{"tensors", "config"}``, PEFT
+        format, or its Ray object ref); every replica loads it; their reports (bytes, seconds)."""
+        import ray
+
+        if not self.spec.max_lora_rank:
+            raise RuntimeError("this fleet was started without LoRA (lora_rank=0); it cannot load adapters")
+        ref = adapter if isinstance(adapter, ray.ObjectRef) else ray.put(adapter)
+        return ray.get([r.load_adapter.remote(ref, int(version)) for r in self._live_replicas()])
 
     def version(self) -> int:
         """The weights version every replica reports; raises if they disagree."""

@@ -69,6 +69,7 @@ class EngineReplica:
         self._request_counter = 0
         self.model_path = spec.model_path
         self.http = None  # the OpenAI-compatible server, once serve_http started it
+        self.lora_request = None  # adapter-only updates: every request is served with this adapter
         logger.info("replica %d: vLLM imported in %.1f s, engine started in %.1f s (pid %d)", index,
                     self.import_seconds, self.start_seconds, os.getpid())
 
@@ -93,7 +94,8 @@ class EngineReplica:
         self._request_counter += 1
         request_id = f"{tag}-{self.index}-{self._request_counter}"
         final = None
-        async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id):
+        async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id,
+                                                 lora_request=self.lora_request):
             final = output
         if final is None:
             raise RuntimeError(f"replica {self.index}: request {request_id} returned no output")
@@ -222,6 +224,33 @@ class EngineReplica:
                     version, time.perf_counter() - start)
         return self._agreed(versions, "weights version")
 
+    async def load_adapter(self, adapter: dict, version: int) -> dict[str, float]:
+        """Serve the base model with this LoRA adapter (PEFT ``{"tensors", "config"}``) from now on.
+
+        The adapter is written to this replica's own directory and added to vLLM under a new id
+        (version + 1), the previous one removed, and the prefix cache reset (its KV blocks were
+        computed with the old adapter); until that is done the replica refuses to generate.
+        """
+        from megarl.rollout.adapters import AdapterStore
+
+        start = time.perf_counter()
+        self.stale = f"LoRA adapter update to version {version} in progress"
+        try:
+            if not hasattr(self, "adapter_store"):
+                self.adapter_store = AdapterStore(self.index)
+            request, nbytes = self.adapter_store.write(adapter, version)
+            await self.engine.add_lora(request)
+            if self.lora_request is not None and self.lora_request.lora_int_id != request.lora_int_id:
+                await self.engine.remove_lora(self.lora_request.lora_int_id)
+            self.lora_request = request
+            await self.engine.reset_prefix_cache()
+        except BaseException as exc:
+            self.stale = f"LoRA adapter update to version {version} failed: {exc}"
+            raise
+        self.stale = None
+        self.adapter_version = int(version)
+        return {"seconds": time.perf_counter() - start, "bytes": float(nbytes), "version": int(version)}
+
     async def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
                            transport: str, timeout_s: float) -> list[int]:
         """Join the weight-sync world with every TP worker; return their sync ranks."""
@@ -278,6 +307,8 @@ class EngineReplica:
         if self.http is not None:
             await self.http.close()
             self.http = None
+        if hasattr(self, "adapter_store"):
+            self.adapter_store.close()
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.shutdown()

@@ -92,16 +92,20 @@ def check_loadable(path: str | Path, load_contents, key: str) -> None:
 
 
 def save_engine(engine, save_contents, root: str, step: int, extra: dict | None,
-                export_hf: Callable[[Path], None]) -> Path:
+                export_hf: Callable[[Path], None], model_part: str = "all", meta: dict | None = None,
+                exports: dict[str, Callable[[Path], None]] | None = None) -> Path:
     """Save an actor or critic engine's parts under ``root`` (collective); ``export_hf(out_dir)`` writes
-    the HF export when ``hf_model`` is asked for."""
+    the HF export when ``hf_model`` is asked for. ``model_part``, ``meta`` and further ``exports``
+    (LoRA: the trained tensors only, the settings, the PEFT adapter) go to ``save_checkpoint``."""
     from megarl.engine import save_checkpoint
 
     parts = engine_parts(save_contents)
-    exports = {"hf_model": lambda staging: export_hf(staging / HF_EXPORT_DIR)} if parts["hf_model"] else None
+    exports = dict(exports or {})
+    if parts["hf_model"]:
+        exports["hf_model"] = lambda staging: export_hf(staging / HF_EXPORT_DIR)
     return save_checkpoint(root, step, engine.model, engine.optimizer if parts["optimizer"] else None,
                            engine.scheduler if parts["scheduler"] else None, extra=extra, rng=parts["rng"],
-                           exports=exports)
+                           exports=exports or None, model_part=model_part, meta=meta)
 
 
 def load_engine(engine, path: str, load_contents, key: str, load_rng: bool = True) -> dict | None:

@@ -323,10 +323,12 @@ class TrainingLoop:
         from megarl.trainer.checkpointing import find_resume_checkpoint
 
         t = self.trainer
+        from megarl.trainer.lora_setup import starts_from_adapter
+
         found = find_resume_checkpoint(t.cfg.trainer, self.root)
         if found is None:
-            start = initial_checkpoints(t.cfg)["actor"]
-            if start is not None:  # the actor starts from a megatron checkpoint, the fleet from the HF one
+            start = initial_checkpoints(t.cfg)["actor"] or starts_from_adapter(t.cfg)
+            if start:  # the actor starts from a megatron checkpoint or a LoRA adapter, the fleet from the HF one
                 self._sync_fleet(load=None)
                 logger.info("actor started from %s; fleet synced to it", start)
             return 0

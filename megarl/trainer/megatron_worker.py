@@ -13,6 +13,12 @@ Offload (``megatron.*_offload``): every method enters its phase (``offload_phase
 what it does not use is in host memory while it runs; the controller enters ``sync`` and
 ``rollout`` around the engines' wake-ups (``rollout_memory``). Checkpoints are written from
 wherever the state is (host or device).
+
+LoRA (``model.lora.rank > 0``, ``lora_setup``): the actor (and the critic with its own
+``critic.model.lora``) is built with adapters and a frozen base; the reference is then the
+actor's own model with the adapters off (``BaseModelReference``: no second model), unless the
+reference starts from another checkpoint. Checkpoints hold the trained tensors only, plus the
+adapter in PEFT format (``step_<N>/lora_adapter``).
 """
 from __future__ import annotations
 
@@ -94,8 +100,8 @@ class MegatronWorker(DistributedWorker):
 
         from megarl import platform
         from megarl.config import critic_enabled
-        from megarl.engine import (MegatronActor, MegatronCritic, MegatronReference, actor_settings,
-                                   critic_settings, reference_settings)
+        from megarl.engine import (BaseModelReference, MegatronActor, MegatronCritic, MegatronReference,
+                                   actor_settings, critic_settings, lora_settings, reference_settings)
         from megarl.models import model_dims
 
         torch.set_num_threads(1)
@@ -113,16 +119,22 @@ class MegatronWorker(DistributedWorker):
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         start = initial_checkpoints(cfg)
+        self.lora = {role: lora_settings(cfg, role) for role in ("actor", "critic")}
         self.actor = MegatronActor(self._build(path, "actor", start["actor"]), actor_settings(cfg, self.dp_size))
         self.ref = None
+        self.ref_is_actor_base = False  # LoRA: the reference is the actor's model with its adapters off
         if needs_reference(cfg):
             temperature = self.actor.settings.temperature
-            self.ref = MegatronReference(self._build(path, "ref", start["ref"]), reference_settings(cfg), temperature)
+            if self.lora["actor"] is not None and start["ref"] == start["actor"]:
+                self.ref, self.ref_is_actor_base = BaseModelReference(self.actor, reference_settings(cfg), temperature), True
+            else:
+                self.ref = MegatronReference(self._build(path, "ref", start["ref"]), reference_settings(cfg), temperature)
         self.critic = None
         if critic_enabled(cfg):
             self.critic = MegatronCritic(self._build(cfg.critic.model.path, "critic", start["critic"]),
                                          critic_settings(cfg, self.dp_size))
-        self.residency = rank_residency({"actor": self.actor, "ref": self.ref, "critic": self.critic},
+        own_ref = None if self.ref_is_actor_base else self.ref
+        self.residency = rank_residency({"actor": self.actor, "ref": own_ref, "critic": self.critic},
                                         offload_flags(cfg), self.rank)
         self.residency.need(PHASES["rollout"], "setup")  # the engines start next: give them the memory
 
@@ -136,15 +148,26 @@ class MegatronWorker(DistributedWorker):
         from megarl.engine import checkpoint_extra, load_checkpoint, model_overrides
         from megarl.engine.overrides import without_cpu_conflicts
         from megarl.models import build_model
+        from megarl.trainer.lora_setup import build_transforms, load_adapter
 
         overrides = without_cpu_conflicts(model_overrides(self.cfg, role), platform.transformer_config_overrides(), role,
                                           log=self.rank == 0)
+        lora = self.lora.get(role)
+        transforms = build_transforms(lora, hf_path, overrides)
         if dist_checkpoint is None:
-            return build_model(hf_path, self.layout, role, config_overrides=overrides)
-        check_same_architecture(dist_checkpoint, (checkpoint_extra(dist_checkpoint) or {}).get("hf_config"), hf_path)
-        chunks = build_model(hf_path, self.layout, role, load_weights=False, config_overrides=overrides)
-        load_checkpoint(dist_checkpoint, chunks, load_rng=False)
+            chunks = build_model(hf_path, self.layout, role, config_overrides=overrides, transforms=transforms)
+        else:
+            check_same_architecture(dist_checkpoint, (checkpoint_extra(dist_checkpoint) or {}).get("hf_config"), hf_path)
+            chunks = build_model(hf_path, self.layout, role, load_weights=False, config_overrides=overrides,
+                                 transforms=transforms)
+            load_checkpoint(dist_checkpoint, chunks, load_rng=False)  # with LoRA: the base (the adapters stay new)
+        adapter_path = self._lora_section(role).adapter_path if lora is not None else None
+        if adapter_path:
+            load_adapter(adapter_path, chunks, hf_path, self.layout, lora, role)
         return chunks
+
+    def _lora_section(self, role: str):
+        return self.cfg.actor_rollout_ref.model.lora if role == "actor" else self.cfg.critic.model.lora
 
     def enter_phase(self, phase: str) -> None:
         """Make exactly ``PHASES[phase]`` resident (among the groups with offload on)."""
@@ -174,7 +197,7 @@ class MegatronWorker(DistributedWorker):
     def compute_ref_log_prob(self, batch):
         if self.ref is None:
             raise RuntimeError("no reference model: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
-        self.enter_phase("ref")
+        self.enter_phase("log_prob" if self.ref_is_actor_base else "ref")
         return self.ref.compute_ref_log_prob(self._shard(batch))
 
     def compute_values(self, batch):
@@ -197,11 +220,37 @@ class MegatronWorker(DistributedWorker):
         from megarl.trainer.checkpointing import save_engine
 
         path = save_engine(self.actor, self.cfg.actor_rollout_ref.actor.checkpoint.save_contents, f"{root}/actor",
-                           step, extra, lambda out: self._export_hf("actor", self.actor, out))
+                           step, extra, lambda out: self._export_hf("actor", self.actor, out), **self._lora_save("actor"))
         if self.critic is not None:
             save_engine(self.critic, self.cfg.critic.checkpoint.save_contents, f"{root}/critic", step, None,
-                        lambda out: self._export_hf("critic", self.critic, out))
+                        lambda out: self._export_hf("critic", self.critic, out), **self._lora_save("critic"))
         return str(path)
+
+    def _lora_save(self, role: str) -> dict:
+        """``save_engine`` arguments of a LoRA role: only the trained tensors, the settings and the base
+        recorded, and (the actor) the adapter in PEFT format."""
+        from megarl.trainer.lora_setup import ADAPTER_EXPORT_DIR, checkpoint_meta
+
+        settings = self.lora.get(role)
+        if settings is None:
+            return {}
+        hf_path = self.cfg.critic.model.path if role == "critic" else self.cfg.actor_rollout_ref.model.path
+        start = initial_checkpoints(self.cfg)[role]
+        meta = checkpoint_meta(settings, {"megatron": start} if start else {"hf": hf_path})
+        exports = {}
+        if role == "actor":
+            exports[ADAPTER_EXPORT_DIR] = lambda staging: self._export_adapter(staging / ADAPTER_EXPORT_DIR)
+        return {"model_part": "trainable", "meta": meta, "exports": exports}
+
+    def _export_adapter(self, out) -> None:
+        """The actor's adapter in PEFT format (collective)."""
+        from megarl.models import default_transformer_impl
+        from megarl.models.lora.peft import save_peft_adapter
+
+        chunks = [getattr(m, "module", m) for m in self.actor.model]
+        with self.residency.also(("actor.params",), "actor adapter export"):
+            save_peft_adapter(chunks, self.cfg.actor_rollout_ref.model.path, self.layout, self.lora["actor"], out,
+                              transformer_impl=default_transformer_impl())
 
     def _export_hf(self, role: str, engine, out) -> None:
         """``hf_model``: the model as HF safetensors, config and tokenizer files (collective)."""
@@ -268,6 +317,14 @@ class MegatronWorker(DistributedWorker):
         finally:
             torch.set_grad_enabled(True)
         return {"seconds": stats.seconds, "bytes": stats.bytes_sent, "version": version}
+
+    def lora_adapter(self) -> dict | None:
+        """The actor's adapter in PEFT format, on rank 0 (None on the others): adapter-only updates (collective)."""
+        from megarl.trainer.lora_setup import adapter_update
+
+        self.enter_phase("sync")
+        chunks = [getattr(m, "module", m) for m in self.actor.model]
+        return adapter_update(chunks, self.cfg.actor_rollout_ref.model.path, self.layout, self.lora["actor"])
 
     def sync_close(self) -> None:
         transport = getattr(self, "sync_transport", None)

@@ -91,7 +91,8 @@ def test_hydra_override_semantics():
 # ------------------------------------------------------------------ one pass, pointers, refusals
 def test_every_problem_is_reported_in_one_pass_one_line_each():
     problems = problems_of("actor_rollout_ref.actor.lr=1e-6", "actor_rollout_ref.actor.max_grad_norm=1.0",
-                           "trainer.nnodes=many", "actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.actor.strategy=fsdp2",
+                           "trainer.nnodes=many", "actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.type=dora",
+                           "actor_rollout_ref.actor.strategy=fsdp2",
                            "actor_rollout_ref.rollout.name=hf", "reward_model.reward_manager=prime",
                            "trainer.save_freq=0", "data.reward_fn_key=source")
     text = [p.message for p in problems]
@@ -101,7 +102,7 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     assert any(t.startswith("trainer.nnodes='many'") for t in text)
     assert any("trainer.save_freq=0" in t for t in text)
     refusals = {p.feature: p for p in problems if p.is_refusal}
-    assert refusals["LoRA"].issue == 15 and "megarl trains the full model" in refusals["LoRA"].message
+    assert "use lora.type=lora" in refusals["DoRA (weight-decomposed adapters)"].message
     assert "set strategy=megatron" in refusals["the FSDP training backend"].message
     assert "set actor_rollout_ref.rollout.name=vllm" in refusals["Hugging Face generate() as the rollout engine"].message
     assert "megarl's reward managers are naive, dapo, batch" in refusals["verl's 'prime' reward manager"].message
@@ -112,9 +113,9 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     ("actor_rollout_ref.actor.strategy=fsdp", "the FSDP training backend", None),
     ("+async_training.staleness_threshold=1", "fully asynchronous training", 14),
     ("algorithm.rollout_correction.rollout_is=token", "rollout correction (importance weights for off-policy tokens)", 14),
-    ("actor_rollout_ref.model.lora_rank=16", "LoRA", 15),
     ("+reward_model.use_reward_loop=False", "verl's legacy reward-model worker (a training-engine forward)", None),
     ("+reward.reward_model.rollout.load_format=dummy", "vLLM load formats other than auto", None),
+    ("actor_rollout_ref.model.lora.dtype=bf16", "an adapter dtype apart from the model's", None),
     ("trainer.rollout_data_dir=/tmp/x", "dumping every rollout to JSONL", 17),
     ("actor_rollout_ref.actor.profiler.enable=True", "profiling inside the workers", None),
     ("actor_rollout_ref.actor.megatron.context_parallel_size=2", "context parallelism", None),
