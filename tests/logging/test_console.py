@@ -181,3 +181,15 @@ def test_a_captured_worker_and_its_children_write_to_its_file_and_block_sigint(t
         assert expected in text, expected
     blocked = int(text.split("SigBlk ")[1].split()[0], 16)
     assert blocked & (1 << (2 - 1)), "SIGINT (2) must be blocked in the worker's children"
+
+
+def test_verbose_passes_every_worker_line_on(screen, tmp_path):
+    console.set_level("DEBUG")
+    follower = WorkerLogFollower(tmp_path)
+    (tmp_path / "trainer_rank0.log").write_text(WORKER_LOG)
+    follower.poll(flush=True)
+    text = screen.getvalue()
+    for line in ("==== trainer_rank0 (pid 8006)", "Setting up DistributedDataParallel", "Falling back to Torch optimizers",
+                 "Params for bucket 1", "\tdecoder.final_layernorm.weight", "ValueError: boom"):
+        assert line in text, line
+    assert console.console_state().known == {}
