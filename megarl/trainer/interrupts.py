@@ -14,7 +14,9 @@ stop the engines and workers and remove the Ray cluster's temp dir, exactly as a
 run. The workers block SIGINT (``worker_logs.capture_worker_output``), so a terminal's Ctrl-C,
 which reaches the whole process group, leaves the shutting-down to the driver. A second signal
 during that teardown kills every process the run started (SIGKILL), removes the temp dirs and
-exits at once.
+exits at once. What the interrupted code leaves behind (a coroutine it never awaited, an object
+half built when the exception arrived, such as an asyncio event loop whose ``__del__`` fails at
+exit) goes to the log, not the console: it is the interrupt's trace, not a new failure.
 
 ``finished_run`` tells, before Ray starts, whether the checkpoint a run would resume from is its
 last step already.
@@ -24,7 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -96,6 +100,7 @@ class InterruptGuard:
             self.received = signum
             _write(f"\n{signal.Signals(signum).name}: stopping the engines and workers "
                    "(interrupt again to kill everything at once)\n")
+            quiet_leftovers()
             raise Interrupted(signum)
         self.kill_now(signum)
 
@@ -108,6 +113,22 @@ class InterruptGuard:
             except Exception:  # exiting regardless
                 pass
         os._exit(128 + signum)
+
+
+def quiet_leftovers() -> None:
+    """From the first interrupt on (the process is on its way out, so nothing is put back):
+    "coroutine ... was never awaited" warnings and exceptions raised in ``__del__`` (Python's
+    "Exception ignored in ...") are logged, not printed."""
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
+    sys.unraisablehook = _log_unraisable
+
+
+def _log_unraisable(unraisable) -> None:
+    try:
+        logging.getLogger(__name__).info("after the interrupt, ignored in %r: %s: %s", unraisable.object,
+                                         type(unraisable.exc_value).__name__, unraisable.exc_value)
+    except Exception:  # at interpreter exit logging may be gone
+        pass
 
 
 def _write(text: str) -> None:

@@ -127,6 +127,37 @@ def test_second_signal_kills_the_processes_at_once(tmp_path):
     assert (tmp_path / "killed").exists()
 
 
+def test_what_the_interrupted_code_leaves_behind_stays_off_the_console(tmp_path):
+    script = textwrap.dedent("""
+        import os, signal
+        from megarl.trainer.interrupts import Interrupted, InterruptGuard
+
+        class HalfBuilt:  # as asyncio's event loop, interrupted in __init__: its __del__ fails
+            def __init__(self):
+                os.kill(os.getpid(), signal.SIGINT)
+                self.pipe = 1
+            def __del__(self):
+                self.pipe
+
+        async def never_awaited():
+            pass
+
+        guard = InterruptGuard().install()
+        pending = never_awaited()
+        try:
+            HalfBuilt()
+        except Interrupted:
+            print("interrupted")
+        del pending
+    """)
+    result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == "interrupted\n", result
+    assert "stopping the engines and workers" in result.stderr
+    for noise in ("Exception ignored", "Traceback", "never awaited"):
+        assert noise not in result.stderr, result.stderr
+
+
 def step_data(scores, responses, finish="stop") -> StepData:
     n = len(scores)
     ids = torch.ones(n, 3, dtype=torch.long)
