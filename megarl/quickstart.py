@@ -40,12 +40,19 @@ def format_warmup(model_dir: Path, out_dir: Path, train_file: Path, steps: int =
     from megarl.tools.chat_warmup import warmup_on_conversations
 
     prompts = [row["prompt"] for row in pq.read_table(train_file).to_pylist()]
+    batch_size, queue = 16, []
 
-    def conversation(rng: random.Random) -> list[dict]:  # a training prompt, answered by a random digit
-        return [*prompts[rng.randrange(len(prompts))], {"role": "assistant", "content": str(rng.randrange(10))}]
+    def conversation(rng: random.Random) -> list[dict]:
+        """A training prompt answered by a random digit; drawn a batch at a time (the prompts, then
+        the digits), the order the published run (0.08 -> 1.00) was measured with."""
+        if not queue:
+            batch = [prompts[rng.randrange(len(prompts))] for _ in range(batch_size)]
+            queue.extend([*messages, {"role": "assistant", "content": str(rng.randrange(10))}] for messages in batch)
+        return queue.pop(0)
 
-    return warmup_on_conversations(model_dir, out_dir, conversation, tools=None, steps=steps, lr=lr, seed=seed,
-                                   label="quickstart format warm-up")
+    return warmup_on_conversations(model_dir, out_dir, conversation, tools=None, steps=steps, lr=lr,
+                                   batch_size=batch_size, seed=seed, label="quickstart format warm-up",
+                                   weight_decay=0.01)
 
 
 def prepare(run_dir: Path = RUN_DIR) -> dict[str, Path]:
