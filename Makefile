@@ -9,7 +9,7 @@ venv:
 	@bash scripts/setup_env.sh
 
 quickstart: venv
-	@$(PY) -m megarl.quickstart
+	@$(PY) -m megarl.quickstart $(ARGS)
 
 test: venv
 	@bash scripts/run_tests.sh $(ARGS)

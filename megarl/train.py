@@ -12,12 +12,19 @@ Order of events, each step logged:
      any of it starts);
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
+
+The console shows a few start-up lines, one line per step, validation and checkpoint, and a
+summary (``megarl.logging.console``; ``--verbose`` shows everything); the workers' output goes
+to ``<trainer.default_local_dir>/logs/`` (``megarl.logging.worker_logs``). A run whose last
+step is checkpointed already says so before any process starts. Ctrl-C or SIGTERM stops the
+engines and workers and says how to resume (``megarl.trainer.interrupts``).
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 logger = logging.getLogger("megarl.train")
@@ -77,26 +84,55 @@ def check_model(cfg) -> None:
                          "pick parallel sizes that divide these counts") from None
 
 
-def run(cfg) -> dict[str, float]:
-    """Run training for a validated config; return the last step's metrics."""
+def run(cfg, guard=None) -> dict[str, float]:
+    """Run training for a validated config; return the last step's metrics (``_history``: the
+    step history; ``_finished``: the checkpoint already held the last step, nothing ran).
+
+    ``guard`` (an installed ``InterruptGuard``; one is made otherwise) turns Ctrl-C and SIGTERM into
+    ``Interrupted``, raised after everything is shut down, with the step in progress. The driver's
+    log goes to ``<trainer.default_local_dir>/logs/driver.log``."""
     import torch
+
+    from megarl.logging.console import attach_log_file, detach_log_file
+    from megarl.logging.worker_logs import DRIVER_LOG
+
+    torch.set_num_threads(1)
+    log_dir = Path(cfg.trainer.default_local_dir)
+    worker_logs = log_dir / "logs"
+    attach_log_file(worker_logs / DRIVER_LOG)
+    try:
+        return _run(cfg, guard, log_dir, worker_logs)
+    finally:
+        detach_log_file()
+
+
+def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from megarl.agent import AgentRollout, build_agent_context
     from megarl.agent.rollout import LoopSet, default_loop_name, tool_schemas_for
     from megarl.agent.workers import start_workers
     from megarl.data import build_dataset, build_train_loader
-    from megarl.logging import MetricsLogger
-    from megarl.rollout import RolloutFleet
-    from megarl.trainer.controller import RLTrainer, TrainingLoop
     from megarl.engine import resolve_checkpoint
+    from megarl.logging import MetricsLogger
+    from megarl.logging.console import adopt_library_loggers, console_state, say
+    from megarl.logging.progress import Progress
+    from megarl.logging.worker_logs import WorkerLogFollower, worker_log_env
+    from megarl.rollout import RolloutFleet
+    from megarl.trainer import startup_lines
+    from megarl.trainer.controller import RLTrainer, TrainingLoop, total_training_steps
+    from megarl.trainer.interrupts import InterruptGuard, checkpoint_step, finished_run, latest_checkpoint_step
     from megarl.trainer.megatron_worker import MegatronWorker, initial_checkpoints
     from megarl.trainer.placement import ClusterPlacement, plan_from_config
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.trainer.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
+    from megarl.trainer.run_summary import RunSummary, places
+    from megarl.trainer.samples import SampleReporter
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.adapter_updates import weight_updates
 
-    torch.set_num_threads(1)
+    adopt_library_loggers()  # Ray and transformers are imported by now
+    guard = guard or InterruptGuard().install()
+    guard.on_kill = remove_local_temp_dir
     local_model_paths(cfg)
     model_path = cfg.actor_rollout_ref.model.path
     check_model(cfg)
@@ -104,7 +140,7 @@ def run(cfg) -> dict[str, float]:
 
     skipped = describe_skipped(model_path)  # e.g. DeepSeek-V3's MTP layers: named, never silently dropped
     if skipped:
-        logger.info(skipped)
+        say("%s", skipped)
     for role, checkpoint in initial_checkpoints(cfg).items():
         if checkpoint is not None:
             resolve_checkpoint(checkpoint)  # a missing or incomplete one fails here, before any process starts
@@ -119,6 +155,18 @@ def run(cfg) -> dict[str, float]:
     chat_tools = tool_schemas_for(loops, default_loop_name(cfg.actor_rollout_ref.rollout))
     train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools)
     val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools) if cfg.data.val_files else None
+    total = total_training_steps(cfg.trainer, len(train_loader))
+    finished = finished_run(cfg.trainer, log_dir, total)
+    if finished is not None:  # before Ray: nothing would run
+        say("%s has finished already: its checkpoint %s holds step %d of %d. Nothing to train: raise "
+            "trainer.total_training_steps to continue it, or set trainer.resume_mode=disable (or another "
+            "trainer.default_local_dir) to start over", log_dir, finished[1], finished[0], total)
+        return {"_history": checkpoint_history(finished[1]), "_finished": True}
+    from megarl.trainer.checkpointing import find_resume_checkpoint
+
+    resume_from = find_resume_checkpoint(cfg.trainer, log_dir)
+    start_step = (checkpoint_step(resume_from[0]) or 0) if resume_from is not None else 0
+    say("%s", startup_lines.data_line(train_loader, val_dataset, start_step, total, cfg.data.train_batch_size))
 
     plan = plan_from_config(cfg)
     rollout = cfg.actor_rollout_ref.rollout
@@ -127,42 +175,72 @@ def run(cfg) -> dict[str, float]:
     reward_pool = reward_pool_from_config(cfg)  # a reward model's own devices, if it has them
     slots = plan.nnodes * plan.per_node + (reward_pool.nnodes * reward_pool.per_node if reward_pool else 0)
     num_cpus = cfg.ray_kwargs.ray_init.num_cpus or max(os.cpu_count() or 1, slots)
-    resources = init_ray(address=cfg.trainer.ray_address, num_cpus=num_cpus)
+    resources = init_ray(address=cfg.trainer.ray_address, num_cpus=num_cpus, worker_env=worker_log_env(worker_logs),
+                         private_tmp=True)
+    guard.install()  # ray.init sets a SIGTERM handler of its own
+    adopt_library_loggers()
     use_gpu = resources.get("GPU", 0) > 0
-    logger.info("Ray cluster: %d node(s), resources %s; placement %s: %d trainer ranks, %d rollout replica(s) "
-                "x TP=%d", len(__import__("ray").nodes()), resources, plan.mode, plan.trainer_world,
-                len(plan.replicas), rollout.tensor_model_parallel_size)
-    log_dir = Path(cfg.trainer.default_local_dir)
-    metrics_logger = workers = fleet = sync = placement = agent_rollout = reward_model = reward_placement = None
+    ray_nodes = sum(1 for node in __import__("ray").nodes() if node["Alive"])
+    logger.info("Ray cluster: %d node(s), resources %s", ray_nodes, resources)
+    say("%s", startup_lines.layout_line(cfg, plan, use_gpu, ray_nodes))
+    follower = WorkerLogFollower(worker_logs).start()
+    summary = RunSummary(total)
+    metrics_logger = workers = fleet = sync = placement = agent_rollout = loop = None
+    reward_model = reward_placement = None
     try:
-        placement = ClusterPlacement(plan, use_gpu)
-        workers = WorkerGroup(MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
-                              slots=placement.trainer_slots(),
-                              env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-                              dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout)
-        lora = cfg.actor_rollout_ref.model.lora
-        fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
-                             slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                             sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine,
-                             lora_rank=lora.rank if lora.rank > 0 and not lora.merge else 0)
-        sync = weight_updates(cfg, workers, fleet)  # merged weights, sharded; or the LoRA adapter alone
-        from megarl.rewards.models.service import start_reward_model
+        with summary.timed("start-up"):
+            placement = ClusterPlacement(plan, use_gpu)
+            with Progress(f"starting {plan.trainer_world} trainer rank(s)") as progress:
+                workers = WorkerGroup(MegatronWorker, plan.trainer_world,
+                                      init_args=(OmegaConf.to_container(cfg, resolve=True),),
+                                      slots=placement.trainer_slots(),
+                                      env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                                      dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout)
+            trainer_s, started = progress.elapsed, time.perf_counter()
+            lora = cfg.actor_rollout_ref.model.lora
+            fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
+                                 slots=placement.replica_slots(),
+                                 trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+                                 sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine,  # its own progress
+                                 lora_rank=lora.rank if lora.rank > 0 and not lora.merge else 0)
+            fleet_s, started = time.perf_counter() - started, time.perf_counter()
+            sync = weight_updates(cfg, workers, fleet)  # merged weights, sharded; or the LoRA adapter alone
+            say("%s", startup_lines.ready_line(trainer_s, fleet_s, time.perf_counter() - started, fleet, sync))
+            from megarl.rewards.models.service import start_reward_model
 
-        reward_model, reward_placement = start_reward_model(cfg, placement, use_gpu)
-        agent_rollout = AgentRollout(agent_context, fleet, rollout, loops=loops,
-                                     worker_factory=lambda count: start_workers(cfg, tokenizer_path, count))
-        metrics_logger = MetricsLogger(cfg.trainer.logger, log_dir, cfg.trainer.project_name,
-                                       cfg.trainer.experiment_name, OmegaConf.to_container(cfg, resolve=True))
-        trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset, rollout=agent_rollout,
-                            reward_model=reward_model)
-        loop = TrainingLoop(trainer, metrics_logger, str(log_dir))
+            reward_model, reward_placement = start_reward_model(cfg, placement, use_gpu)
+            agent_rollout = AgentRollout(agent_context, fleet, rollout, loops=loops,
+                                         worker_factory=lambda count: start_workers(cfg, tokenizer_path, count))
+            metrics_logger = MetricsLogger(cfg.trainer.logger, log_dir, cfg.trainer.project_name,
+                                           cfg.trainer.experiment_name, OmegaConf.to_container(cfg, resolve=True))
+            trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset, rollout=agent_rollout,
+                                reward_model=reward_model)
+            samples = SampleReporter(cfg, metrics_logger, trainer.reward)
+            loop = TrainingLoop(trainer, metrics_logger, str(log_dir), summary, samples)
+        follower.poll()
+        held_back = console_state().suppressed_line()
+        say("%s", (held_back + "; " if held_back else "") + f"worker logs: {worker_logs}/")
         last = loop.run()
         from megarl.trainer.plots import plot_reward_curve
 
         plot = plot_reward_curve(trainer.history, log_dir / "reward_curve.png")
-        logger.info("reward curve written to %s", plot)
+        follower.poll()
+        latest = latest_checkpoint_step(log_dir)
+        for line in summary.lines(places(log_dir, cfg.trainer.logger, latest and latest[1], samples.files, plot,
+                                         worker_logs)):
+            say("%s", line)
+        held_back = console_state().suppressed_line(since_last=True)
+        if held_back:
+            say("  %s", held_back)
         last["_history"] = trainer.history
         return last
+    except KeyboardInterrupt as exc:  # the guard's Interrupted, or Ray's KeyboardInterrupt standing for it
+        interrupted = guard.interrupted(exc)
+        interrupted.step, interrupted.total_steps = (loop.step if loop is not None else 0), total
+        raise interrupted from None
+    except Exception:
+        logging.getLogger("megarl.console").error("the run failed (worker logs: %s/)", worker_logs)
+        raise
     finally:
         if cfg.ray_kwargs.timeline_json_file:
             try:
@@ -176,14 +254,28 @@ def run(cfg) -> dict[str, float]:
                     (getattr(closer, "close", None) or closer.shutdown)()
                 except Exception as exc:  # keep tearing down the rest
                     logger.warning("shutdown of %s failed: %s", type(closer).__name__, exc)
+        follower.stop()
         shutdown_ray()
+
+
+def checkpoint_history(path) -> list[dict]:
+    """The step history a checkpoint's controller state holds (empty if it cannot be read)."""
+    try:
+        from megarl.engine.checkpoint import checkpoint_extra
+
+        return list((checkpoint_extra(path) or {}).get("history", []))
+    except Exception as exc:  # the history only decorates the message
+        logger.info("could not read the history of %s: %s", path, exc)
+        return []
 
 
 def main(argv: list[str] | None = None) -> int:
     from megarl.config import ConfigError, load_config, to_yaml
     from megarl.config.command_line import USAGE, CommandLineError, parse_command_line
+    from megarl.logging.console import say, set_level, setup_console
+    from megarl.trainer.interrupts import InterruptGuard, interrupt_report
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_console("INFO")
     try:
         cmd = parse_command_line(list(sys.argv[1:] if argv is None else argv))
     except CommandLineError as exc:
@@ -192,18 +284,30 @@ def main(argv: list[str] | None = None) -> int:
     if cmd.help:
         print(__doc__ + "\n" + USAGE)
         return 0
+    if cmd.verbose:
+        set_level("DEBUG")
     notes: list[str] = []
     try:
         cfg = load_config(cmd.name, cmd.overrides, config_path=cmd.config_path, preflight=True, notes=notes)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not cmd.verbose:
+        set_level(cfg.trainer.log_level)
     for note in notes:
-        logger.info("config: %s", note)
+        say("config: %s", note)
     if cmd.print_config:
         print(to_yaml(cfg), end="")
         return 0
-    run(cfg)
+    guard = InterruptGuard().install()
+    try:
+        run(cfg, guard)
+    except KeyboardInterrupt as exc:
+        interrupted = guard.interrupted(exc)
+        say("%s", interrupt_report(cfg.trainer, interrupted))
+        return interrupted.exit_code
+    finally:
+        guard.restore()
     return 0
 
 

@@ -12,7 +12,10 @@ from typing import Any, Sequence
 
 
 class AgentLoopWorker:
-    def __init__(self, cfg_container: dict, tokenizer_path: str):
+    def __init__(self, cfg_container: dict, tokenizer_path: str, index: int = 0):
+        from megarl.logging.worker_logs import capture_worker_output
+
+        capture_worker_output(f"agent_worker{index}")
         from omegaconf import OmegaConf
         from transformers import AutoTokenizer
 
@@ -31,7 +34,7 @@ def start_workers(cfg: Any, tokenizer_path: str, count: int) -> list:
 
     container = OmegaConf.to_container(cfg, resolve=True)
     actor = ray.remote(AgentLoopWorker)
-    return [actor.options(num_cpus=0).remote(container, tokenizer_path) for _ in range(count)]
+    return [actor.options(num_cpus=0).remote(container, tokenizer_path, index) for index in range(count)]
 
 
 def run_on_workers(workers: list, jobs: list) -> list:

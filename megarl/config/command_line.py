@@ -8,8 +8,9 @@ and ``megarl config show``:
 
 ``--config-path``/``-cp`` and ``--config-name``/``-cn`` take ``=value`` or the next argument, as
 Hydra's do; ``--config`` is megarl's older spelling of ``--config-name``. ``--cfg job`` prints the
-resolved config and stops (Hydra's flag; ``megarl config show`` does the same). Every other
-argument is an override in Hydra's grammar.
+resolved config and stops (Hydra's flag; ``megarl config show`` does the same). ``--verbose``
+(``-v``) shows everything on the console (``trainer.log_level=DEBUG``). Every other argument is
+an override in Hydra's grammar.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 
 from megarl.config.compose import DEFAULT_CONFIG
 
-USAGE = ("usage: [--config-path DIR] [--config-name NAME[.yaml]] [key=value | +key=value | ++key=value | ~key ...]\n"
+USAGE = ("usage: [--config-path DIR] [--config-name NAME[.yaml]] [--verbose] [key=value | +key=value | ++key=value | "
+         "~key ...]\n"
          "  the default config is megarl's ppo_megatron_trainer (verl's default name); see README 'Configuration'")
 
 
@@ -32,6 +34,7 @@ class CommandLine:
     overrides: list[str] = field(default_factory=list)
     print_config: bool = False
     help: bool = False
+    verbose: bool = False  # --verbose: the console shows everything (trainer.log_level=DEBUG)
 
     @property
     def name(self) -> str:
@@ -67,6 +70,8 @@ def parse_command_line(argv: list[str], leading_name: bool = False) -> CommandLi
             cmd.print_config = True
         elif arg in ("-h", "--help"):
             cmd.help = True
+        elif arg in ("-v", "--verbose"):
+            cmd.verbose = True
         elif arg in ("-m", "--multirun"):
             raise CommandLineError("--multirun (Hydra sweeps) is not supported: megarl runs one job per launch")
         elif arg.startswith("-"):  # an override never starts with a dash

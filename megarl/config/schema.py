@@ -480,6 +480,11 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: Optional[int] = None
     balance_batch: bool = True  # reorder samples so every data-parallel rank gets a similar token count
     log_val_generations: int = 0  # validation samples to print and write (TensorBoard text, JSONL)
+    log_train_generations: int = 0  # megarl: training samples to print and write every log_train_generations_freq steps
+    log_train_generations_freq: int = 10  # megarl
+    rollout_data_dir: Optional[str] = None  # every training step's samples as <dir>/<step>.jsonl (verl's dump)
+    validation_data_dir: Optional[str] = None  # every validation's samples as <dir>/<step>.jsonl
+    log_level: str = "INFO"  # megarl: the console; INFO (a few lines), DEBUG (everything, as --verbose), WARNING
     ray_address: Optional[str] = None  # megarl: None = $RAY_ADDRESS or a local cluster
     # megarl: before a launch on a machine with a GPU, refuse a run whose memory plan (megarl plan) does not
     # fit that GPU, naming the keys that would make it fit; skipped on machines without a GPU

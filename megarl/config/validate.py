@@ -334,6 +334,7 @@ def _check_rewards(cfg, add) -> None:
 # ------------------------------------------------------------------ trainer bookkeeping
 def _check_trainer(cfg, add) -> None:
     from megarl.logging import SINKS
+    from megarl.logging.console import check_log_level
 
     t = cfg.trainer
     if t.resume_mode not in RESUME_MODES:
@@ -353,6 +354,16 @@ def _check_trainer(cfg, add) -> None:
             "is not set; set it or drop the key.")
     if t.val_only and not cfg.data.val_files:
         add("trainer.val_only=True needs data.val_files.")
+    if t.log_train_generations < 0:
+        add(f"trainer.log_train_generations={t.log_train_generations}: must be >= 0.")
+    if t.log_train_generations and t.log_train_generations_freq < 1:
+        add(f"trainer.log_train_generations_freq={t.log_train_generations_freq}: use a positive step count.")
+    if t.validation_data_dir and not cfg.data.val_files:
+        add(f"trainer.validation_data_dir={t.validation_data_dir} dumps validation samples, but data.val_files "
+            "is not set; set it or drop the key.")
+    problem = check_log_level(t.log_level)
+    if problem:
+        add(problem)
     cpus = cfg.ray_kwargs.ray_init.num_cpus
     if cpus is not None and cpus < 1:
         add(f"ray_kwargs.ray_init.num_cpus={cpus}: must be >= 1.")

@@ -336,8 +336,6 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused(("distillation.enabled",), "on-policy distillation", "megarl trains with rewards only", off=(False,)),
     Parameters(("distillation.*",), of="distillation"),
     # ---------------------------------------------------------------- trainer
-    Refused(("trainer.rollout_data_dir", "trainer.validation_data_dir"), "dumping every rollout to JSONL",
-            "trainer.log_val_generations=N prints and writes N validation samples per validation", issue=17),
     Refused(("trainer.default_hdfs_dir",), "HDFS checkpoint copies", "checkpoints go to trainer.default_local_dir"),
     Refused(("trainer.del_local_ckpt_after_load",), "deleting a checkpoint after loading it",
             "checkpoints stay; trainer.max_actor_ckpt_to_keep bounds them", off=(False,)),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from megarl.data.rows import DataFormatError, PromptRow, read_rows
+from megarl.logging.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,14 @@ def select_rows(rows: list, max_samples: int, shuffle: bool, seed: int | None) -
     return [rows[i] for i in rng.choice(len(rows), size=max_samples, replace=False).tolist()]
 
 
+_CHUNK = 4096  # prompts templated and tokenised at a time
+
+
+def _describe(files) -> str:
+    names = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    return str(names[0]) + (f" (+{len(names) - 1} files)" if len(names) > 1 else "")
+
+
 class PromptDataset:
     """Prompts from verl-format parquet files, validated and tokenised with the chat template."""
 
@@ -113,14 +122,20 @@ class PromptDataset:
         if not rows:
             raise DataFormatError(f"no rows in {files!r}: the dataset is empty")
         rows = select_rows(rows, max_samples, shuffle, seed)
-        texts = []
-        for row in rows:
-            kwargs = dict(apply_chat_template_kwargs or {})
-            tools = chat_tools(row.agent_name) if chat_tools is not None else None
-            if tools:  # a tool-calling row: the template puts the tool schemas into the prompt
-                kwargs["tools"] = tools
-            texts.append(tokenizer.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=False, **kwargs))
-        all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        texts, all_ids = [], []
+        with Progress(f"preparing {_describe(files)}", total=len(rows), unit="prompts") as progress:
+            for start in range(0, len(rows), _CHUNK):  # chunks: progress for datasets of millions of rows
+                chunk = []
+                for row in rows[start:start + _CHUNK]:
+                    kwargs = dict(apply_chat_template_kwargs or {})
+                    tools = chat_tools(row.agent_name) if chat_tools is not None else None
+                    if tools:  # a tool-calling row: the template puts the tool schemas into the prompt
+                        kwargs["tools"] = tools
+                    chunk.append(tokenizer.apply_chat_template(row.messages, add_generation_prompt=True,
+                                                               tokenize=False, **kwargs))
+                texts += chunk
+                all_ids += tokenizer(chunk, add_special_tokens=False)["input_ids"]
+                progress.update(len(chunk))
 
         self.items: list[PromptItem] = []
         self.num_filtered = 0

@@ -9,8 +9,9 @@ dashboards built for verl read megarl runs. Sinks are chosen by ``trainer.logger
 * ``jsonl``: ``<log_dir>/metrics.jsonl``, one JSON object per step;
 * ``wandb``: only if the ``wandb`` package is installed (it is not a dependency).
 
-``log_generations`` records sample texts (``trainer.log_val_generations``): printed with the
-console sink, as TensorBoard text, as a wandb table, and always appended to
+``log_generations`` records sample texts (``trainer.log_val_generations``, and
+``trainer.log_train_generations`` into ``train_generations.jsonl``): printed with the console
+sink, as TensorBoard text, as a wandb table, and always appended to
 ``<log_dir>/val_generations.jsonl``.
 """
 from __future__ import annotations
@@ -76,7 +77,8 @@ class MetricsLogger:
                                   "pip install wandb, or drop 'wandb' from trainer.logger") from exc
             self._wandb = wandb.init(project=project, name=experiment, config=dict(config or {}))
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
+    def log(self, metrics: Mapping[str, float], step: int, console: bool = True) -> None:
+        """Send the scalars of ``metrics`` to every sink (``console=False``: not the console line)."""
         scalars = {k: float(v) for k, v in metrics.items() if _is_scalar(v)}
         if self._tb is not None:
             for key, value in scalars.items():
@@ -87,19 +89,22 @@ class MetricsLogger:
             self._jsonl.flush()
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
-        if "console" in self.loggers:
+        if console and "console" in self.loggers:
             print(format_console_line(step, scalars), file=self.stream, flush=True)
 
-    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int, title: str = "val/generations") -> None:
-        """Record sample texts (dicts of prompt, response, ground_truth, score, ...) for ``step``."""
+    def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int, title: str = "val/generations",
+                        file_name: str = GENERATIONS_FILE) -> None:
+        """Record sample texts (dicts of prompt, response, ground_truth, score, ...) for ``step``;
+        the JSONL file is ``<log_dir>/<file_name>``."""
         if not samples:
             return
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_dir / GENERATIONS_FILE, "a", encoding="utf-8") as out:
+        with open(self.log_dir / file_name, "a", encoding="utf-8") as out:
             for sample in samples:
                 out.write(json.dumps({"step": step, **sample}, default=str) + "\n")
         if "console" in self.loggers:
-            print(f"{title} at step {step} ({len(samples)} samples):", file=self.stream)
+            print(f"{title} at step {step} ({len(samples)} sample{'s' if len(samples) != 1 else ''}):",
+                  file=self.stream)
             for i, sample in enumerate(samples):
                 print(f"[{i}] " + " | ".join(f"{k}: {_one_line(v)}" for k, v in sample.items()), file=self.stream)
             self.stream.flush()

@@ -22,11 +22,22 @@ the *old* embedding, while the input embedding is new. After one training step o
 SmolLM2-135M-Instruct (tied) the synced fleet's log-probs were still 3e-2 off the trainer's
 (``tests/pretrained/test_smollm2_sync.py`` fails without the fix). The fix re-runs the GEMM
 dispatch of every tied LM head after each reload.
+
+``quiet_rotary_cache_reload_warning`` (vLLM 0.32, every platform) is not a fix but a silenced
+false alarm: every weight update logged ``RotaryEmbedding: Failed to load weights``, which reads
+like a failed sync. vLLM's layerwise reload counts every tensor of a layer as loadable, including
+the rotary embedding's ``cos_sin_cache``, a non-persistent buffer computed from the config that no
+checkpoint holds (vLLM's own loaders skip ``rotary_emb.*``); a reload that gives the layer nothing
+warns and puts the layer's cache back, which is exactly right, since the cache does not depend on
+the weights. No sender could send it: it is not an HF tensor. A logging filter drops that one
+record, for rotary-embedding layers only; the same message for any other layer still shows.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
+import logging
 
 _applied: set[str] = set()
 
@@ -83,17 +94,40 @@ def _cpu_tied_lm_head_repack_on_reload() -> None:
     inplace.finalize_layerwise_reload = finalize_and_repack_tied_heads
 
 
+ROTARY_RELOAD_MESSAGE = "%s: Failed to load weights"
+
+
+class RotaryCacheReloadFilter(logging.Filter):
+    """Drops vLLM's reload warning for rotary-embedding layers (their only tensor is a derived cache)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == ROTARY_RELOAD_MESSAGE and bool(record.args)
+                    and str(record.args[0]).endswith("RotaryEmbedding"))
+
+
+def _quiet_rotary_cache_reload_warning() -> None:
+    layerwise = importlib.import_module("vllm.model_executor.model_loader.reload.layerwise")
+    finalize = getattr(layerwise, "finalize_layerwise_processing", None)
+    if finalize is None or f'"{ROTARY_RELOAD_MESSAGE}"' not in inspect.getsource(finalize):
+        raise RuntimeError(
+            "vllm_compat 'quiet_rotary_cache_reload_warning': vLLM's layerwise reload no longer logs "
+            f"{ROTARY_RELOAD_MESSAGE!r} from finalize_layerwise_processing; check whether rotary embeddings still warn "
+            "on reload_weights and update megarl/platform/vllm_compat.py")
+    logging.getLogger(layerwise.__name__).addFilter(RotaryCacheReloadFilter())
+
+
 FIXES = {"cpu_moe_repack_on_reload": _cpu_moe_repack_on_reload,
          "cpu_tied_lm_head_repack_on_reload": _cpu_tied_lm_head_repack_on_reload}
+EVERY_PLATFORM = {"quiet_rotary_cache_reload_warning": _quiet_rotary_cache_reload_warning}
 
 
 def apply_vllm_fixes() -> list[str]:
     """Apply the fixes this vLLM process needs (idempotent); return the names applied so far."""
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu():
-        for name, fix in FIXES.items():
-            if name not in _applied:
-                fix()
-                _applied.add(name)
+    needed = {**(FIXES if current_platform.is_cpu() else {}), **EVERY_PLATFORM}
+    for name, fix in needed.items():
+        if name not in _applied:
+            fix()
+            _applied.add(name)
     return sorted(_applied)

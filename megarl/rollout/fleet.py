@@ -153,13 +153,24 @@ class RolloutFleet:
         for i, (options, device_ids, extra_env) in enumerate(placements):
             self._replicas.append(actor_class.options(**options, runtime_env={"env_vars": {**env, **extra_env}})
                                   .remote(i, self.spec, device_ids))
-        infos = []
-        for i, replica in enumerate(self._replicas):  # engines start in parallel; wait for each
-            try:
-                infos.append(ray.get(replica.info.remote(), timeout=timeout_s))
-            except Exception as exc:
-                raise RuntimeError(f"rollout replica {i} failed to start its vLLM engine for "
-                                   f"{self.spec.model_path}: {exc}") from exc
+        from megarl.logging.progress import Progress
+
+        refs = {replica.info.remote(): i for i, replica in enumerate(self._replicas)}  # engines start in parallel
+        infos: list = [None] * len(refs)
+        pending = list(refs)
+        with Progress(f"starting {len(refs)} vLLM engine(s)", total=len(refs), unit="engines") as progress:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, timeout_s - progress.elapsed))
+                if not done:
+                    raise RuntimeError(f"rollout replicas {sorted(refs[r] for r in pending)} did not start their vLLM "
+                                       f"engines for {self.spec.model_path} within {timeout_s:.0f} s")
+                i = refs[done[0]]
+                try:
+                    infos[i] = ray.get(done[0])
+                except Exception as exc:
+                    raise RuntimeError(f"rollout replica {i} failed to start its vLLM engine for "
+                                       f"{self.spec.model_path}: {exc}") from exc
+                progress.update()
         self.max_model_len = infos[0]["max_model_len"]
         self.vocab_size = infos[0]["vocab_size"]
         self.replica_infos = infos

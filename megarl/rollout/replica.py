@@ -42,6 +42,9 @@ class EngineReplica:
     """
 
     def __init__(self, index: int, spec: ReplicaSpec, device_ids: Sequence[str] = ()):
+        from megarl.logging.worker_logs import capture_worker_output
+
+        capture_worker_output(f"rollout_replica{index}")  # its engine core and TP workers write there too
         start = time.perf_counter()
         if device_ids:
             if len(device_ids) != spec.tensor_parallel_size:

@@ -42,7 +42,7 @@ def conversation_tokens(tokenizer, messages: list[dict], tools: list | None) -> 
 
 def warmup_on_conversations(model_dir: Path, out_dir: Path, make_conversation: Callable[[random.Random], list[dict]],
                             tools: list | None, steps: int = 60, lr: float = 1e-3, batch_size: int = 16,
-                            seed: int = 0, label: str = "warm-up") -> Path:
+                            seed: int = 0, label: str = "warm-up", weight_decay: float = 0.0) -> Path:
     """Fine-tune ``model_dir`` on ``steps`` batches of ``make_conversation(rng)``; write ``out_dir``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -53,7 +53,7 @@ def warmup_on_conversations(model_dir: Path, out_dir: Path, make_conversation: C
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     start = time.perf_counter()
     for step in range(steps):

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_more_gen_batches, seq_metric_values
 from megarl.config import critic_enabled, devices_for
+from megarl.logging.console import say
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.rewards.models import ResponsesToScore
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
@@ -66,13 +67,15 @@ class RLTrainer:
         self.version = 0
         self.history: list[dict[str, float]] = []
         self.val_generations: list[dict[str, Any]] = []  # the last validation's samples to log
+        self.last_data: StepData | None = None  # the last training step's samples (SampleReporter)
+        self.last_val_data: StepData | None = None
+        self.reward_extra_keys: list[str] = []  # the reward function's extra values (acc, pred, ...)
         self.coords = workers.call("coords")
         self.leaders = dp_leaders(self.coords)
         self.num_devices = devices_for(cfg)[0]
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
                                             trainer_offload=any(offload_flags(cfg).values()))
-        per_epoch = len(train_loader)
-        self.total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
+        self.total_steps = total_training_steps(cfg.trainer, len(train_loader))
 
     # ------------------------------------------------------------------ worker calls
     def _gather(self, method: str, batch_ref) -> Any:
@@ -108,6 +111,7 @@ class RLTrainer:
             result = self.reward.score(data["data_source"], data["response_text"], data["ground_truth"],
                                        reward_extra_info(data, extras), data["response_tokens"].tolist(), model_inputs)
         data.add(score=result.scores, **result.extra)
+        self.reward_extra_keys = sorted(result.extra)
         if result.errors:
             logger.warning("%d reward function error(s); first: %s", len(result.errors), result.errors[0])
         return {k: v for k, v in result.metrics.items() if not isinstance(v, str)}
@@ -150,6 +154,7 @@ class RLTrainer:
         data, metrics = self.collect_batch(step, timings)
         if self.cfg.trainer.balance_batch:
             data = self._balance(data, metrics)
+        self.last_data = data
         will_sync = step > self.cfg.trainer.critic_warmup
         baselines = None
         if self.cfg.algorithm.adv_estimator == "remax":  # greedy generations, while the engines are awake
@@ -239,21 +244,24 @@ class RLTrainer:
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
         from megarl.data import collate, iterate_in_order
+        from megarl.logging.progress import Progress
 
         if self.val_dataset is None:
             return {}
-        parts, trajectories, prompt_texts = [], [], []
-        for items in iterate_in_order(self.val_dataset, self.cfg.data.val_batch_size):
-            cols = collate(items)
-            got = self.rollout.generate(cols, step=0, validate=True)
-            n = len(got) // len(items)
-            rows = [i for i in range(len(items)) for _ in range(n)]
-            parts.append(build_step_data(cols, got, rows, [str(items[i].index) for i in rows], self.pad_id))
-            trajectories += got
-            prompt_texts += [cols["prompt_text"][i] for i in rows]
+        parts, trajectories = [], []
+        with Progress("validation", total=len(self.val_dataset), unit="prompts") as progress:
+            for items in iterate_in_order(self.val_dataset, self.cfg.data.val_batch_size):
+                cols = collate(items)
+                got = self.rollout.generate(cols, step=0, validate=True)
+                n = len(got) // len(items)
+                rows = [i for i in range(len(items)) for _ in range(n)]
+                parts.append(build_step_data(cols, got, rows, [str(items[i].index) for i in rows], self.pad_id))
+                trajectories += got
+                progress.update(len(items))
         data = concat_step_data(parts)
         self._score(data, trajectories, {})
-        self.val_generations = pick_generations(prompt_texts, data["response_text"], data["ground_truth"],
+        self.last_val_data = data
+        self.val_generations = pick_generations(data["prompt_text"], data["response_text"], data["ground_truth"],
                                                 data["score"], self.cfg.trainer.log_val_generations)
         scores = np.asarray(data["score"], dtype=np.float64)
         out = {"val/score": float(scores.mean())}
@@ -275,6 +283,11 @@ class RLTrainer:
         self.train_loader.load_state_dict(state["data_loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))
+
+
+def total_training_steps(trainer_cfg, batches_per_epoch: int) -> int:
+    """``trainer.total_training_steps``, or ``trainer.total_epochs`` epochs of the loader's batches."""
+    return trainer_cfg.total_training_steps or batches_per_epoch * trainer_cfg.total_epochs
 
 
 def pick_generations(prompts: list[str], responses: list[str], ground_truths: list[Any], scores: list[float],
@@ -313,13 +326,26 @@ def timer(timings: dict, name: str):
 
 
 class TrainingLoop:
-    """Drives ``RLTrainer`` over steps: validation, metrics, checkpoints and resume."""
+    """Drives ``RLTrainer`` over steps: validation, metrics, checkpoints and resume.
 
-    def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str):
+    It says on the console what a person follows (one line per resume, validation and checkpoint,
+    with progress while they run), feeds the end-of-run ``RunSummary`` and, when given one, the
+    ``SampleReporter`` (train samples, rollout dumps, the constant-reward hint). ``step`` is the
+    step in progress, for the interrupt report.
+    """
+
+    def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str, summary=None, samples=None):
+        from megarl.trainer.run_summary import RunSummary
+
         self.trainer, self.metrics_logger, self.root = trainer, metrics_logger, checkpoint_root
+        self.summary = summary if summary is not None else RunSummary(trainer.total_steps)
+        self.samples = samples
+        self.step = 0
+        self._checkpoint_bytes: int | None = None  # the last checkpoint's size: the next save's progress total
 
     def resume(self) -> int:
         """Load the checkpoint ``trainer.resume_mode`` asks for; return the step it holds (0: none)."""
+        from megarl.logging.progress import Progress, directory_bytes, duration, human
         from megarl.trainer.checkpointing import find_resume_checkpoint
 
         t = self.trainer
@@ -330,11 +356,15 @@ class TrainingLoop:
             start = initial_checkpoints(t.cfg)["actor"] or starts_from_adapter(t.cfg)
             if start:  # the actor starts from a megatron checkpoint or a LoRA adapter, the fleet from the HF one
                 self._sync_fleet(load=None)
-                logger.info("actor started from %s; fleet synced to it", start)
+                say("actor started from the megatron checkpoint %s; fleet synced to it", start)
             return 0
         actor_path, critic_path = found
-        self._sync_fleet(load=(str(actor_path), critic_path and str(critic_path)))
-        logger.info("resumed from %s at step %d", actor_path, t.global_step)
+        self._checkpoint_bytes = directory_bytes(*[p for p in found if p is not None])
+        with Progress(f"loading {actor_path}", total=None) as progress:
+            self._sync_fleet(load=(str(actor_path), critic_path and str(critic_path)))
+        say("resumed from %s (%s): step %d of %d, in %s", actor_path, human(self._checkpoint_bytes, "B"),
+            t.global_step, t.total_steps, duration(progress.elapsed))
+        self.summary.add_history(t.history)
         return t.global_step
 
     def _sync_fleet(self, load: tuple | None) -> None:
@@ -349,37 +379,67 @@ class TrainingLoop:
         t.rollout_memory.wake_for_rollout()
 
     def save(self, step: int) -> None:
+        from megarl.logging.progress import Progress, directory_bytes, duration, human
         from megarl.trainer.checkpointing import prune_checkpoints
 
         t = self.trainer
-        t.workers.call("save_checkpoint", self.root, step, t.state_dict())
+        staging = [f"{self.root}/{role}/step_{step}.tmp" for role in ("actor", "critic")]
+        with Progress(f"checkpoint step {step}", total=self._checkpoint_bytes, unit="B",
+                      poll=lambda: directory_bytes(*staging)) as progress:
+            path = t.workers.call("save_checkpoint", self.root, step, t.state_dict())[0]
+        self._checkpoint_bytes = directory_bytes(path, f"{self.root}/critic/step_{step}")
+        seconds = progress.elapsed
+        say("checkpoint step %d: %s (%s in %s, %s/s)", step, path, human(self._checkpoint_bytes, "B"),
+            duration(seconds), human(self._checkpoint_bytes / max(seconds, 1e-9), "B"))
         prune_checkpoints(f"{self.root}/actor", t.cfg.trainer.max_actor_ckpt_to_keep)
         prune_checkpoints(f"{self.root}/critic", t.cfg.trainer.max_critic_ckpt_to_keep)
 
     def validate(self, step: int) -> dict[str, float]:
-        metrics = self.trainer.validate()
-        self.metrics_logger.log_generations(self.trainer.val_generations, step=step)
+        from megarl.logging.progress import duration
+
+        t = self.trainer
+        start = time.perf_counter()
+        metrics = t.validate()
+        if metrics:
+            sources = {k[len("val-core/"):].removesuffix("/reward/mean@1"): v for k, v in metrics.items()
+                       if k.startswith("val-core/")}
+            per_source = " (" + ", ".join(f"{s} {v:.3f}" for s, v in sources.items()) + ")" if len(sources) > 1 else ""
+            say("validation at step %d: score %.3f%s over %d prompts in %s", step, metrics["val/score"], per_source,
+                len(t.val_dataset), duration(time.perf_counter() - start))
+            self.summary.record_validation(step, metrics["val/score"])
+        self.metrics_logger.log_generations(t.val_generations, step=step)
+        if self.samples is not None and t.last_val_data is not None:
+            self.samples.on_validation(step, t.last_val_data, t.reward_extra_keys, bool(t.val_generations))
         return metrics
 
     def run(self) -> dict[str, float]:
-        t, cfg = self.trainer, self.trainer.cfg.trainer
-        start = self.resume()
+        t, cfg, summary = self.trainer, self.trainer.cfg.trainer, self.summary
+        with summary.timed("start-up"):
+            start = self.resume()
+        self.step = start
         last: dict[str, float] = {}
         if (cfg.val_only or (start == 0 and cfg.val_before_train)) and t.val_dataset is not None:
-            last = self.validate(start)
+            with summary.timed("validation"):
+                last = self.validate(start)
             t.history.append({"step": start, **last})
-            self.metrics_logger.log(last, step=start)
+            self.metrics_logger.log(last, step=start, console=False)  # the validation line said it
         if cfg.val_only:
             return last
         for step in range(start + 1, t.total_steps + 1):
+            self.step = step
             metrics = t.train_step(step)
             t.global_step = step
+            summary.record_step(step, metrics)
+            if self.samples is not None:
+                self.samples.on_train_step(step, t.last_data, t.reward_extra_keys)
             if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == t.total_steps):
-                metrics.update(self.validate(step))
+                with summary.timed("validation"):
+                    metrics.update(self.validate(step))
             t.history.append({"step": step, **{k: v for k, v in metrics.items()
                                                if k in ("critic/score/mean", "val/score", "critic/vf_loss")}})
             self.metrics_logger.log(metrics, step=step)
             if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or step == t.total_steps):
-                self.save(step)
+                with summary.timed("checkpoints"):
+                    self.save(step)
             last = metrics
         return last

@@ -33,7 +33,8 @@ _created_temp_dir: str | None = None
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None,
-             num_gpus: int | None = None) -> dict:
+             num_gpus: int | None = None, worker_env: dict[str, str] | None = None,
+             private_tmp: bool = False) -> dict:
     """Connect to a Ray cluster, or start a local one; return ``ray.cluster_resources()``.
 
     ``address`` (or ``$RAY_ADDRESS`` when ``address`` is None) joins an existing cluster, e.g. the
@@ -42,6 +43,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
     with ``num_cpus`` CPUs (default: all of this machine's) and its own temp dir (default: a new
     directory under /tmp, removed again by ``shutdown_ray``). Calling it while Ray is already
     initialised in this process returns the current cluster's resources.
+
+    ``worker_env`` is set in every worker process of this job (Ray merges it with an actor's own
+    ``runtime_env``). ``private_tmp`` (local cluster only) points the workers' ``TMPDIR`` into the
+    cluster's temp dir, so the files vLLM and torch leave in the temp dir (rendezvous files,
+    sockets) go with it.
     """
     global _created_temp_dir
     for key, value in _LOCAL_CLUSTER_ENV.items():
@@ -51,10 +57,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
     if ray.is_initialized():
         return ray.cluster_resources()
 
+    env = dict(worker_env or {})
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         logger.info("joining the Ray cluster at %s", address)
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": env} if env else None)
         return ray.cluster_resources()
 
     if temp_dir is None:
@@ -62,6 +69,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
         temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
         _created_temp_dir = temp_dir
         atexit.register(shutdown_ray)  # also when the driver dies of an exception
+    if private_tmp:
+        env["TMPDIR"] = os.path.join(temp_dir, "tmp")
+        os.makedirs(env["TMPDIR"], exist_ok=True)
     os.environ.pop("RAY_ADDRESS", None)  # an empty RAY_ADDRESS would make Ray look for a cluster
     ray.init(
         num_cpus=num_cpus,
@@ -69,19 +79,59 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
         _temp_dir=temp_dir,
+        runtime_env={"env_vars": env} if env else None,
     )
     resources = ray.cluster_resources()
     logger.info("started a local Ray cluster (temp dir %s): %s", temp_dir, resources)
     return resources
 
 
+def local_temp_dir() -> str | None:
+    """The temp dir of the local cluster ``init_ray`` started (None when it joined one, or none runs)."""
+    return _created_temp_dir
+
+
+def remove_local_temp_dir() -> None:
+    """Remove the local cluster's temp dir at once, whatever still runs (a second Ctrl-C kills the run)."""
+    if _created_temp_dir is not None:
+        shutil.rmtree(_created_temp_dir, ignore_errors=True)
+
+
+def _cluster_processes(temp_dir: str) -> list:
+    """The local cluster's processes: Ray's own (their command lines name the temp dir) and their descendants
+    (the workers and what they started, e.g. vLLM's engine processes)."""
+    import psutil
+
+    found: dict[int, psutil.Process] = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any(temp_dir in arg for arg in child.cmdline()):
+                found[child.pid] = child
+                found.update((p.pid, p) for p in child.children(recursive=True))
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
 def shutdown_ray() -> None:
-    """Disconnect from Ray; a local cluster started by ``init_ray`` stops and its temp dir goes."""
+    """Disconnect from Ray; a local cluster started by ``init_ray`` stops, its processes are waited
+    for (killed after 15 s) and its temp dir goes."""
     global _created_temp_dir
     import ray
 
+    processes = _cluster_processes(_created_temp_dir) if _created_temp_dir is not None else []
     if ray.is_initialized():
         ray.shutdown()
+    if processes:
+        import psutil
+
+        _, alive = psutil.wait_procs(processes, timeout=15)
+        for process in alive:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
     if _created_temp_dir is not None:
         shutil.rmtree(_created_temp_dir, ignore_errors=True)
         _created_temp_dir = None

@@ -10,7 +10,7 @@ the responses): a new field is one more entry, and ``select`` and ``concat_step_
 with the rest.
 
 Fields ``build_step_data`` writes: ``uid`` (group id: samples of one prompt draw share it),
-``prompt_ids``, ``raw_prompt``, ``agent_name``, ``data_source``, ``ground_truth``, ``extra_info``,
+``prompt_ids``, ``prompt_text`` (the prompt as the model saw it, chat template applied), ``raw_prompt``, ``agent_name``, ``data_source``, ``ground_truth``, ``extra_info``,
 ``response_text``, ``finish_reason``, ``rollout_log_probs`` ``[B, R]`` (the engine's log-probs of
 the sampled tokens, 0 elsewhere), ``prompt_lengths``, ``response_lengths`` (model tokens),
 ``response_tokens`` (model and tool tokens), and every key of the trajectories' ``extras``
@@ -26,7 +26,7 @@ import torch
 
 from megarl.engine.batch import RLBatch
 
-PROMPT_COLUMNS = ("prompt_ids", "raw_prompt", "agent_name", "data_source", "ground_truth", "extra_info")
+PROMPT_COLUMNS = ("prompt_ids", "prompt_text", "raw_prompt", "agent_name", "data_source", "ground_truth", "extra_info")
 
 
 @dataclass

@@ -12,22 +12,26 @@ rank per bundle (``megarl.trainer.placement``).
 """
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from typing import Any, Sequence
 
 
 class DistributedWorker:
-    """Base class of a rank. Subclasses set up their engines in ``setup``."""
+    """Base class of a rank. Subclasses set up their engines in ``setup``.
 
-    def __init__(self, rank: int, world_size: int, env: dict[str, str] | None = None):
+    ``log_name`` names the rank's log file when the run collects worker output
+    (``megarl.logging.worker_logs``): ``<run>/logs/trainer_rank0.log``.
+    """
+
+    def __init__(self, rank: int, world_size: int, env: dict[str, str] | None = None, log_name: str | None = None):
+        from megarl.logging.worker_logs import capture_worker_output
+
+        capture_worker_output(log_name or f"rank{rank}")
         self.rank, self.world_size = rank, world_size
         for key, value in (env or {}).items():
             os.environ[key] = str(value)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        # megarl's INFO lines of a rank (set-up facts, offload memory) reach the driver's console through Ray
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     def address_and_port(self) -> tuple[str, int]:
         import ray
@@ -75,7 +79,8 @@ class WorkerGroup:
         for rank in range(world_size):
             options: dict[str, Any] = (slots[rank].options() if slots is not None else
                                        dict(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker))
-            self.actors.append(remote_cls.options(**options, max_concurrency=2).remote(rank, world_size, env))
+            self.actors.append(remote_cls.options(**options, max_concurrency=2).remote(rank, world_size, env,
+                                                                                       f"{name}_rank{rank}"))
         master_addr, master_port = ray.get(self.actors[0].address_and_port.remote())
         ray.get([a.init_distributed.remote(master_addr, master_port, self._local_rank(rank), dist_timeout_s)
                  for rank, a in enumerate(self.actors)])

@@ -30,6 +30,10 @@ class AdapterUpdates:
         logger.info("weight sync: adapter-only (lora.merge=False): %d replica(s) serve model.path's base with the "
                     "actor's LoRA adapter through vLLM's LoRA", fleet.num_replicas)
 
+    def describe(self) -> str:
+        """The start-up line's few words on the sync (``WeightSyncSession.describe``'s counterpart)."""
+        return f"LoRA adapter only, through Ray's object store to {self.fleet.num_replicas} replica(s) per step"
+
     def sync(self, version: int) -> dict[str, float]:
         import ray
 

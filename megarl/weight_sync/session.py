@@ -64,6 +64,7 @@ class WeightSyncSession:
         self.layout = layout
         world = workers.world_size + len(layout.ranks)
         transport = choose_transport(sync_cfg.transport, fleet.use_gpu)
+        self.transport, self.mode = transport, mode
         addr, port = ray.get(workers.actors[0].sync_address.remote())
         plan_ref = ray.put(self.plan)
         refs = [a.sync_connect.remote(plan_ref, world, addr, port, transport, self.timeout_s) for a in workers.actors]
@@ -74,6 +75,13 @@ class WeightSyncSession:
                     "per sync (minimum %.1f MB), set up in %.1f s", transport, workers.world_size, layout.replicas,
                     layout.tp, mode, len(self.plan.buckets), self.plan.bytes_sent / 2**20,
                     self.plan.bytes_needed() / 2**20 / max(1, layout.replicas), time.perf_counter() - start)
+
+    def describe(self) -> str:
+        """``gloo, full tensors, 1.6 MB in 1 bucket per step``: the plan in a few words."""
+        what = "full tensors" if self.mode == "full" else "TP shards"
+        buckets = len(self.plan.buckets)
+        return (f"{self.transport}, {what}, {self.plan.bytes_sent / 2**20:.1f} MB in {buckets} "
+                f"bucket{'s' if buckets != 1 else ''} per step")
 
     def sync(self, version: int) -> dict[str, float]:
         start = time.perf_counter()

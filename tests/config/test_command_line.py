@@ -116,7 +116,6 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     ("+reward_model.use_reward_loop=False", "verl's legacy reward-model worker (a training-engine forward)", None),
     ("+reward.reward_model.rollout.load_format=dummy", "vLLM load formats other than auto", None),
     ("actor_rollout_ref.model.lora.dtype=bf16", "an adapter dtype apart from the model's", None),
-    ("trainer.rollout_data_dir=/tmp/x", "dumping every rollout to JSONL", 17),
     ("actor_rollout_ref.actor.profiler.enable=True", "profiling inside the workers", None),
     ("actor_rollout_ref.actor.megatron.context_parallel_size=2", "context parallelism", None),
 ])
@@ -202,3 +201,17 @@ def test_main_ppo_and_config_show_run_the_same_checks(tmp_path):
                      "Did you mean 'actor_rollout_ref.actor.ppo_epochs'"):
         assert expected in run.stderr, run.stderr
     assert "invalid config (4 problems)" in run.stderr
+
+
+def test_console_keys_and_the_verbose_flag():
+    assert parse_command_line(["--verbose", "a.b=1"]).verbose and parse_command_line(["-v"]).verbose
+    assert not parse_command_line(["a.b=1"]).verbose
+    cfg = load_config(None, [*VALID, "trainer.log_level=debug", "trainer.log_train_generations=2",
+                             "trainer.rollout_data_dir=/tmp/rollouts"])  # verl's dump key, refused before issue 17
+    assert (cfg.trainer.log_level, cfg.trainer.log_train_generations_freq, cfg.trainer.rollout_data_dir) == \
+        ("debug", 10, "/tmp/rollouts")
+    text = messages("trainer.log_level=LOUD", "trainer.log_train_generations=2", "trainer.log_train_generations_freq=0",
+                    "trainer.validation_data_dir=/tmp/v")
+    assert "trainer.log_level='LOUD': use INFO (default: a quiet console), DEBUG" in text
+    assert "trainer.log_train_generations_freq=0: use a positive step count" in text
+    assert "trainer.validation_data_dir=/tmp/v dumps validation samples, but data.val_files is not set" in text

@@ -50,7 +50,7 @@ class _Logger:
     def __init__(self):
         self.logged, self.generations = [], []
 
-    def log(self, metrics, step):
+    def log(self, metrics, step, console=True):
         self.logged.append((step, dict(metrics)))
 
     def log_generations(self, samples, step):
@@ -59,7 +59,7 @@ class _Logger:
 
 class _Trainer:
     def __init__(self, cfg):
-        self.cfg, self.val_dataset, self.history, self.total_steps = cfg, object(), [], 3
+        self.cfg, self.val_dataset, self.history, self.total_steps = cfg, ["a prompt"], [], 3
         self.val_generations = [{"prompt": "p", "response": "r", "ground_truth": "g", "score": 1.0}]
         self.steps = []
 

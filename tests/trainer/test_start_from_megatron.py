@@ -68,7 +68,7 @@ def test_the_loop_syncs_the_fleet_to_a_megatron_start_checkpoint(tmp_path):
 
     synced = []
     trainer = SimpleNamespace(cfg=config("m", "/ckpt/actor", f"trainer.default_local_dir={tmp_path}"), version=0,
-                              weight_sync=SimpleNamespace(sync=synced.append), rollout_memory=RolloutMemory(None, False))
+                              total_steps=1, weight_sync=SimpleNamespace(sync=synced.append), rollout_memory=RolloutMemory(None, False))
     assert TrainingLoop(trainer, None, str(tmp_path)).resume() == 0
     assert synced == [1] and trainer.version == 1
 

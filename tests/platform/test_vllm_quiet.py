@@ -1,0 +1,21 @@
+"""vLLM's reload warning for rotary embeddings is dropped; the same warning for any other layer is not.
+
+The filter's install (``vllm_compat.apply_vllm_fixes`` inside the engine's worker) runs in every
+weight sync of ``tests/trainer/test_console_run.py``, which checks the message is gone from the
+replica's log."""
+import logging
+
+from megarl.platform.vllm_compat import ROTARY_RELOAD_MESSAGE, RotaryCacheReloadFilter
+
+
+def record(msg: str, *args) -> logging.LogRecord:
+    return logging.LogRecord("vllm.model_executor.model_loader.reload.layerwise", logging.WARNING, "layerwise.py",
+                             266, msg, args, None)
+
+
+def test_only_rotary_layers_lose_the_reload_warning():
+    quiet = RotaryCacheReloadFilter()
+    for layer in ("RotaryEmbedding", "Llama3RotaryEmbedding", "DeepseekScalingRotaryEmbedding"):
+        assert not quiet.filter(record(ROTARY_RELOAD_MESSAGE, layer))
+    assert quiet.filter(record(ROTARY_RELOAD_MESSAGE, "QKVParallelLinear"))
+    assert quiet.filter(record("%s: Excessive loading", "RotaryEmbedding"))
