@@ -136,7 +136,7 @@ def run(cfg) -> dict[str, float]:
         fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
                              slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
                              sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine)
-        sync = WeightSyncSession(cfg, workers, fleet)
+        sync = WeightSyncSession.from_config(cfg, workers, fleet)
         agent_rollout = AgentRollout(agent_context, fleet, rollout, loops=loops,
                                      worker_factory=lambda count: start_workers(cfg, tokenizer_path, count))
         metrics_logger = MetricsLogger(cfg.trainer.logger, log_dir, cfg.trainer.project_name,

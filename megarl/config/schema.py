@@ -249,7 +249,9 @@ class RolloutConfig:
     max_num_seqs: int = 1024
     max_model_len: Optional[int] = None
     ignore_eos: bool = False
-    logprobs_mode: str = "raw_logprobs"  # megarl: raw (verl: processed) so they compare with the trainer's
+    # processed_logprobs (verl's): the log-probs of the distribution sampled from (temperature applied, top-k /
+    # top-p renormalised), which is what the trainer scores at temperature; raw_logprobs only where they agree
+    logprobs_mode: str = "processed_logprobs"
     scheduling_policy: str = "fcfs"  # fcfs | priority
     disable_log_stats: bool = True
     seed: int = 0
@@ -359,6 +361,22 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction``: importance weights (TIS) and rejection (MIS) for tokens the
+    behaviour policy sampled (``megarl.algorithms.rollout_correction``)."""
+
+    rollout_is: Optional[str] = None  # null | token | sequence: truncated importance weights pi_old / pi_rollout
+    rollout_is_threshold: float = 2.0  # the truncation bound
+    rollout_is_batch_normalize: bool = False  # rescale the weights to mean 1 over the batch
+    rollout_rs: Optional[str] = None  # null | token | sequence | geometric: reject ratios outside the bounds
+    rollout_rs_threshold: Optional[float] = None  # upper bound of accepted ratios (required with rollout_rs)
+    rollout_rs_threshold_lower: Optional[float] = None  # lower bound; null: 1 / rollout_rs_threshold
+    rollout_token_veto_threshold: Optional[float] = None  # reject a sample with any token ratio below it
+    bypass_mode: bool = False  # the rollout's log-probs are the old log-probs (no trainer forward before the update)
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip (the ratio to the rollout, clipped) | reinforce
+
+
+@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
@@ -368,6 +386,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # -------------------------------------------------------------------------- trainer

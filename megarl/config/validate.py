@@ -240,6 +240,13 @@ def _check_rollout(cfg, add) -> None:
             f"response_length = {rollout.prompt_length + rollout.response_length}; raise it or shorten the lengths.")
     if rollout.logprobs_mode not in LOGPROBS_MODES:
         add(f"actor_rollout_ref.rollout.logprobs_mode={rollout.logprobs_mode!r}: use one of {LOGPROBS_MODES}.")
+    elif rollout.logprobs_mode == "raw_logprobs" and rollout.do_sample and (
+            rollout.temperature not in (0, 1) or rollout.top_p < 1 or rollout.top_k > 0):
+        add(f"actor_rollout_ref.rollout.logprobs_mode=raw_logprobs reports log-probs before temperature, top-k and "
+            f"top-p, but the rollout samples at temperature={rollout.temperature}, top_p={rollout.top_p}, "
+            f"top_k={rollout.top_k} and the trainer scores at that temperature: rollout/logprob_diff and every "
+            "importance weight would compare different distributions. Use logprobs_mode=processed_logprobs "
+            "(the default, verl's).", "actor_rollout_ref.rollout.logprobs_mode")
     if rollout.scheduling_policy not in SCHEDULING_POLICIES:
         add(f"actor_rollout_ref.rollout.scheduling_policy={rollout.scheduling_policy!r}: use one of {SCHEDULING_POLICIES}.")
     for message in engine_kwargs_problems(rollout.engine_kwargs.vllm):
@@ -292,6 +299,7 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
         notes.append(f"GSPO aggregates its policy term with actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}; "
                      "verl's GSPO always uses seq-mean-token-mean there (the paper's form): set "
                      "loss_agg_mode=seq-mean-token-mean to match verl")
+    _check_rollout_correction(cfg, add)
     if a.filter_groups.enable and not a.filter_groups.metric:
         add("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward).")
     for section in ("actor_rollout_ref.actor", "critic"):
@@ -307,6 +315,30 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
                             "megarl trains with megatron's (distributed) Adam"))
         if len(optim.betas) != 2:
             add(f"{section}.optim.betas={list(optim.betas)}: give two values, e.g. [0.9, 0.999].")
+
+
+def _check_rollout_correction(cfg, add) -> None:
+    """``algorithm.rollout_correction``: names, thresholds, and combinations that would not do what they say."""
+    from megarl.algorithms.rollout_correction import RolloutCorrection, correction_problems
+
+    c, prefix = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    settings = RolloutCorrection.__new__(RolloutCorrection)  # unchecked: every problem is reported below
+    for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
+                "rollout_rs_threshold_lower", "rollout_token_veto_threshold", "bypass_mode", "loss_type"):
+        object.__setattr__(settings, key, c[key])
+    for message in correction_problems(settings):
+        add(message + ".", prefix)
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if c.bypass_mode and c.loss_type == "ppo_clip" and c.rollout_is is not None:
+        add(f"{prefix}.rollout_is={c.rollout_is} with bypass_mode=True and loss_type=ppo_clip would count the "
+            "correction twice: the PPO ratio is already pi_theta / pi_rollout. Set rollout_is=null (rejection "
+            "sampling, rollout_rs, still applies) or loss_type=reinforce.", f"{prefix}.rollout_is")
+    if c.bypass_mode and c.loss_type == "reinforce" and loss_mode not in ("vanilla", "reinforce", "gpg"):
+        add(f"{prefix}.loss_type=reinforce trains the REINFORCE loss, but actor_rollout_ref.actor.policy_loss."
+            f"loss_mode={loss_mode}; set loss_mode=vanilla (or reinforce) or loss_type=ppo_clip.", f"{prefix}.loss_type")
+    if not c.bypass_mode and c.loss_type != "ppo_clip":
+        add(f"{prefix}.loss_type={c.loss_type} is bypass mode's loss; with bypass_mode=False the loss is "
+            "actor_rollout_ref.actor.policy_loss.loss_mode. Set bypass_mode=True or drop loss_type.", f"{prefix}.loss_type")
 
 
 # ------------------------------------------------------------------ rewards

@@ -258,12 +258,6 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Parameters(("reward_model.*", "reward.reward_model.*"),
                of="model-based rewards (reward_model.enable is refused until issue 16)"),
     # ---------------------------------------------------------------- algorithm
-    Refused(("algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_rs"),
-            "rollout correction (importance weights for off-policy tokens)",
-            "megarl trains on-policy; rollout/logprob_diff shows the trainer-fleet mismatch", issue=14),
-    Refused(("algorithm.rollout_correction.bypass_mode",), "rollout correction's bypass mode",
-            "megarl trains on-policy with the trainer's old log-probs", off=(False,), issue=14),
-    Parameters(("algorithm.rollout_correction.*",), of="rollout correction"),
     Refused(("algorithm.use_pf_ppo",), "PF-PPO (reweighted sampling of the batch)",
             "every sample of the batch is trained on once per epoch", off=(False,)),
     Parameters(("algorithm.pf_ppo.*",), of="PF-PPO"),

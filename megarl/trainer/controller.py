@@ -61,7 +61,6 @@ class RLTrainer:
         self.use_critic = critic_enabled(cfg)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.global_step = 0
-        self.version = 0
         self.history: list[dict[str, float]] = []
         self.val_generations: list[dict[str, Any]] = []  # the last validation's samples to log
         self.coords = workers.call("coords")
@@ -78,8 +77,7 @@ class RLTrainer:
         return gather_data_parallel(self.workers, self.leaders, method, batch_ref)
 
     def _update(self, method: str, batch_ref) -> dict[str, float]:
-        results = ray.get([getattr(a, method).remote(batch_ref) for a in self.workers.actors])
-        return results[self.leaders[0]]
+        return self.workers.call(method, batch_ref)[self.leaders[0]]
 
     # ------------------------------------------------------------------ one step
     def rollout_and_score(self, prompt_batch, step: int, timings: dict,
@@ -186,8 +184,7 @@ class RLTrainer:
                 metrics.update(self._update("update_actor", train_ref))
             with timer(timings, "sync"):
                 self.rollout_memory.wake_for_sync()
-                self.version += 1
-                metrics.update(self.weight_sync.sync(self.version))
+                metrics.update(self.weight_sync.sync())
         with timer(timings, "wake"):
             self.rollout_memory.wake_for_rollout()
         timings["step"] = time.perf_counter() - t0
@@ -202,7 +199,7 @@ class RLTrainer:
         metrics.update(throughput_metrics(timings["step"], prompt_tokens + response_tokens, self.num_devices))
         metrics["training/global_step"] = step
         metrics["training/epoch"] = self.train_loader.sampler.epoch
-        metrics["rollout/weight_version"] = self.version
+        metrics["rollout/weight_version"] = self.weight_sync.version
         return metrics
 
     def _balance(self, data: StepData, metrics: dict) -> StepData:
@@ -259,13 +256,13 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ state for checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {"global_step": self.global_step, "version": self.version,
+        return {"global_step": self.global_step, "version": self.weight_sync.version,
                 "data_loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                 "history": self.history, "config": OmegaConf.to_container(self.cfg, resolve=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.global_step = int(state["global_step"])
-        self.version = int(state["version"])
+        self.weight_sync.resume_at(int(state["version"]))
         self.train_loader.load_state_dict(state["data_loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))
@@ -336,8 +333,7 @@ class TrainingLoop:
         if load is not None:
             t.load_state_dict(t.workers.call("load_checkpoint", *load)[0])
         t.rollout_memory.wake_for_sync()
-        t.version += 1
-        t.weight_sync.sync(t.version)  # the fleet must serve the trainer's weights
+        t.weight_sync.sync()  # the fleet must serve the trainer's weights
         t.rollout_memory.wake_for_rollout()
 
     def save(self, step: int) -> None:

@@ -110,8 +110,6 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
 @pytest.mark.parametrize("override, feature, issue", [
     ("actor_rollout_ref.rollout.name=sglang", "SGLang as the rollout engine", None),
     ("actor_rollout_ref.actor.strategy=fsdp", "the FSDP training backend", None),
-    ("+async_training.staleness_threshold=1", "fully asynchronous training", 14),
-    ("algorithm.rollout_correction.rollout_is=token", "rollout correction (importance weights for off-policy tokens)", 14),
     ("actor_rollout_ref.model.lora_rank=16", "LoRA", 15),
     ("reward_model.enable=True", "model-based rewards (a reward model or an LLM judge)", 16),
     ("reward.reward_model.enable=True", "model-based rewards (a reward model or an LLM judge)", 16),
