@@ -417,6 +417,30 @@ class TrainerConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    """Asynchronous (off-policy) training: verl's ``async_training.*`` keys (its fully-async recipe), honoured,
+    and megarl's ``mode``. README, Training -> Asynchronous training."""
+
+    mode: str = "sync"  # megarl: sync | one_step_off | fully_async (verl: trainer.v1.trainer_mode)
+    staleness_threshold: float = 1.0  # fully_async: groups generated ahead, in train batches; versions a group may lag
+    trigger_parameter_sync_step: int = 1  # training steps between two weight syncs
+    require_batches: int = 1  # with data.train_batch_size=0 (verl's fully-async form): the step's ppo mini-batches
+    partial_rollout: bool = False  # fully_async: a sync aborts running generations, which continue on the new weights
+    max_off_policy_strategy: str = "wait"  # megarl's place for verl's trainer.v1.sampler key: wait | drop
+    wait_timeout_s: float = 3600.0  # megarl: the longest a step waits for rollout groups
+
+
+@dataclass
+class RolloutPoolConfig:
+    """verl's separate rollout pool (one-step-off / fully-async recipes): ``rollout.nnodes`` nodes of
+    ``rollout.n_gpus_per_node`` GPUs next to the trainer's ``trainer.nnodes`` x ``trainer.n_gpus_per_node``
+    (0: no separate pool; megarl's own form is trainer.placement=split with trainer.rollout_gpus)."""
+
+    nnodes: int = 0
+    n_gpus_per_node: int = 0
+
+
+@dataclass
 class RayInitConfig:
     num_cpus: Optional[int] = None  # CPUs of a local Ray cluster; None: this machine's (or the slots')
 
@@ -437,4 +461,6 @@ class MegaRLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

@@ -21,10 +21,12 @@ ROLLOUT_MODES = ("sync", "async")
 
 def devices_for(cfg: DictConfig) -> tuple[int, int]:
     """(trainer devices, rollout devices) for the configured placement."""
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    if cfg.trainer.placement == "split":
-        rollout = cfg.trainer.rollout_gpus or 0
-        return world - rollout, rollout
+    from megarl.trainer.placement import cluster_shape
+
+    nnodes, per_node, mode, rollout = cluster_shape(cfg)
+    world = nnodes * per_node
+    if mode == "split":
+        return world - (rollout or 0), rollout or 0
     return world, world
 
 
@@ -49,6 +51,7 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
         problems.append(problem if isinstance(problem, Problem) else Problem(problem, key=key))
 
     _check_backends(cfg, add, notes)
+    _check_async(cfg, add)
     _check_layout_and_batches(cfg, add)
     _check_rollout(cfg, add)
     _check_data(cfg, add, notes)
@@ -86,6 +89,82 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
         notes.append("actor_rollout_ref.rollout.mode=async: megarl's fleet generates each step's batch on all "
                      "replicas and waits for it, as verl's async server mode does within a step; off-policy "
                      "training is async_training.* (issue 14)")
+
+
+# ------------------------------------------------------------------ asynchronous training
+def derive_async_keys(cfg, notes: list[str]) -> None:
+    """verl's fully-async form sets ``data.train_batch_size=0``: a step is then ``async_training.require_batches``
+    PPO mini-batches (of ``ppo_mini_batch_size`` prompts)."""
+    a, data = cfg.async_training, cfg.data
+    if a.mode != "sync" and data.train_batch_size == 0:
+        data.train_batch_size = a.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        notes.append(f"data.train_batch_size=0 (verl's fully-async form): a step trains async_training.require_batches"
+                     f" x ppo_mini_batch_size = {data.train_batch_size} prompts")
+
+
+def _check_async(cfg, add) -> None:
+    """``async_training.*`` (``megarl.trainer.async_loop``): values, and the combinations that cannot work."""
+    from megarl.config.schema import AsyncTrainingConfig
+    from megarl.trainer.async_loop import MODES
+    from megarl.trainer.placement import cluster_shape
+    from megarl.trainer.staleness import STRATEGIES
+
+    a, p = cfg.async_training, "async_training"
+    defaults = AsyncTrainingConfig()
+    if a.mode not in MODES:
+        add(f"{p}.mode={a.mode!r}: use one of {MODES} (verl: trainer.v1.trainer_mode=sync|colocate_async|"
+            "separate_async).", f"{p}.mode")
+        return
+    if a.max_off_policy_strategy not in STRATEGIES:
+        add(f"{p}.max_off_policy_strategy={a.max_off_policy_strategy!r}: use one of {STRATEGIES}.",
+            f"{p}.max_off_policy_strategy")
+    for key, ok, rule in (("staleness_threshold", a.staleness_threshold >= 0, ">= 0"),
+                          ("trigger_parameter_sync_step", a.trigger_parameter_sync_step >= 1, ">= 1"),
+                          ("require_batches", a.require_batches >= 1, ">= 1"), ("wait_timeout_s", a.wait_timeout_s > 0, "> 0")):
+        if not ok:
+            add(f"{p}.{key}={a[key]}: must be {rule}.", f"{p}.{key}")
+    tuned = [f"{p}.{k}={a[k]}" for k in ("staleness_threshold", "trigger_parameter_sync_step", "partial_rollout",
+                                           "max_off_policy_strategy") if a[k] != getattr(defaults, k)]
+    if a.mode == "sync":
+        if tuned:
+            add(f"{', '.join(tuned)} set, but {p}.mode=sync trains on-policy, one step at a time: set {p}.mode="
+                "fully_async (verl's fully-async recipe, or trainer.v1.trainer_mode=separate_async / colocate_async) "
+                f"or {p}.mode=one_step_off.", f"{p}.mode")
+        return
+    if a.mode == "one_step_off" and tuned:
+        add(f"{p}.mode=one_step_off is staleness 1, one step per sync, no partial rollouts, batches in prompt order; "
+            f"{', '.join(tuned)} asks for something else: use {p}.mode=fully_async for it.", f"{p}.mode")
+    try:
+        placement = cluster_shape(cfg)[2]
+    except ValueError:
+        placement = None  # reported by the layout check
+    if a.mode == "one_step_off" and placement == "colocated":
+        add(f"{p}.mode=one_step_off overlaps generation with training, which colocated GPUs cannot (the engines sleep "
+            "while the trainer works): set trainer.placement=split with trainer.rollout_gpus (verl: actor_rollout_ref."
+            f"hybrid_engine=False with rollout.nnodes / rollout.n_gpus_per_node), or {p}.mode=fully_async "
+            "(verl's colocate_async: long generations continue across steps).", "trainer.placement")
+    mode = f"{p}.mode={a.mode}"
+    if cfg.trainer.critic_warmup > 0:
+        add(f"trainer.critic_warmup={cfg.trainer.critic_warmup} with {mode}: the warm-up steps keep the actor (and "
+            "the fleet's version) still, which the staleness bound counts on; set critic_warmup=0 or use "
+            f"{p}.mode=sync.", "trainer.critic_warmup")
+    if cfg.algorithm.adv_estimator == "remax":
+        add(f"algorithm.adv_estimator=remax with {mode}: ReMax's greedy baselines are generated with the step's "
+            f"weights, not with the ones that sampled the responses; use {p}.mode=sync or another estimator.",
+            "algorithm.adv_estimator")
+    off_policy = a.mode == "one_step_off" or a.staleness_threshold > 0 or a.trigger_parameter_sync_step > 1
+    c = cfg.algorithm.rollout_correction
+    corrects = c.rollout_is is not None or c.rollout_rs is not None or c.bypass_mode
+    if off_policy and not corrects:
+        add(f"{mode} trains on samples that older weights generated, and no correction is chosen: set "
+            "algorithm.rollout_correction.rollout_is (token | sequence: truncated importance weights) or "
+            "rollout_rs (rejection), or bypass_mode=True (the PPO ratio to the rollout policy; verl: "
+            "async_training.use_rollout_log_probs=True).", "algorithm.rollout_correction")
+    data, mini = cfg.data, cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    if a.require_batches != 1 and data.train_batch_size != a.require_batches * mini:
+        add(f"{p}.require_batches={a.require_batches} makes a step require_batches x ppo_mini_batch_size = "
+            f"{a.require_batches * mini} prompts, but data.train_batch_size={data.train_batch_size}; set "
+            "data.train_batch_size=0 (verl's fully-async form) or give one of them.", f"{p}.require_batches")
 
 
 # ------------------------------------------------------------------ layout and batch arithmetic

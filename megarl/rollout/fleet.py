@@ -329,6 +329,17 @@ class RolloutFleet:
         """True when the engines can sleep (GPU with ``free_cache_engine`` in colocated placement)."""
         return bool(self.use_gpu and self.spec.enable_sleep_mode)
 
+    def pause(self, in_flight: str = "wait") -> None:
+        """Hold generation on every replica (running requests finish, or with ``abort`` continue after ``resume``)."""
+        import ray
+
+        ray.get(self.call_async("pause", in_flight))
+
+    def resume(self) -> None:
+        import ray
+
+        ray.get(self.call_async("resume"))
+
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory for training: drop the KV cache, offload (1) or discard (2) the weights.
 

@@ -25,12 +25,15 @@ from megarl.rollout.sample import Generation
 
 
 class GenerationGate:
+    """Open unless someone holds it closed (a sync, a sleeping engine): ``close`` / ``open`` nest."""
+
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._running: set[str] = set()
+        self._holds = 0
 
     @property
     def is_open(self) -> bool:
@@ -54,13 +57,17 @@ class GenerationGate:
 
     async def close(self, abort: Callable[[list[str]], Awaitable[None]] | None = None) -> None:
         """Stop new requests; abort the running ones (``abort``) or let them finish; return when none runs."""
+        self._holds += 1
         self._open.clear()
         if abort is not None and self._running:
             await abort(sorted(self._running))
         await self._idle.wait()
 
     def open(self) -> None:
-        self._open.set()
+        """Release one ``close``; requests run again when no one holds the gate."""
+        self._holds = max(0, self._holds - 1)
+        if self._holds == 0:
+            self._open.set()
 
 
 @dataclass

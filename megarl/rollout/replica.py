@@ -242,6 +242,16 @@ class EngineReplica:
         self.weights.check_fresh()
         return self.weights.version
 
+    async def pause(self, in_flight: str = "wait") -> None:
+        """Hold generation (before the engine sleeps): running requests finish or are aborted to
+        continue after ``resume``; new ones wait."""
+        if in_flight not in IN_FLIGHT:
+            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
+        await self.gate.close(self.engine.abort if in_flight == "abort" else None)
+
+    async def resume(self) -> None:
+        self.gate.open()
+
     async def sleep(self, level: int) -> None:
         """Free the KV cache and offload (level 1) or drop (level 2) the weights; GPU only."""
         await self.engine.sleep(level=level)
