@@ -126,7 +126,7 @@ def run(cfg) -> dict[str, float]:
                 "x TP=%d", len(__import__("ray").nodes()), resources, plan.mode, plan.trainer_world,
                 len(plan.replicas), rollout.tensor_model_parallel_size)
     log_dir = Path(cfg.trainer.default_local_dir)
-    metrics_logger = workers = fleet = sync = placement = agent_rollout = None
+    metrics_logger = workers = fleet = sync = placement = agent_rollout = trainer = None
     try:
         placement = ClusterPlacement(plan, use_gpu)
         workers = WorkerGroup(MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
@@ -157,7 +157,7 @@ def run(cfg) -> dict[str, float]:
                 logger.info("Ray timeline written to %s", cfg.ray_kwargs.timeline_json_file)
             except Exception as exc:  # keep tearing down
                 logger.warning("writing the Ray timeline failed: %s", exc)
-        for closer in (agent_rollout, sync, fleet, workers, metrics_logger, placement):
+        for closer in (trainer, agent_rollout, sync, fleet, workers, metrics_logger, placement):  # producer first
             if closer is not None:
                 try:
                     (getattr(closer, "close", None) or closer.shutdown)()

@@ -87,8 +87,8 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
         add(f"actor_rollout_ref.rollout.mode={mode!r}: use one of {ROLLOUT_MODES}")
     elif mode == "async":
         notes.append("actor_rollout_ref.rollout.mode=async: megarl's fleet generates each step's batch on all "
-                     "replicas and waits for it, as verl's async server mode does within a step; off-policy "
-                     "training is async_training.* (issue 14)")
+                     "replicas and waits for it, as verl's async server mode does within a step; generation "
+                     "ahead of the trainer is async_training.mode (one_step_off, fully_async)")
 
 
 # ------------------------------------------------------------------ asynchronous training
