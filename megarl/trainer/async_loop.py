@@ -106,6 +106,7 @@ class AsyncBatches:
                 "training/off_policy/finished_groups": float(counts["finished"]),
                 "training/off_policy/dropped_groups": float(counts["dropped"]),
                 "training/off_policy/filtered_groups": float(counts["filtered"]),
+                "training/off_policy/most_ahead_groups": float(counts["most_ahead"]),
                 "training/off_policy/trainer_wait_s": self.buffer.trainer_wait_s}
 
     def state_dict(self) -> dict[str, Any]:

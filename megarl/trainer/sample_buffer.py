@@ -8,7 +8,8 @@ is bounded (``timeout_s``) and a producer failure is raised in the taker.
 
 Counters for the metrics: ``taken``, ``dropped`` (past their deadline, ``drop``), ``filtered``
 (discarded by the trainer, e.g. DAPO's all-equal groups), ``running``, ``finished`` (waiting to be
-taken), ``trainer_wait_s`` of the last take.
+taken), ``most_ahead`` (the most groups admitted and not yet taken at once, since ``start``),
+``trainer_wait_s`` of the last take.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class SampleBuffer:
         self.error: BaseException | None = None
         self.closed = False
         self.trainer_wait_s = 0.0
+        self.most_ahead = 0
 
     # ------------------------------------------------------------------ producer side
     def capacity(self) -> int:
@@ -65,6 +67,7 @@ class SampleBuffer:
                 return None
             group = Group(key, self.fleet_version, self.bound.deadline(self.fleet_version), item, position)
             self.groups[key] = group
+            self.most_ahead = max(self.most_ahead, len(self.groups))
             return group
 
     def finish(self, key: int, data: Any, trajectories: list) -> None:
@@ -93,6 +96,7 @@ class SampleBuffer:
             self.fleet_version = self.window_base = int(fleet_version)
             self.step_base = int(step_index)
             self.taken = self.window_base * self.bound.window_groups
+            self.most_ahead = len(self.groups)
 
     def window(self, step_index: int) -> int:
         """The window (the version its weights start from) of 0-based training step ``step_index``."""
@@ -157,7 +161,7 @@ class SampleBuffer:
         with self.lock:
             done = sum(g.data is not None for g in self.groups.values())
             return {"finished": done, "running": len(self.groups) - done, "taken": self.taken,
-                    "dropped": self.dropped, "filtered": self.filtered}
+                    "dropped": self.dropped, "filtered": self.filtered, "most_ahead": self.most_ahead}
 
     def untrained(self) -> list[tuple[int, int]]:
         """(key, dataset position) of every admitted group not yet taken, in prompt order (a checkpoint)."""
