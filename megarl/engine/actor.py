@@ -18,7 +18,8 @@ decoupled mode the controller puts the importance weights into the batch
 (``batch.rollout_is_weights``, multiplied into each token's loss) and the rejected tokens out of
 its ``response_mask``. In bypass mode ``batch.old_log_probs`` are the rollout's and the correction
 is computed here, per micro-batch, from the detached current log-probs: rejected tokens leave the
-loss, and ``loss_type=reinforce`` trains REINFORCE weighted by the truncated ``pi_theta /
+loss (they stay in token-mean's count, the mini-batch's response tokens: the rejection is decided in
+the forward, after the count), and ``loss_type=reinforce`` trains REINFORCE weighted by the truncated ``pi_theta /
 pi_rollout``; ``actor/rollout_is_mean`` and ``actor/rollout_rs_masked_fraction`` report them.
 """
 from __future__ import annotations
