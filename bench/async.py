@@ -18,6 +18,7 @@ whatever else runs) the two also compete for CPU, which the printed "generation 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import tempfile
@@ -116,6 +117,7 @@ def main() -> None:
             "trainer.placement=split", "trainer.rollout_gpus=1", f"trainer.total_training_steps={args.steps}",
             "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=-1",
             f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={math.gcd(32, args.prompts * args.n)}",
             f"actor_rollout_ref.rollout.n={args.n}", f"data.max_response_length={4 * args.tokens}",
             "actor_rollout_ref.rollout.agent.default_agent_loop=bench_uneven_lengths", *extra])
 
