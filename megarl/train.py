@@ -185,7 +185,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     say("%s", startup_lines.layout_line(cfg, plan, use_gpu, ray_nodes))
     follower = WorkerLogFollower(worker_logs).start()
     summary = RunSummary(total)
-    metrics_logger = workers = fleet = sync = placement = agent_rollout = loop = None
+    metrics_logger = workers = fleet = sync = placement = agent_rollout = loop = trainer = None
     reward_model = reward_placement = None
     try:
         with summary.timed("start-up"):
@@ -248,7 +248,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
                 logger.info("Ray timeline written to %s", cfg.ray_kwargs.timeline_json_file)
             except Exception as exc:  # keep tearing down
                 logger.warning("writing the Ray timeline failed: %s", exc)
-        for closer in (agent_rollout, sync, fleet, reward_model, workers, metrics_logger, placement, reward_placement):
+        for closer in (trainer, agent_rollout, sync, fleet, reward_model, workers, metrics_logger, placement,
+                       reward_placement):  # the trainer (its rollout producer) first
             if closer is not None:
                 try:
                     (getattr(closer, "close", None) or closer.shutdown)()

@@ -45,7 +45,7 @@ class SingleTurnAgentLoop(AgentLoop):
         if room < 1:
             return builder.build("length", "", num_turns=1)
         generation = await client.generate(sample.prompt_ids, sample.sampling, sample.seed(0), max_tokens=room)
-        builder.add_model(generation.token_ids, generation.logprobs)
+        builder.add_model(generation.token_ids, generation.logprobs, generation.versions)
         return builder.build(generation.finish_reason, generation.text, num_turns=2)
 
 
@@ -82,7 +82,7 @@ class ToolAgentLoop(AgentLoop):
                 generation = await client.generate(builder.context, sample.sampling, sample.seed(assistant_turns),
                                                    max_tokens=room)
                 assistant_turns += 1
-                builder.add_model(generation.token_ids, generation.logprobs)
+                builder.add_model(generation.token_ids, generation.logprobs, generation.versions)
                 turn = self.parser.parse(tokenizer.decode(generation.token_ids, skip_special_tokens=True))
                 messages.append(_assistant_message(turn))
                 if generation.finish_reason == "length":

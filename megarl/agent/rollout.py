@@ -139,17 +139,9 @@ class AgentRollout:
         """``n`` trajectories per prompt (``rollout.n``; ``val_kwargs.n`` with ``validate``), ordered by
         prompt, then sample. ``prompt_offset`` numbers the prompts after those of earlier calls of
         the same step (DAPO's extra batches), so their seeds differ."""
-        params = resolve_sampling(self.config, sampling, n, validate)
         count = len(prompts["prompt_ids"])
-        names = self.loop_names(prompts)
-        jobs = []
-        for i in range(count):
-            client = self.fleet.client(self.fleet.replica_for(i, count))
-            for k in range(params.n):
-                sample = AgentSample(prompt_ids=list(prompts["prompt_ids"][i]), messages=list(prompts["raw_prompt"][i]),
-                                     extra_info=dict(prompts["extra_info"][i] or {}), prompt_index=prompt_offset + i,
-                                     sample_index=k, step=step, base_seed=int(self.config.seed), sampling=params)
-                jobs.append((names[i], sample, client))
+        jobs = self._jobs(prompts, resolve_sampling(self.config, sampling, n, validate), step, prompt_offset,
+                          [self.fleet.replica_for(i, count) for i in range(count)])
         start = time.perf_counter()
         if self.workers:
             from megarl.agent.workers import run_on_workers
@@ -162,8 +154,31 @@ class AgentRollout:
         self.last_stats = dict(samples=len(trajectories), model_tokens=tokens, seconds=seconds,
                                tokens_per_s=tokens / seconds if seconds > 0 else 0.0)
         logger.info("rollout: %d trajectories (%s) in %.2f s, %d model tokens, %.0f tok/s", len(trajectories),
-                    ", ".join(sorted(set(names))), seconds, tokens, self.last_stats["tokens_per_s"])
+                    ", ".join(sorted({job[0] for job in jobs})), seconds, tokens, self.last_stats["tokens_per_s"])
         return trajectories
+
+    async def agenerate(self, prompts: Mapping[str, list], *, step: int, prompt_index: int, replica: int,
+                        n: int | None = None) -> list[Trajectory]:
+        """One prompt's ``n`` trajectories, awaited in the caller's event loop (the asynchronous
+        trainer's producer): the seeds of prompt ``prompt_index`` of step ``step`` and the given
+        replica, so that it samples what ``generate`` samples for that prompt of that step."""
+        jobs = self._jobs(prompts, resolve_sampling(self.config, None, n, False), step, prompt_index, [replica])
+        if self.workers:
+            return list(await self.workers[prompt_index % len(self.workers)].run.remote(jobs))
+        return await self.loops.run(jobs)
+
+    def _jobs(self, prompts: Mapping[str, list], params, step: int, prompt_offset: int,
+              replicas: list[int]) -> list[tuple[str, AgentSample, Any]]:
+        names = self.loop_names(prompts)
+        jobs = []
+        for i, replica in enumerate(replicas):
+            client = self.fleet.client(replica)
+            for k in range(params.n):
+                sample = AgentSample(prompt_ids=list(prompts["prompt_ids"][i]), messages=list(prompts["raw_prompt"][i]),
+                                     extra_info=dict(prompts["extra_info"][i] or {}), prompt_index=prompt_offset + i,
+                                     sample_index=k, step=step, base_seed=int(self.config.seed), sampling=params)
+                jobs.append((names[i], sample, client))
+        return jobs
 
     def close(self) -> None:
         import ray

@@ -1,9 +1,9 @@
 """What an agent loop returns: one sample's tokens, its loss mask and log-probs, and its extras.
 
 Layout of a response (verl's): ``|<- model ->|<- tool ->|<- model ->|`` with loss mask
-``1..1 0..0 1..1``. Model tokens carry the engine's log-probs; every other token (tool responses,
-the chat template's turn markers around them) carries mask 0 and log-prob 0.0, so it is context
-for the next turn but never trained on. ``TrajectoryBuilder`` enforces the response budget
+``1..1 0..0 1..1``. Model tokens carry the engine's log-probs and the weight version that sampled
+them; every other token (tool responses, the chat template's turn markers around them) carries
+mask 0, log-prob 0.0 and version -1, so it is context for the next turn but never trained on. ``TrajectoryBuilder`` enforces the response budget
 (``rollout.response_length``: model and tool tokens together) while the loop appends.
 """
 from __future__ import annotations
@@ -29,9 +29,14 @@ class Trajectory:
     finish_reason: str
     response_text: str
     extras: dict[str, Any] = field(default_factory=dict)
+    versions: list[int] | None = None  # per response token: the weight version that sampled it (-1: not sampled
+    # or not known); None: the loop did not record them
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
+        if self.versions is not None and len(self.versions) != n:
+            raise ValueError(f"a trajectory needs one version per response token: {n} tokens, "
+                             f"{len(self.versions)} versions")
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError(f"a trajectory needs one loss-mask entry and one log-prob per response token: "
                              f"{n} tokens, {len(self.loss_mask)} mask entries, {len(self.logprobs)} log-probs")
@@ -48,7 +53,8 @@ class Trajectory:
     def from_sample(cls, sample: Any) -> "Trajectory":
         """A single-turn trajectory from a ``RolloutSample`` of ``RolloutFleet.generate``."""
         return cls(list(sample.prompt_ids), list(sample.response_ids), [1] * len(sample.response_ids),
-                   list(sample.logprobs), sample.finish_reason, sample.response_text, {"num_turns": 2})
+                   list(sample.logprobs), sample.finish_reason, sample.response_text, {"num_turns": 2},
+                   getattr(sample, "versions", None))
 
 
 class TrajectoryBuilder:
@@ -62,6 +68,8 @@ class TrajectoryBuilder:
         self.response_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.known_versions = True
 
     @property
     def room(self) -> int:
@@ -73,14 +81,19 @@ class TrajectoryBuilder:
         """Everything so far: what the model sees next."""
         return self.prompt_ids + self.response_ids
 
-    def add_model(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> bool:
-        """Append sampled tokens (mask 1) with their log-probs; False if the budget cut them."""
-        if len(token_ids) != len(logprobs):
-            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs from the engine")
+    def add_model(self, token_ids: Sequence[int], logprobs: Sequence[float],
+                  versions: Sequence[int] | None = None) -> bool:
+        """Append sampled tokens (mask 1) with their log-probs and versions (``Generation.versions``);
+        False if the budget cut them."""
+        if len(token_ids) != len(logprobs) or (versions is not None and len(versions) != len(token_ids)):
+            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs / "
+                             f"{None if versions is None else len(versions)} versions from the engine")
         keep = min(len(token_ids), self.room)
         self.response_ids += [int(t) for t in token_ids[:keep]]
         self.loss_mask += [1] * keep
         self.logprobs += [float(lp) for lp in logprobs[:keep]]
+        self.versions += [int(v) for v in versions[:keep]] if versions is not None else [-1] * keep
+        self.known_versions &= versions is not None
         return keep == len(token_ids)
 
     def add_env(self, token_ids: Sequence[int]) -> bool:
@@ -89,8 +102,9 @@ class TrajectoryBuilder:
         self.response_ids += [int(t) for t in token_ids[:keep]]
         self.loss_mask += [0] * keep
         self.logprobs += [0.0] * keep
+        self.versions += [-1] * keep
         return keep == len(token_ids)
 
     def build(self, finish_reason: str, response_text: str, **extras: Any) -> Trajectory:
         return Trajectory(self.prompt_ids, self.response_ids, self.loss_mask, self.logprobs, finish_reason,
-                          response_text, extras)
+                          response_text, extras, list(self.versions) if self.known_versions else None)

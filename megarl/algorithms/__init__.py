@@ -11,6 +11,7 @@ by name from registries:
 | KL_PENALTIES           | actor_rollout_ref.actor.kl_loss_type, algorithm.kl_penalty |
 | LOSS_AGG_MODES (tuple) | actor_rollout_ref.actor.loss_agg_mode             |
 | KL_CONTROLLERS (tuple) | algorithm.kl_ctrl.type                            |
+| ROLLOUT_IS, ROLLOUT_RS | algorithm.rollout_correction.rollout_is / rollout_rs |
 
 Unknown names raise `UnknownNameError` (a KeyError and a ValueError) listing the known names.
 """
@@ -59,6 +60,15 @@ from megarl.algorithms.policy_losses import (
     register_policy_loss,
 )
 from megarl.algorithms.registry import Registry, UniformCall, UnknownNameError
+from megarl.algorithms.rollout_correction import (
+    ROLLOUT_IS,
+    ROLLOUT_RS,
+    Correction,
+    RolloutCorrection,
+    compute_rollout_correction,
+    register_rollout_is,
+    register_rollout_rs,
+)
 from megarl.algorithms.value_loss import compute_value_loss
 
 __all__ = [
@@ -68,6 +78,13 @@ __all__ = [
     "KL_PENALTIES",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "ROLLOUT_IS",
+    "ROLLOUT_RS",
+    "Correction",
+    "RolloutCorrection",
+    "compute_rollout_correction",
+    "register_rollout_is",
+    "register_rollout_rs",
     "AdaptiveKLController",
     "FixedKLController",
     "Registry",

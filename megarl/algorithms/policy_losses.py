@@ -8,7 +8,9 @@ dict of detached scalar tensors, `pg_clipfrac`, `pg_clipfrac_lower` and `ppo_kl`
 Options (the names of `actor_rollout_ref.actor`): `loss_agg_mode`, `clip_ratio`,
 `clip_ratio_low`, `clip_ratio_high` (None: `clip_ratio`), `clip_ratio_c`, and
 `global_batch_info`, a dict of `agg_loss`'s global totals (`dp_size`, `batch_num_tokens`,
-`global_batch_size`, `loss_scale_factor`) for micro-batch gradient accumulation.
+`global_batch_size`, `loss_scale_factor`) for micro-batch gradient accumulation, and
+`rollout_is_weights` (None, or detached per-token importance weights of a rollout correction,
+`megarl.algorithms.rollout_correction`) that multiply each token's loss before aggregation.
 
 The trainer calls the configured loss with one set of arguments; each loss receives only the
 arguments it declares (see `registry.UniformCall`):
@@ -37,6 +39,7 @@ SHARED_POLICY_LOSS_INPUTS = frozenset(
     {
         "old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode",
         "clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "global_batch_info",
+        "rollout_is_weights",
     }
 )
 
@@ -83,6 +86,7 @@ def compute_policy_loss_vanilla(
     clip_ratio_high: float | None = None,
     clip_ratio_c: float = 3.0,
     global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (arXiv:1707.06347) with DAPO clip-higher and dual-clip.
 
@@ -114,6 +118,8 @@ def compute_policy_loss_vanilla(
         (torch.gt(clip_pg_losses1, pg_losses3) & (advantages < 0)).float(), response_mask
     )
     pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    if rollout_is_weights is not None:  # a rollout correction's truncated importance weights (verl's place)
+        pg_losses = pg_losses * rollout_is_weights
 
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **dict(global_batch_info or {}))
     return loss, _metrics(pg_clipfrac, pg_clipfrac_lower, ppo_kl)
@@ -130,6 +136,7 @@ def compute_policy_loss_gspo(
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
     global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO (arXiv:2507.18071): a sequence-level importance ratio, clipped like PPO.
 
@@ -155,6 +162,8 @@ def compute_policy_loss_gspo(
     pg_losses1 = -advantages * seq_ratio
     pg_losses2 = -advantages * torch.clamp(seq_ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **dict(global_batch_info or {}))
 
     pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).float(), response_mask)
@@ -171,6 +180,7 @@ def compute_policy_loss_reinforce(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
     global_batch_info: Mapping[str, Any] | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """REINFORCE (Williams 1992): L = -A * log_prob, no importance ratio and no clipping.
 
@@ -179,6 +189,8 @@ def compute_policy_loss_reinforce(
     `old_log_prob` only feeds the `ppo_kl` metric; the clip fractions are 0.
     """
     pg_losses = -advantages * log_prob
+    if rollout_is_weights is not None:  # off-policy REINFORCE: L = -w A log pi, w detached
+        pg_losses = pg_losses * rollout_is_weights
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **dict(global_batch_info or {}))
     ppo_kl = masked_mean(-(log_prob - old_log_prob), response_mask)
     zero = torch.zeros_like(ppo_kl)

@@ -82,8 +82,9 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
             problems.append(Problem(f"cannot resolve an interpolation: {_first_line(exc)}"))
             resolved = False
     if validate and resolved:  # also after other problems: every problem is reported in one pass
-        from megarl.config.validate import config_problems
+        from megarl.config.validate import config_problems, derive_async_keys
 
+        derive_async_keys(cfg, notes)
         problems += config_problems(cfg, notes)
         if preflight:
             from megarl.config.preflight import preflight_problems

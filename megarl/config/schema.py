@@ -278,7 +278,9 @@ class RolloutConfig:
     max_num_seqs: int = 1024
     max_model_len: Optional[int] = None
     ignore_eos: bool = False
-    logprobs_mode: str = "raw_logprobs"  # megarl: raw (verl: processed) so they compare with the trainer's
+    # processed_logprobs (verl's): the log-probs of the distribution sampled from (temperature applied, top-k /
+    # top-p renormalised), which is what the trainer scores at temperature; raw_logprobs only where they agree
+    logprobs_mode: str = "processed_logprobs"
     scheduling_policy: str = "fcfs"  # fcfs | priority
     disable_log_stats: bool = True
     seed: int = 0
@@ -445,6 +447,22 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction``: importance weights (TIS) and rejection (MIS) for tokens the
+    behaviour policy sampled (``megarl.algorithms.rollout_correction``)."""
+
+    rollout_is: Optional[str] = None  # null | token | sequence: truncated importance weights pi_old / pi_rollout
+    rollout_is_threshold: float = 2.0  # the truncation bound
+    rollout_is_batch_normalize: bool = False  # rescale the weights to mean 1 over the batch
+    rollout_rs: Optional[str] = None  # null | token | sequence | geometric: reject ratios outside the bounds
+    rollout_rs_threshold: Optional[float] = None  # upper bound of accepted ratios (required with rollout_rs)
+    rollout_rs_threshold_lower: Optional[float] = None  # lower bound; null: 1 / rollout_rs_threshold
+    rollout_token_veto_threshold: Optional[float] = None  # reject a sample with any token ratio below it
+    bypass_mode: bool = False  # the rollout's log-probs are the old log-probs (no trainer forward before the update)
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip (the ratio to the rollout, clipped) | reinforce
+
+
+@dataclass
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
@@ -454,6 +472,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # -------------------------------------------------------------------------- trainer
@@ -492,6 +511,30 @@ class TrainerConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    """Asynchronous (off-policy) training: verl's ``async_training.*`` keys (its fully-async recipe), honoured,
+    and megarl's ``mode``. README, Training -> Asynchronous training."""
+
+    mode: str = "sync"  # megarl: sync | one_step_off | fully_async (verl: trainer.v1.trainer_mode)
+    staleness_threshold: float = 1.0  # fully_async: groups generated ahead, in train batches; versions a group may lag
+    trigger_parameter_sync_step: int = 1  # training steps between two weight syncs
+    require_batches: int = 1  # with data.train_batch_size=0 (verl's fully-async form): the step's ppo mini-batches
+    partial_rollout: bool = False  # fully_async: a sync aborts running generations, which continue on the new weights
+    max_off_policy_strategy: str = "wait"  # megarl's place for verl's trainer.v1.sampler key: wait | drop
+    wait_timeout_s: float = 3600.0  # megarl: the longest a step waits for rollout groups
+
+
+@dataclass
+class RolloutPoolConfig:
+    """verl's separate rollout pool (one-step-off / fully-async recipes): ``rollout.nnodes`` nodes of
+    ``rollout.n_gpus_per_node`` GPUs next to the trainer's ``trainer.nnodes`` x ``trainer.n_gpus_per_node``
+    (0: no separate pool; megarl's own form is trainer.placement=split with trainer.rollout_gpus)."""
+
+    nnodes: int = 0
+    n_gpus_per_node: int = 0
+
+
+@dataclass
 class RayInitConfig:
     num_cpus: Optional[int] = None  # CPUs of a local Ray cluster; None: this machine's (or the slots')
 
@@ -512,4 +555,6 @@ class MegaRLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)

@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from megarl.config.errors import Problem, refusal
 from megarl.config.schema import MegaRLConfig
-from megarl.config.verl_keys import POINTERS, Alias, Noted, Parameters, Refused, Renamed, alias_target, rule_for
+from megarl.config.verl_keys import (POINTERS, Alias, Mapped, Noted, Parameters, Refused, Renamed, alias_target,
+                                     mapped_targets, rule_for)
 
 SECTION, LEAF, FREE = "section", "leaf", "free"  # FREE: a Dict field; whatever is under it belongs to it
 
@@ -84,6 +85,17 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
         elif isinstance(rule, Alias):
             if _move(tree, key, target, value, defaults, problems) and spellings is not None:
                 spellings[target] = key
+            if rule.note:
+                notes.setdefault(rule.note, []).append(key)
+        elif isinstance(rule, Mapped):
+            targets = mapped_targets(rule, key, value)
+            if targets is None and not (value is None or (isinstance(value, str) and value.startswith("${"))):
+                known = ", ".join(repr(v) for v in rule.values)
+                problems.append(Problem(f"{key}={_show(value)}: megarl maps the values {known} of this verl key; "
+                                        "use one of them", key=key))
+            for target, target_value in (targets or {}).items():
+                if _move(tree, key, target, target_value, defaults, problems, given=value) and spellings is not None:
+                    spellings[target] = key
             if rule.note:
                 notes.setdefault(rule.note, []).append(key)
         elif isinstance(rule, Refused):
@@ -157,7 +169,8 @@ def _nearest(candidates: list[str], key: str) -> list[str]:
     return sorted(k for k in candidates if shared(k) == best)
 
 
-def _move(tree: DictConfig, key: str, target: str, value: Any, defaults: DictConfig, problems: list[Problem]) -> bool:
+def _move(tree: DictConfig, key: str, target: str, value: Any, defaults: DictConfig, problems: list[Problem],
+          given: Any = None) -> bool:
     """An alias: ``target`` takes the value, unless it holds another value already (not its default).
     An interpolation is verl's wiring between its two spellings (e.g. ``${oc.select:reward_model.reward_manager}``),
     not a setting: it moves nowhere."""
@@ -166,8 +179,12 @@ def _move(tree: DictConfig, key: str, target: str, value: Any, defaults: DictCon
     current = OmegaConf.select(tree, target, default=None)
     default = OmegaConf.select(defaults, target, default=None)
     if current is not None and current != default and current != value:
-        problems.append(Problem(f"{key}={_show(value)} and {target}={_show(current)} are the same setting "
-                                "(two spellings) with different values; give one of them", key=key))
+        if given is not None:
+            problems.append(Problem(f"{key}={_show(given)} means {target}={_show(value)}, but {target}="
+                                    f"{_show(current)} is given; give one of them", key=key))
+        else:
+            problems.append(Problem(f"{key}={_show(value)} and {target}={_show(current)} are the same setting "
+                                    "(two spellings) with different values; give one of them", key=key))
         return False
     with open_dict(tree):
         OmegaConf.update(tree, target, value, merge=False, force_add=True)

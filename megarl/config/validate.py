@@ -21,10 +21,12 @@ ROLLOUT_MODES = ("sync", "async")
 
 def devices_for(cfg: DictConfig) -> tuple[int, int]:
     """(trainer devices, rollout devices) for the configured placement."""
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    if cfg.trainer.placement == "split":
-        rollout = cfg.trainer.rollout_gpus or 0
-        return world - rollout, rollout
+    from megarl.trainer.placement import cluster_shape
+
+    nnodes, per_node, mode, rollout = cluster_shape(cfg)
+    world = nnodes * per_node
+    if mode == "split":
+        return world - (rollout or 0), rollout or 0
     return world, world
 
 
@@ -49,6 +51,7 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
         problems.append(problem if isinstance(problem, Problem) else Problem(problem, key=key))
 
     _check_backends(cfg, add, notes)
+    _check_async(cfg, add)
     _check_layout_and_batches(cfg, add)
     _check_rollout(cfg, add)
     _check_data(cfg, add, notes)
@@ -88,8 +91,89 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
         add(f"actor_rollout_ref.rollout.mode={mode!r}: use one of {ROLLOUT_MODES}")
     elif mode == "async":
         notes.append("actor_rollout_ref.rollout.mode=async: megarl's fleet generates each step's batch on all "
-                     "replicas and waits for it, as verl's async server mode does within a step; off-policy "
-                     "training is async_training.* (issue 14)")
+                     "replicas and waits for it, as verl's async server mode does within a step; generation "
+                     "ahead of the trainer is async_training.mode (one_step_off, fully_async)")
+
+
+# ------------------------------------------------------------------ asynchronous training
+def derive_async_keys(cfg, notes: list[str]) -> None:
+    """verl's fully-async form sets ``data.train_batch_size=0``: a step is then ``async_training.require_batches``
+    PPO mini-batches (of ``ppo_mini_batch_size`` prompts)."""
+    a, data = cfg.async_training, cfg.data
+    if a.mode != "sync" and data.train_batch_size == 0:
+        data.train_batch_size = a.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        notes.append(f"data.train_batch_size=0 (verl's fully-async form): a step trains async_training.require_batches"
+                     f" x ppo_mini_batch_size = {data.train_batch_size} prompts")
+
+
+def _check_async(cfg, add) -> None:
+    """``async_training.*`` (``megarl.trainer.async_loop``): values, and the combinations that cannot work."""
+    from megarl.config.schema import AsyncTrainingConfig
+    from megarl.trainer.async_loop import MODES
+    from megarl.trainer.placement import cluster_shape
+    from megarl.trainer.staleness import STRATEGIES
+
+    a, p = cfg.async_training, "async_training"
+    defaults = AsyncTrainingConfig()
+    if a.mode not in MODES:
+        add(f"{p}.mode={a.mode!r}: use one of {MODES} (verl: trainer.v1.trainer_mode=sync|colocate_async|"
+            "separate_async).", f"{p}.mode")
+        return
+    if a.max_off_policy_strategy not in STRATEGIES:
+        add(f"{p}.max_off_policy_strategy={a.max_off_policy_strategy!r}: use one of {STRATEGIES}.",
+            f"{p}.max_off_policy_strategy")
+    for key, ok, rule in (("staleness_threshold", a.staleness_threshold >= 0, ">= 0"),
+                          ("trigger_parameter_sync_step", a.trigger_parameter_sync_step >= 1, ">= 1"),
+                          ("require_batches", a.require_batches >= 1, ">= 1"), ("wait_timeout_s", a.wait_timeout_s > 0, "> 0")):
+        if not ok:
+            add(f"{p}.{key}={a[key]}: must be {rule}.", f"{p}.{key}")
+    tuned = [f"{p}.{k}={a[k]}" for k in ("staleness_threshold", "trigger_parameter_sync_step", "partial_rollout",
+                                           "max_off_policy_strategy") if a[k] != getattr(defaults, k)]
+    if a.mode == "sync":
+        if tuned:
+            add(f"{', '.join(tuned)} set, but {p}.mode=sync trains on-policy, one step at a time: set {p}.mode="
+                "fully_async (verl's fully-async recipe, or trainer.v1.trainer_mode=separate_async / colocate_async) "
+                f"or {p}.mode=one_step_off.", f"{p}.mode")
+        return
+    if a.mode == "one_step_off" and tuned:
+        add(f"{p}.mode=one_step_off is staleness 1, one step per sync, no partial rollouts, batches in prompt order; "
+            f"{', '.join(tuned)} asks for something else: use {p}.mode=fully_async for it.", f"{p}.mode")
+    try:
+        placement = cluster_shape(cfg)[2]
+    except ValueError:
+        placement = None  # reported by the layout check
+    if a.mode == "one_step_off" and placement == "colocated":
+        add(f"{p}.mode=one_step_off overlaps generation with training, which colocated GPUs cannot (the engines sleep "
+            "while the trainer works): set trainer.placement=split with trainer.rollout_gpus (verl: actor_rollout_ref."
+            f"hybrid_engine=False with rollout.nnodes / rollout.n_gpus_per_node), or {p}.mode=fully_async "
+            "(verl's colocate_async: long generations continue across steps).", "trainer.placement")
+    mode = f"{p}.mode={a.mode}"
+    if cfg.trainer.critic_warmup > 0:
+        add(f"trainer.critic_warmup={cfg.trainer.critic_warmup} with {mode}: the warm-up steps keep the actor (and "
+            "the fleet's version) still, which the staleness bound counts on; set critic_warmup=0 or use "
+            f"{p}.mode=sync.", "trainer.critic_warmup")
+    lora = cfg.actor_rollout_ref.model.lora
+    if a.partial_rollout and lora.rank > 0 and not lora.merge:
+        add(f"{p}.partial_rollout=True with adapter-only LoRA updates (actor_rollout_ref.model.lora.merge=False): "
+            "vLLM swaps a LoRA adapter between requests, so a running generation cannot continue on the new one; "
+            "set lora.merge=True (merged weights, synced sharded) or partial_rollout=False.", f"{p}.partial_rollout")
+    if cfg.algorithm.adv_estimator == "remax":
+        add(f"algorithm.adv_estimator=remax with {mode}: ReMax's greedy baselines are generated with the step's "
+            f"weights, not with the ones that sampled the responses; use {p}.mode=sync or another estimator.",
+            "algorithm.adv_estimator")
+    off_policy = a.mode == "one_step_off" or a.staleness_threshold > 0 or a.trigger_parameter_sync_step > 1
+    c = cfg.algorithm.rollout_correction
+    corrects = c.rollout_is is not None or c.rollout_rs is not None or c.bypass_mode
+    if off_policy and not corrects:
+        add(f"{mode} trains on samples that older weights generated, and no correction is chosen: set "
+            "algorithm.rollout_correction.rollout_is (token | sequence: truncated importance weights) or "
+            "rollout_rs (rejection), or bypass_mode=True (the PPO ratio to the rollout policy; verl: "
+            "async_training.use_rollout_log_probs=True).", "algorithm.rollout_correction")
+    data, mini = cfg.data, cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    if a.require_batches != 1 and data.train_batch_size != a.require_batches * mini:
+        add(f"{p}.require_batches={a.require_batches} makes a step require_batches x ppo_mini_batch_size = "
+            f"{a.require_batches * mini} prompts, but data.train_batch_size={data.train_batch_size}; set "
+            "data.train_batch_size=0 (verl's fully-async form) or give one of them.", f"{p}.require_batches")
 
 
 # ------------------------------------------------------------------ layout and batch arithmetic
@@ -244,6 +328,13 @@ def _check_rollout(cfg, add) -> None:
             f"response_length = {rollout.prompt_length + rollout.response_length}; raise it or shorten the lengths.")
     if rollout.logprobs_mode not in LOGPROBS_MODES:
         add(f"actor_rollout_ref.rollout.logprobs_mode={rollout.logprobs_mode!r}: use one of {LOGPROBS_MODES}.")
+    elif rollout.logprobs_mode == "raw_logprobs" and rollout.do_sample and (
+            rollout.temperature not in (0, 1) or rollout.top_p < 1 or rollout.top_k > 0):
+        add(f"actor_rollout_ref.rollout.logprobs_mode=raw_logprobs reports log-probs before temperature, top-k and "
+            f"top-p, but the rollout samples at temperature={rollout.temperature}, top_p={rollout.top_p}, "
+            f"top_k={rollout.top_k} and the trainer scores at that temperature: rollout/logprob_diff and every "
+            "importance weight would compare different distributions. Use logprobs_mode=processed_logprobs "
+            "(the default, verl's).", "actor_rollout_ref.rollout.logprobs_mode")
     if rollout.scheduling_policy not in SCHEDULING_POLICIES:
         add(f"actor_rollout_ref.rollout.scheduling_policy={rollout.scheduling_policy!r}: use one of {SCHEDULING_POLICIES}.")
     for message in engine_kwargs_problems(rollout.engine_kwargs.vllm):
@@ -296,6 +387,7 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
         notes.append(f"GSPO aggregates its policy term with actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}; "
                      "verl's GSPO always uses seq-mean-token-mean there (the paper's form): set "
                      "loss_agg_mode=seq-mean-token-mean to match verl")
+    _check_rollout_correction(cfg, add)
     if a.filter_groups.enable and not a.filter_groups.metric:
         add("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward).")
     for section in ("actor_rollout_ref.actor", "critic"):
@@ -311,6 +403,30 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
                             "megarl trains with megatron's (distributed) Adam"))
         if len(optim.betas) != 2:
             add(f"{section}.optim.betas={list(optim.betas)}: give two values, e.g. [0.9, 0.999].")
+
+
+def _check_rollout_correction(cfg, add) -> None:
+    """``algorithm.rollout_correction``: names, thresholds, and combinations that would not do what they say."""
+    from megarl.algorithms.rollout_correction import RolloutCorrection, correction_problems
+
+    c, prefix = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    settings = RolloutCorrection.__new__(RolloutCorrection)  # unchecked: every problem is reported below
+    for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
+                "rollout_rs_threshold_lower", "rollout_token_veto_threshold", "bypass_mode", "loss_type"):
+        object.__setattr__(settings, key, c[key])
+    for message in correction_problems(settings):
+        add(message + ".", prefix)
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if c.bypass_mode and c.loss_type == "ppo_clip" and c.rollout_is is not None:
+        add(f"{prefix}.rollout_is={c.rollout_is} with bypass_mode=True and loss_type=ppo_clip would count the "
+            "correction twice: the PPO ratio is already pi_theta / pi_rollout. Set rollout_is=null (rejection "
+            "sampling, rollout_rs, still applies) or loss_type=reinforce.", f"{prefix}.rollout_is")
+    if c.bypass_mode and c.loss_type == "reinforce" and loss_mode not in ("vanilla", "reinforce", "gpg"):
+        add(f"{prefix}.loss_type=reinforce trains the REINFORCE loss, but actor_rollout_ref.actor.policy_loss."
+            f"loss_mode={loss_mode}; set loss_mode=vanilla (or reinforce) or loss_type=ppo_clip.", f"{prefix}.loss_type")
+    if not c.bypass_mode and c.loss_type != "ppo_clip":
+        add(f"{prefix}.loss_type={c.loss_type} is bypass mode's loss; with bypass_mode=False the loss is "
+            "actor_rollout_ref.actor.policy_loss.loss_mode. Set bypass_mode=True or drop loss_type.", f"{prefix}.loss_type")
 
 
 # ------------------------------------------------------------------ rewards

@@ -7,6 +7,9 @@ verl's fully resolved Megatron config has about 600 keys; the ones megarl implem
   size, the FSDP-style ``model.lora_rank``); the value moves to the megarl key, and the two given
   with different values is an error. An alias with ``active`` moves only while that holds (verl's
   FSDP LoRA keys only while ``lora_rank > 0``: its defaults, e.g. ``lora_alpha: 16``, stay inert);
+* ``Mapped``: a verl key whose values are settings of megarl keys (``trainer.v1.trainer_mode=
+  separate_async`` is ``async_training.mode=fully_async`` with ``trainer.placement=split``); each
+  value sets its keys as an alias would, and a value without a mapping is an error;
 * ``Refused``: asks for a feature megarl does not have. The key is accepted only at a value that
   asks for nothing (``off``: verl's default, which turns the feature off), so a full verl config
   loads, and refused otherwise with what megarl does instead and the issue that plans the feature;
@@ -59,6 +62,13 @@ def _fsdp_lora_aliases(model: str) -> tuple[Alias, ...]:
 
 
 @dataclass(frozen=True)
+class Mapped:
+    keys: tuple[str, ...]
+    values: dict  # verl value -> {megarl key: value}
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class Refused:
     keys: tuple[str, ...]
     feature: str
@@ -92,7 +102,7 @@ class Parameters:
     of: str  # the feature they parameterise
 
 
-Rule = Union[Alias, Refused, Renamed, Noted, Parameters]
+Rule = Union[Alias, Mapped, Refused, Renamed, Noted, Parameters]
 
 PROFILING = ("profile the job from outside (e.g. `nsys profile` around the launch) and read megarl's "
              "timing_s/* and timing_per_token_ms/* metrics")
@@ -211,8 +221,7 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused(("critic.nccl_timeout",), "a critic process-group timeout apart from the actor's",
             "the critic runs in the actor's process groups: set actor_rollout_ref.nccl_timeout",
             off=lambda value, get: value == get(f"{ARR}.nccl_timeout")),
-    Refused((f"{ARR}.hybrid_engine",), "verl's non-hybrid worker mode",
-            "trainer.placement=split gives the rollout GPUs of its own", off=(True,)),
+    Mapped((f"{ARR}.hybrid_engine",), {True: {}, False: {"trainer.placement": "split"}}),
     # ---------------------------------------------------------------- profiling
     Refused(_each(PROFILED, "profiler.enable") + ("global_profiler.tool", "global_profiler.steps"),
             "profiling inside the workers", PROFILING, off=(False,)),
@@ -320,19 +329,47 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "SGLang and TensorRT-LLM engine arguments", "the reward model's engine is vLLM: use "
             "reward_model.rollout.engine_kwargs.vllm"),
     # ---------------------------------------------------------------- algorithm
-    Refused(("algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_rs"),
-            "rollout correction (importance weights for off-policy tokens)",
-            "megarl trains on-policy; rollout/logprob_diff shows the trainer-fleet mismatch", issue=14),
-    Refused(("algorithm.rollout_correction.bypass_mode",), "rollout correction's bypass mode",
-            "megarl trains on-policy with the trainer's old log-probs", off=(False,), issue=14),
-    Parameters(("algorithm.rollout_correction.*",), of="rollout correction"),
     Refused(("algorithm.use_pf_ppo",), "PF-PPO (reweighted sampling of the batch)",
             "every sample of the batch is trained on once per epoch", off=(False,)),
     Parameters(("algorithm.pf_ppo.*",), of="PF-PPO"),
-    Refused(("async_training.*",), "fully asynchronous training", "megarl trains on-policy, one step at a time", issue=14),
-    Refused(("trainer.v1.trainer_mode",), "asynchronous trainer modes",
-            "megarl trains on-policy, one step at a time", off=("sync",), issue=14),
-    Parameters(("trainer.v1.*", "trainer.use_v1", "trainer.use_legacy_worker_impl"), of="verl's trainer implementations"),
+    # ---------------------------------------------------------------- asynchronous training (megarl's async_training.*)
+    Mapped(("trainer.v1.trainer_mode",), {
+        "sync": {"async_training.mode": "sync"},
+        "colocate_async": {"async_training.mode": "fully_async", "trainer.placement": "colocated"},
+        "separate_async": {"async_training.mode": "fully_async", "trainer.placement": "split"}}),
+    Alias("trainer.v1.sampler.max_off_policy_threshold", "async_training.staleness_threshold"),
+    Alias("trainer.v1.sampler.max_off_policy_strategy", "async_training.max_off_policy_strategy"),
+    Alias("trainer.v1.separate_async.parameter_sync_step", "async_training.trigger_parameter_sync_step"),
+    Alias("trainer.v1.colocate_async.parameter_sync_step", "async_training.trigger_parameter_sync_step"),
+    Alias("async_training.use_rollout_log_probs", "algorithm.rollout_correction.bypass_mode",
+          note="read as algorithm.rollout_correction.bypass_mode (the rollout's log-probs are the old log-probs)"),
+    Alias(f"{ACTOR}.use_rollout_log_probs", "algorithm.rollout_correction.bypass_mode",
+          note="read as algorithm.rollout_correction.bypass_mode (the rollout's log-probs are the old log-probs)"),
+    Refused(("async_training.compute_prox_log_prob", "async_training.recompute_old_log_prob"),
+            "this spelling of decoupled PPO", "set algorithm.rollout_correction.bypass_mode=False: the trainer's "
+            "log-probs are then the proximal policy and rollout_is / rollout_rs correct for the rollout's",
+            off=(False,)),
+    Refused(("async_training.max_queue_size",), "a separate bound on the sample queue",
+            "async_training.staleness_threshold bounds the groups generated ahead of the trainer"),
+    Refused(("trainer.v1.colocate_async.num_warmup_batches", "trainer.v1.separate_async.num_warmup_batches"),
+            "a warm-up other than one batch", "the producer runs as far ahead as async_training.staleness_threshold "
+            "allows from the first step on", off=(1,)),
+    Refused(("trainer.v1.sampler.custom_sampler.path",), "custom replay-buffer samplers",
+            "groups train earliest deadline first (async_training.max_off_policy_strategy)"),
+    Refused(("trainer.v1.*",), "this option of verl's v1 trainer", "megarl's asynchronous loop is configured by "
+            "async_training.* (README, Training -> Asynchronous training)", off=(False, 0)),
+    Parameters(("trainer.v1.sampler.custom_sampler.*",), of="custom samplers"),
+    Noted(("trainer.use_v1", "trainer.use_legacy_worker_impl"), "megarl has one trainer; verl's implementation "
+          "switches change nothing here"),
+    Alias("rollout.n", f"{ROLLOUT}.n"),  # verl's fully-async recipe repeats it in its rollout pool section
+    Alias("rollout.total_epochs", "trainer.total_epochs"),
+    Refused(("rollout.total_rollout_steps",), "counting the run in rollout samples",
+            "set trainer.total_training_steps (verl: total_rollout_steps / data.train_batch_size)"),
+    Refused(("rollout.test_freq",), "validation counted in weight syncs", "set trainer.test_freq (in steps)"),
+    Refused(("data.gen_batch_size",), "a generation batch apart from the train batch",
+            "megarl generates data.train_batch_size prompts per step (DAPO: further batches until enough groups "
+            "remain; the asynchronous modes stream group by group)",
+            off=lambda value, get: value in (1, get("data.train_batch_size"))),
     Refused(("distillation.enabled",), "on-policy distillation", "megarl trains with rewards only", off=(False,)),
     Parameters(("distillation.*",), of="distillation"),
     # ---------------------------------------------------------------- trainer
@@ -372,6 +409,14 @@ POINTERS = {
     "epochs": "trainer.total_epochs", "num_epochs": "trainer.total_epochs",
     "gpus_per_node": "trainer.n_gpus_per_node", "num_nodes": "trainer.nnodes",
 }
+
+
+def mapped_targets(rule: Mapped, key: str, value: Any) -> dict | None:
+    """The megarl settings of ``key=value`` under ``rule`` (None: the value has no mapping)."""
+    for verl_value, targets in rule.values.items():
+        if value == verl_value and type(value) is type(verl_value):
+            return targets
+    return None
 
 
 def rule_for(key: str) -> Rule | None:

@@ -63,6 +63,14 @@ class PromptDataLoader:
         indices = self.sampler.next_batch()
         return PromptBatch([self.dataset[i] for i in indices], self.sampler.epoch, self.sampler.position - 1)
 
+    def next_positions(self) -> list[int]:
+        """The dataset positions of the next batch (``item`` reads them): for a consumer that keeps
+        positions in its own state, as the asynchronous producer does."""
+        return self.sampler.next_batch()
+
+    def item(self, position: int) -> PromptItem:
+        return self.dataset[position]
+
     def state_dict(self) -> dict[str, Any]:
         return self.sampler.state_dict()
 

@@ -12,6 +12,15 @@ Metrics (verl's names), averaged over the mini-batches of one ``update_policy`` 
 pre-clip norm of the steps taken; ``actor/lr`` the learning rate used; ``actor/skipped_steps``
 counts optimizer steps skipped for a non-finite gradient norm. ``actor/kl_loss`` and
 ``actor/kl_coef`` appear when ``use_kl_loss`` is on.
+
+Rollout correction (``algorithm.rollout_correction``, ``megarl.algorithms.rollout_correction``): in
+decoupled mode the controller puts the importance weights into the batch
+(``batch.rollout_is_weights``, multiplied into each token's loss) and the rejected tokens out of
+its ``response_mask``. In bypass mode ``batch.old_log_probs`` are the rollout's and the correction
+is computed here, per micro-batch, from the detached current log-probs: rejected tokens leave the
+loss (they stay in token-mean's count, the mini-batch's response tokens: the rejection is decided in
+the forward, after the count), and ``loss_type=reinforce`` trains REINFORCE weighted by the truncated ``pi_theta /
+pi_rollout``; ``actor/rollout_is_mean`` and ``actor/rollout_rs_masked_fraction`` report them.
 """
 from __future__ import annotations
 
@@ -19,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from megarl.algorithms import agg_loss, compute_kl_loss, get_policy_loss
+from megarl.algorithms import agg_loss, compute_kl_loss, compute_rollout_correction, get_policy_loss
 from megarl.engine.batch import RLBatch
 from megarl.engine.optimizer import build_optimizer, wrap_for_training
 from megarl.engine.runner import MicroBatch, ModelRunner, response_log_probs, response_logits
@@ -39,7 +48,12 @@ class MegatronActor:
     """
 
     def __init__(self, model_chunks: Sequence[torch.nn.Module], settings: ActorSettings):
-        self.policy_loss = get_policy_loss(settings.loss.loss_mode)  # an unknown name fails here, early
+        correction = settings.loss.rollout_correction
+        self.bypass = correction if correction is not None and correction.bypass_mode else None
+        loss_mode = "reinforce" if self.bypass is not None and self.bypass.loss_type == "reinforce" else \
+            settings.loss.loss_mode
+        self.policy_loss = get_policy_loss(loss_mode)  # an unknown name fails here, early
+        self.token_means = _TOKEN_MEANS + (("rollout_is_mean", "rollout_rs_masked_fraction") if self.bypass else ())
         self.settings = settings
         self.model = wrap_for_training(model_chunks, settings.optim.use_distributed_optimizer)
         self.runner = ModelRunner(self.model)
@@ -63,8 +77,8 @@ class MegatronActor:
         batch.require("old_log_probs", "advantages", *(["ref_log_probs"] if use_kl else []), purpose="update_policy")
         sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else [])]
         metrics = run_update(
-            "actor", self.runner, self.optimizer, self.scheduler, batch, self.settings.train, self._loss_fn, sums, _TOKEN_MEANS
-        )
+            "actor", self.runner, self.optimizer, self.scheduler, batch, self.settings.train, self._loss_fn, sums,
+            self.token_means)
         if use_kl:
             metrics["actor/kl_coef"] = self.settings.loss.kl_loss_coef
         return metrics
@@ -82,11 +96,18 @@ class MegatronActor:
             with torch.set_grad_enabled(s.entropy_coeff != 0):  # without the bonus it is only a metric
                 entropy = vocab_parallel_entropy(response) * valid
             agg = s.loss_agg_mode or "token-mean"  # entropy and KL; the policy loss keeps its own default
+            weights, loss_mask = batch.rollout_is_weights, mask
+            if self.bypass is not None:  # old_log_probs are the rollout's: correct against the current policy
+                correction = compute_rollout_correction(log_probs.detach(), batch.old_log_probs, mask, self.bypass,
+                                                        with_metrics=False)
+                loss_mask = correction.mask
+                weights = correction.weights if self.bypass.loss_type == "reinforce" else None
             pg_loss, pg_metrics = self.policy_loss(
                 old_log_prob=batch.old_log_probs,
                 log_prob=log_probs,
                 advantages=batch.advantages,
-                response_mask=mask,
+                response_mask=loss_mask,
+                rollout_is_weights=weights,
                 **({} if s.loss_agg_mode is None else {"loss_agg_mode": s.loss_agg_mode}),
                 clip_ratio=s.clip_ratio,
                 clip_ratio_low=s.clip_ratio_low,
@@ -99,6 +120,10 @@ class MegatronActor:
             tokens = mask.float().sum()
             collected = {"pg_loss": pg_loss.detach() / dp_size, "entropy": entropy_loss.detach() / dp_size, "tokens": tokens}
             collected.update({name: pg_metrics[name].detach() * tokens for name in _TOKEN_MEANS})
+            if self.bypass is not None:
+                valid = mask.float()
+                collected["rollout_is_mean"] = ((weights if weights is not None else valid) * valid).sum()
+                collected["rollout_rs_masked_fraction"] = (valid - loss_mask.float()).sum()
             if s.use_kl_loss:
                 kl_loss = compute_kl_loss(log_probs, batch.ref_log_probs, mask, s.kl_loss_type, agg, info)
                 total = total + s.kl_loss_coef * kl_loss

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
+from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.engine.overrides import optimizer_overrides, transformer_overrides
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class PolicyLossSettings:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    # algorithm.rollout_correction; the engine acts on it only in bypass mode (decoupled weights come in the batch)
+    rollout_correction: RolloutCorrection | None = None
 
 
 @dataclass
@@ -226,13 +229,15 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         use_kl_loss=actor.use_kl_loss,
         kl_loss_coef=actor.kl_loss_coef,
         kl_loss_type=actor.kl_loss_type,
+        rollout_correction=RolloutCorrection.from_config(cfg.algorithm.rollout_correction),
     )
     return ActorSettings(
         train=train,
         log_prob=log_prob,
         loss=loss,
         optim=optimizer_settings(actor.optim, actor.grad_clip, actor.megatron, "actor_rollout_ref.actor"),
-        temperature=rollout.temperature if rollout.temperature > 0 else 1.0,
+        # the distribution the fleet sampled from (greedy rollouts report log_softmax(logits): temperature 1)
+        temperature=rollout.temperature if rollout.do_sample and rollout.temperature > 0 else 1.0,
     )
 
 

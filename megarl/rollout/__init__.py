@@ -1,8 +1,8 @@
 """The vLLM rollout fleet: engine replicas (each with its own TP size) as Ray actors.
 
 ``RolloutFleet`` generates n samples per prompt with per-token rollout log-probs, scores given
-tokens (``compute_log_probs``), loads new weights (``update_weights``) and sleeps/wakes the engines
-in colocated GPU mode. Start Ray first with ``megarl.trainer.ray_cluster.init_ray``.
+tokens (``compute_log_probs``), serves the weights the sync gives it (``megarl.weight_sync``) and
+sleeps/wakes the engines in colocated GPU mode. Start Ray first with ``megarl.trainer.ray_cluster.init_ray``.
 """
 from megarl.rollout.client import GenerateClient
 from megarl.rollout.fleet import RolloutFleet, split_evenly

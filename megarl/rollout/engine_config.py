@@ -119,7 +119,7 @@ class ReplicaSpec:
     cpu_threads: int  # CPU only: OpenMP threads per TP worker
     cpu_kv_cache_bytes: int  # CPU only: KV cache size (gpu_memory_utilization would take host RAM)
     trust_remote_code: bool = False
-    logprobs_mode: str = "raw_logprobs"
+    logprobs_mode: str = "processed_logprobs"
     ray_executor: bool = False  # TP spans nodes: vLLM's Ray executor instead of local "mp" workers
     enable_prefix_caching: bool = True  # the n samples of a prompt share its prefix
     scheduling_policy: str = "fcfs"
@@ -156,7 +156,7 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
     max_model_len = config.max_model_len or config.prompt_length + config.response_length
     if cpu_kv_cache_gib <= 0:
         raise ValueError(f"cpu_kv_cache_gib={cpu_kv_cache_gib} must be > 0")
-    logprobs_mode = logprobs_mode or _option(config, "logprobs_mode", "raw_logprobs")
+    logprobs_mode = logprobs_mode or _option(config, "logprobs_mode", "processed_logprobs")
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
     engine_section = _option(config, "engine_kwargs", None)

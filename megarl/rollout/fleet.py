@@ -2,8 +2,8 @@
 
     fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, model_path, num_replicas=2)
     samples = fleet.generate(prompt_ids, step=3)          # n samples per prompt, rollout log-probs
-    fleet.update_weights(hf_named_tensors, version=4)     # full-tensor path (CPU, small GPU models)
     fleet.compute_log_probs(prompt_ids, response_ids)     # engine log-probs of given tokens
+    fleet.version()                                       # the weights version every replica serves
     client = fleet.client(fleet.replica_for(prompt_index, num_prompts))   # per-request, for agent loops
     generation = await client.generate(prompt_ids, sampling, seed)
     fleet.shutdown()
@@ -21,12 +21,16 @@ order, then sample order, and do not depend on the replica that served them (see
 Agent loops send one request per turn through a ``GenerateClient`` of the replica that
 ``replica_for`` names: the same split, so every turn of every sample of a prompt reuses one
 replica's prefix cache (a sticky session).
+
+Weights reach the replicas only through the sharded weight sync (``megarl.weight_sync``): each
+replica's ``ReceiverEndpoint`` holds its version; ``WeightSyncSession`` drives them through
+``call_async``.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from megarl.rollout.client import GenerateClient
 from megarl.rollout.engine_config import ReplicaSpec, replica_env, replica_spec
@@ -96,7 +100,6 @@ class RolloutFleet:
 
         self._groups: list = []
         self._replicas: list = []
-        self._version = 0
         self._warned_sleep = False
         self.last_generate_stats: dict[str, float] = {}
         try:
@@ -194,10 +197,15 @@ class RolloutFleet:
             remove_placement_group(group)
         self._replicas, self._groups = [], []
 
-    @property
-    def replicas(self) -> list:
-        """The replica actor handles, in replica order (``EngineReplica`` methods, via ``.remote``)."""
-        return list(self._replicas)
+    def call_async(self, method: str, *args, replicas: Sequence[int] | None = None) -> list:
+        """Start ``EngineReplica.method(*args)`` on every replica (or those listed); their Ray refs in order."""
+        handles = self._live_replicas()
+        chosen = range(len(handles)) if replicas is None else replicas
+        return [getattr(handles[i], method).remote(*args) for i in chosen]
+
+    def actor_ids(self) -> list[str]:
+        """The replicas' Ray actor ids (for logs and the shutdown check)."""
+        return [r._actor_id.hex() for r in self._replicas]  # noqa: SLF001
 
     def __enter__(self) -> "RolloutFleet":
         return self
@@ -312,31 +320,12 @@ class RolloutFleet:
         return self._replicas
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
-        """Load HF-named full tensors into every replica and record ``version`` (the full-tensor path).
-
-        The tensors go once into Ray's object store and every replica reads them from there. A
-        layer that appears must come with all its tensors (see the worker extension).
-        """
+    def versions(self) -> list[int]:
+        """The weights version each replica serves (0: the checkpoint it started from); raises while
+        a replica's weights are stale (a sync in progress or failed)."""
         import ray
-        import torch
 
-        tensors = []
-        for item in named_tensors:
-            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                    and isinstance(item[1], torch.Tensor)):
-                raise TypeError(f"update_weights takes (hf_name, torch.Tensor) pairs, got {type(item).__name__}: "
-                                f"{str(item)[:80]}")
-            tensors.append((item[0], item[1].detach().cpu()))
-        if not tensors:
-            raise ValueError("update_weights got no tensors")
-        start = time.perf_counter()
-        ref = ray.put(tensors)
-        versions = ray.get([r.load_weights.remote(ref, int(version)) for r in self._live_replicas()])
-        self._version = int(version)
-        logger.info("rollout: weights version %d (%d tensors, %.1f MB) loaded into %d replica(s) in %.2f s",
-                    version, len(tensors), sum(t.numel() * t.element_size() for _, t in tensors) / 1e6,
-                    len(versions), time.perf_counter() - start)
+        return ray.get(self.call_async("weights_version"))
 
     def load_adapter(self, adapter, version: int) -> list[dict]:
         """Serve the base model with this LoRA adapter from now on (``{"tensors", "config"}``, PEFT
@@ -349,26 +338,28 @@ class RolloutFleet:
         return ray.get([r.load_adapter.remote(ref, int(version)) for r in self._live_replicas()])
 
     def version(self) -> int:
-        """The weights version every replica reports; raises if they disagree."""
-        import ray
-
-        versions = ray.get([r.weights_version.remote() for r in self._live_replicas()])
+        """The weights version every replica serves; raises if they disagree."""
+        versions = self.versions()
         if any(v != versions[0] for v in versions):
-            raise RuntimeError(f"rollout replicas hold different weight versions {versions} "
-                               f"(last update_weights: version {self._version})")
+            raise RuntimeError(f"rollout replicas serve different weight versions {versions}")
         return versions[0]
-
-    def weight_checksums(self) -> list[float]:
-        """Per replica, the float64 sum of its parameters (equal when replicas hold equal weights)."""
-        import ray
-
-        return ray.get([r.weight_checksum.remote() for r in self._live_replicas()])
 
     # ------------------------------------------------------------------ colocated mode
     @property
     def sleep_mode(self) -> bool:
         """True when the engines can sleep (GPU with ``free_cache_engine`` in colocated placement)."""
         return bool(self.use_gpu and self.spec.enable_sleep_mode)
+
+    def pause(self, in_flight: str = "wait") -> None:
+        """Hold generation on every replica (running requests finish, or with ``abort`` continue after ``resume``)."""
+        import ray
+
+        ray.get(self.call_async("pause", in_flight))
+
+    def resume(self) -> None:
+        import ray
+
+        ray.get(self.call_async("resume"))
 
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory for training: drop the KV cache, offload (1) or discard (2) the weights.

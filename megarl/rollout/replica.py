@@ -12,25 +12,30 @@ A reward model's replica (``megarl.rewards.models``) runs vLLM's pooling runner 
 sequences (``classify``); reward-model and judge replicas also serve vLLM's OpenAI-compatible HTTP
 API on their engine (``serve_http``), which reward functions call.
 
-Weight updates and syncs go through ``collective_rpc`` to the worker extension; while one runs, or
-after one failed, the replica refuses to generate (``stale``), so stale weights are never served.
+Weights: ``self.weights`` (``ReceiverEndpoint``) is the replica's end of the weight sync and the one
+record of the version it serves; while a sync runs, or after one failed, it is stale and the
+replica refuses to generate, so stale weights are never served. Around a sync the generation gate
+(``gate.py``) closes: running requests finish first, or are aborted and continued on the new
+weights afterwards (``in_flight="abort"``: partial rollouts), every token stamped with its version.
+With adapter-only LoRA updates (``load_adapter``) the same gate and version record apply.
 """
 from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
 import pickle
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 from megarl.rollout.engine_config import ReplicaSpec, llm_kwargs
+from megarl.rollout.gate import GenerationGate, Segment, generate_resumable
 from megarl.rollout.sample import Generation, RolloutSample
+from megarl.weight_sync.endpoints import ReceiverEndpoint
 
 logger = logging.getLogger(__name__)
+IN_FLIGHT = ("wait", "abort")  # what a sync does to running requests: let them finish, or abort and resume them
 
 
 class EngineReplica:
@@ -66,9 +71,9 @@ class EngineReplica:
             vllm_config.parallel_config.placement_group = ray.util.get_current_placement_group()
         self.engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=spec.disable_log_stats)
         self.model_config = vllm_config.model_config
-        self.checkpoint_shapes = checkpoint_shapes(spec.model_path)
         self.start_seconds = time.perf_counter() - start - self.import_seconds
-        self.stale: str | None = None  # set while a weight sync runs or after one failed
+        self.weights = ReceiverEndpoint(index, self._rpc)
+        self.gate = GenerationGate()
         self._request_counter = 0
         self.model_path = spec.model_path
         self.http = None  # the OpenAI-compatible server, once serve_http started it
@@ -90,12 +95,13 @@ class EngineReplica:
         )
 
     # ------------------------------------------------------------------ generation
-    async def _final_output(self, prompt_ids: Sequence[int], params, tag: str):
+    async def _final_output(self, prompt_ids: Sequence[int], params, tag: str, request_id: str | None = None):
         """Run one request to completion; its last ``RequestOutput``."""
         from vllm.inputs import TokensPrompt
 
-        self._request_counter += 1
-        request_id = f"{tag}-{self.index}-{self._request_counter}"
+        if request_id is None:
+            self._request_counter += 1
+            request_id = f"{tag}-{self.index}-{self._request_counter}"
         final = None
         async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id,
                                                  lora_request=self.lora_request):
@@ -110,33 +116,48 @@ class EngineReplica:
 
         return SamplingParams(**sampling_kwargs, **extra, seed=seed, output_kind=RequestOutputKind.FINAL_ONLY)
 
-    def _completion(self, completion, what: str) -> Generation:
-        if completion.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"replica {self.index}: {what} ended with finish_reason={completion.finish_reason!r}")
+    def _segment(self, completion, what: str, allow_abort: bool = False) -> Segment:
+        allowed = ("stop", "length", "abort") if allow_abort else ("stop", "length")
+        if completion.finish_reason not in allowed:
+            cause = (" (a weight sync aborted it; batch requests are not resumed: generate per request, as the "
+                     "agent seam does)" if completion.finish_reason == "abort" else "")
+            raise RuntimeError(f"replica {self.index}: {what} ended with finish_reason="
+                               f"{completion.finish_reason!r}{cause}")
         token_ids = list(completion.token_ids)
         stop_reason = completion.stop_reason
-        return Generation(
-            token_ids=token_ids,
-            logprobs=[step[token].logprob for step, token in zip(completion.logprobs, token_ids)],
-            finish_reason=completion.finish_reason,
-            stop_string=stop_reason if isinstance(stop_reason, str) else None,
-            text=completion.text,
-        )
+        return Segment(token_ids=token_ids,
+                       logprobs=[step[token].logprob for step, token in zip(completion.logprobs or [], token_ids)],
+                       finish_reason=completion.finish_reason,
+                       stop_string=stop_reason if isinstance(stop_reason, str) else None, text=completion.text)
+
+    async def _gated(self, coroutine_fn, tag: str):
+        """Run ``coroutine_fn()`` as one request that may not be interrupted (batch, scoring)."""
+        self._request_counter += 1
+        request_id = f"{tag}-{self.index}-{self._request_counter}"
+        await self.gate.enter(request_id)
+        try:
+            self.weights.check_fresh()
+            return await coroutine_fn(request_id)
+        finally:
+            self.gate.leave(request_id)
 
     async def generate(self, requests: Sequence[tuple[int, list[int], int]],
                        sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
         """Generate for ``(prompt_index, prompt_ids, request_seed)`` requests; n samples per prompt.
 
         All requests are in flight at once; vLLM gives the k-th of a prompt's n samples the seed
-        ``request_seed + k``.
+        ``request_seed + k``. A weight sync waits for them (an abort would be an error: batch
+        requests are not resumed).
         """
-        self._check_fresh()
-        outputs = await asyncio.gather(*[self._final_output(ids, self._params(sampling_kwargs, seed), "batch")
-                                         for _, ids, seed in requests])
+        def one(ids, seed):
+            return self._gated(lambda rid: self._final_output(ids, self._params(sampling_kwargs, seed), "batch", rid),
+                               "batch")
+
+        outputs = await asyncio.gather(*[one(ids, seed) for _, ids, seed in requests])
         samples = []
         for (prompt_index, prompt_ids, _), output in zip(requests, outputs):
             for completion in sorted(output.outputs, key=lambda c: c.index):
-                g = self._completion(completion, f"prompt {prompt_index} sample {completion.index}")
+                g = self._segment(completion, f"prompt {prompt_index} sample {completion.index}")
                 samples.append(RolloutSample(
                     prompt_index=prompt_index, sample_index=completion.index, prompt_ids=list(prompt_ids),
                     response_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason,
@@ -146,13 +167,25 @@ class EngineReplica:
     async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> Generation:
         """One completion of ``prompt_ids`` (token in, token out): one turn of an agent loop.
 
-        ``sampling_kwargs`` must ask for one sample (``n=1``); ``seed`` makes it reproducible.
+        ``sampling_kwargs`` must ask for one sample (``n=1``); ``seed`` makes it reproducible. A
+        weight sync that aborts it (partial rollouts) does not end it: it continues on the new
+        weights, and ``Generation.versions`` records the version of each token.
         """
-        self._check_fresh()
         if sampling_kwargs.get("n", 1) != 1:
             raise ValueError(f"generate_tokens returns one completion; got n={sampling_kwargs['n']}")
-        output = await self._final_output(prompt_ids, self._params(sampling_kwargs, seed), "turn")
-        return self._completion(output.outputs[0], f"a request of {len(prompt_ids)} tokens")
+        what = f"a request of {len(prompt_ids)} tokens"
+
+        async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
+            self.weights.check_fresh()
+            params = self._params({**sampling_kwargs, "max_tokens": max_tokens}, segment_seed)
+            output = await self._final_output(ids, params, "turn", request_id)
+            return self._segment(output.outputs[0], what, allow_abort=True)
+
+        tokenizer = self.engine.tokenizer
+        return await generate_resumable(
+            self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
+            lambda: self.weights.version, f"turn-{self.index}",
+            detokenize=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None)
 
     async def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
         """Log-probs of each sequence's own tokens after its first ``skip`` tokens.
@@ -161,14 +194,15 @@ class EngineReplica:
         (entry t scores token t given tokens < t), and the one decode step scores the last token
         through ``logprob_token_ids``. So a sequence may be as long as ``max_model_len``.
         """
-        self._check_fresh()
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         params = [SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, logprobs=1,
                                  logprob_token_ids=[s[-1]], detokenize=False,
                                  output_kind=RequestOutputKind.FINAL_ONLY) for s in sequences]
-        outputs = await asyncio.gather(*[self._final_output(s[:-1], p, "score") for s, p in zip(sequences, params)])
+        outputs = await asyncio.gather(*[
+            self._gated(lambda rid, s=s, p=p: self._final_output(s[:-1], p, "score", rid), "score")
+            for s, p in zip(sequences, params)])
         result = []
         for sequence, start, output in zip(sequences, skip, outputs):
             entries = output.prompt_logprobs  # entries[0] is None: nothing predicts the first token
@@ -213,32 +247,23 @@ class EngineReplica:
         return self.http.address
 
     # ------------------------------------------------------------------ weights
-    async def load_weights(self, named_tensors: list, version: int) -> int:
-        """Load HF-named full tensors into every TP worker; return the version they all report.
-
-        Names and shapes are checked against the checkpoint the engine started from first: a
-        failure inside vLLM's reload would leave the model half loaded.
-        """
-        check_against_checkpoint(named_tensors, self.checkpoint_shapes)
-        start = time.perf_counter()
-        versions = await self._rpc("megarl_load_weights", named_tensors, version)
-        await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        logger.info("replica %d: loaded %d tensors (version %d) in %.2f s", self.index, len(named_tensors),
-                    version, time.perf_counter() - start)
-        return self._agreed(versions, "weights version")
-
     async def load_adapter(self, adapter: dict, version: int) -> dict[str, float]:
         """Serve the base model with this LoRA adapter (PEFT ``{"tensors", "config"}``) from now on.
 
-        The adapter is written to this replica's own directory and added to vLLM under a new id
-        (version + 1), the previous one removed, and the prefix cache reset (its KV blocks were
-        computed with the old adapter); until that is done the replica refuses to generate.
+        The gate closes first (running requests finish on the old adapter; new ones wait). The
+        adapter is written to this replica's own directory and added to vLLM under a new id, the
+        previous one removed, and the prefix cache reset (its KV blocks were computed with the old
+        adapter); the weights record is stale until that is done and names the failure if it fails.
         """
         from megarl.rollout.adapters import AdapterStore
 
+        if version <= self.weights.version:
+            raise ValueError(f"replica {self.index}: adapter version {version} is not newer than the version it "
+                             f"serves ({self.weights.version})")
         start = time.perf_counter()
-        self.stale = f"LoRA adapter update to version {version} in progress"
+        await self.gate.close(None)
         try:
+            self.weights.stale = f"LoRA adapter update to version {version} in progress"
             if not hasattr(self, "adapter_store"):
                 self.adapter_store = AdapterStore(self.index)
             request, nbytes = self.adapter_store.write(adapter, version)
@@ -247,35 +272,41 @@ class EngineReplica:
                 await self.engine.remove_lora(self.lora_request.lora_int_id)
             self.lora_request = request
             await self.engine.reset_prefix_cache()
+            self.weights.version, self.weights.stale = int(version), None
         except BaseException as exc:
-            self.stale = f"LoRA adapter update to version {version} failed: {exc}"
+            self.weights.stale = f"LoRA adapter update to version {version} failed: {exc}"
             raise
-        self.stale = None
-        self.adapter_version = int(version)
+        finally:
+            self.gate.open()
         return {"seconds": time.perf_counter() - start, "bytes": float(nbytes), "version": int(version)}
 
     async def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
                            transport: str, timeout_s: float) -> list[int]:
         """Join the weight-sync world with every TP worker; return their sync ranks."""
-        return await self._rpc("megarl_sync_connect", plan, first_rank, self.index, world_size, master_addr,
-                               master_port, transport, timeout_s)
+        return await self.weights.connect(plan, first_rank, world_size, master_addr, master_port, transport,
+                                          timeout_s)
 
-    async def sync_receive(self, version: int) -> dict[str, float]:
-        """Receive one sharded weight sync into every TP worker (see the worker extension)."""
-        self.stale = f"weight sync to version {version} in progress"
+    async def sync_receive(self, version: int, in_flight: str = "wait") -> dict[str, float]:
+        """Receive one sharded weight sync into every TP worker (see ``ReceiverEndpoint.receive``).
+
+        The gate closes first: running requests finish on the old weights (``in_flight="wait"``) or
+        are aborted and continue after the sync on the new ones (``"abort"``); new ones wait.
+        """
+        if in_flight not in IN_FLIGHT:
+            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
+        start = time.perf_counter()
+        await self.gate.close(self.engine.abort if in_flight == "abort" else None)
+        waited = time.perf_counter() - start
         try:
-            results = await self._rpc("megarl_sync_receive", version)
-        except BaseException as exc:
-            self.stale = f"weight sync to version {version} failed: {exc}"
-            raise
-        await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        self.stale = None
-        return {"seconds": max(r["seconds"] for r in results), "bytes": sum(r["bytes"] for r in results),
-                "version": self._agreed([r["version"] for r in results], "weights version")}
+            result = await self.weights.receive(version)
+            await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        finally:
+            self.gate.open()  # after a failure the requests that wait raise: the weights are stale
+        return {**result, "drain_seconds": waited}
 
     async def sync_close(self) -> None:
         if self.engine is not None:
-            await self._rpc("megarl_sync_close")
+            await self.weights.close()
 
     async def _rpc(self, method: str, *args) -> list:
         """Call a worker-extension method on every TP worker; one result per worker.
@@ -286,17 +317,20 @@ class EngineReplica:
         """
         return await self.engine.collective_rpc("megarl_call", args=(method, pickle.dumps(args)))
 
-    def _check_fresh(self) -> None:
-        if self.stale:
-            raise RuntimeError(f"replica {self.index} refuses to generate: {self.stale}. The fleet never serves "
-                               "stale weights; a successful sync clears this.")
-
     async def weights_version(self) -> int:
-        return self._agreed(await self._rpc("megarl_weights_version"), "weights version")
+        """The version of the weights this replica serves (0: its checkpoint); raises while they are stale."""
+        self.weights.check_fresh()
+        return self.weights.version
 
-    async def weight_checksum(self) -> float:
-        """Sum of the TP workers' parameter sums (each holds its shard): equal across replicas with equal weights."""
-        return float(sum(await self._rpc("megarl_weight_checksum")))
+    async def pause(self, in_flight: str = "wait") -> None:
+        """Hold generation (before the engine sleeps): running requests finish or are aborted to
+        continue after ``resume``; new ones wait."""
+        if in_flight not in IN_FLIGHT:
+            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
+        await self.gate.close(self.engine.abort if in_flight == "abort" else None)
+
+    async def resume(self) -> None:
+        self.gate.open()
 
     async def sleep(self, level: int) -> None:
         """Free the KV cache and offload (level 1) or drop (level 2) the weights; GPU only."""
@@ -317,45 +351,3 @@ class EngineReplica:
             engine.shutdown()
             del engine
             gc.collect()
-
-    def _agreed(self, values: list, what: str):
-        if any(v != values[0] for v in values):
-            raise RuntimeError(f"replica {self.index}: TP workers disagree on the {what}: {values}")
-        return values[0]
-
-
-def checkpoint_shapes(model_path: str) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape for a local safetensors checkpoint (empty for anything else).
-
-    A tied ``lm_head.weight`` is listed with the embedding's shape: trainers send it, vLLM ignores it.
-    """
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(Path(model_path).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    config_file = Path(model_path) / "config.json"
-    if config_file.is_file() and json.loads(config_file.read_text()).get("tie_word_embeddings"):
-        embedding = shapes.get("model.embed_tokens.weight")
-        if embedding is not None:
-            shapes.setdefault("lm_head.weight", embedding)
-    return shapes
-
-
-def check_against_checkpoint(named_tensors: Sequence[tuple[str, Any]], shapes: dict[str, tuple[int, ...]]) -> None:
-    """Raise ValueError naming every tensor whose HF name or shape the checkpoint does not have."""
-    if not shapes:
-        return
-    unknown = [name for name, _ in named_tensors if name not in shapes]
-    wrong = [f"{name}: got {tuple(t.shape)}, checkpoint has {shapes[name]}"
-             for name, t in named_tensors if name in shapes and tuple(t.shape) != shapes[name]]
-    problems = []
-    if unknown:
-        problems.append(f"{len(unknown)} names the checkpoint does not have, e.g. {unknown[:3]} "
-                        f"(expected HF names like {sorted(shapes)[:2]})")
-    if wrong:
-        problems.append(f"{len(wrong)} shape mismatches: {'; '.join(wrong[:3])}")
-    if problems:
-        raise ValueError("update_weights: " + " and ".join(problems) + "; nothing was loaded")

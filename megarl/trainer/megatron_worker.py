@@ -290,33 +290,28 @@ class MegatronWorker(DistributedWorker):
         pieces = export_hf_pieces(chunks, self.cfg.actor_rollout_ref.model.path, self.layout, replicas=True)
         return from_export((p.hf_name, p.hf_slice, p.tensor) for p in pieces)
 
+    @property
+    def sync(self):
+        """This rank's end of the weight sync (``megarl.weight_sync.endpoints.SenderEndpoint``)."""
+        if getattr(self, "_sync", None) is None:
+            from megarl.weight_sync.endpoints import SenderEndpoint
+
+            self._sync = SenderEndpoint(self.rank, self._local_shards)
+        return self._sync
+
     def sync_sources(self) -> dict:
-        """What this rank can send: {hf_name: [region, ...]} and each tensor's dtype."""
-        shards = self._local_shards()
-        return {"regions": {name: [region for region, _ in held] for name, held in shards.items()},
-                "dtypes": {name: str(held[0][1].dtype).removeprefix("torch.") for name, held in shards.items()}}
+        return self.sync.sources()
 
     def sync_address(self) -> tuple[str, int]:
         return self.address_and_port()
 
     def sync_connect(self, plan, world_size: int, master_addr: str, master_port: int, transport: str,
                      timeout_s: float) -> None:
-        from megarl.weight_sync.transport import make_transport
-
-        self.sync_plan = plan
-        self.sync_transport = make_transport(transport)
-        self.sync_transport.connect(self.rank, world_size, master_addr, master_port, plan, timeout_s)
+        self.sync.connect(plan, world_size, master_addr, master_port, transport, timeout_s)
 
     def sync_send(self, version: int) -> dict:
-        from megarl.weight_sync.sender import region_reader
-
         self.enter_phase("sync")  # normally entered already, before the engines woke their weights
-        torch.set_grad_enabled(False)
-        try:
-            stats = self.sync_transport.run(self.sync_plan, self.rank, get_region=region_reader(self._local_shards()))
-        finally:
-            torch.set_grad_enabled(True)
-        return {"seconds": stats.seconds, "bytes": stats.bytes_sent, "version": version}
+        return self.sync.send(version)
 
     def lora_adapter(self) -> dict | None:
         """The actor's adapter in PEFT format, on rank 0 (None on the others): adapter-only updates (collective)."""
@@ -327,10 +322,7 @@ class MegatronWorker(DistributedWorker):
         return adapter_update(chunks, self.cfg.actor_rollout_ref.model.path, self.layout, self.lora["actor"])
 
     def sync_close(self) -> None:
-        transport = getattr(self, "sync_transport", None)
-        if transport is not None:
-            transport.close()
-            self.sync_transport = None
+        self.sync.close()
 
 
 def dp_leaders(coords: list[dict[str, Any]]) -> list[int]:
@@ -347,9 +339,7 @@ def gather_data_parallel(workers, leaders: list[int], method: str, *args) -> Any
     Every rank must take part (model-parallel collectives); a tuple result is concatenated field
     by field, with None fields kept as None.
     """
-    import ray
-
-    results = ray.get([getattr(a, method).remote(*args) for a in workers.actors])
+    results = workers.call(method, *args)
     picked = [results[i] for i in leaders]
     if isinstance(picked[0], tuple):
         return tuple(None if parts[0] is None else torch.cat(parts) for parts in zip(*picked))

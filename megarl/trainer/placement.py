@@ -143,10 +143,33 @@ def plan_reward_pool(nnodes: int, per_node: int, tp: int) -> PlacementPlan:
     return PlacementPlan(nnodes, per_node, "pool", (), groups)
 
 
+def cluster_shape(cfg) -> tuple[int, int, str, int | None]:
+    """(nodes, devices per node, placement mode, rollout devices) of a config.
+
+    megarl's form: ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` devices in all, ``trainer.placement``
+    and (split) ``trainer.rollout_gpus`` of them for the fleet. verl's form of split pools (its
+    one-step-off and fully-async recipes): the trainer's ``trainer.nnodes`` x ``n_gpus_per_node`` plus
+    a rollout pool of ``rollout.nnodes`` x ``rollout.n_gpus_per_node``; the nodes must be alike.
+    """
+    t, pool = cfg.trainer, cfg.rollout
+    if not pool.nnodes:
+        return t.nnodes, t.n_gpus_per_node, t.placement, t.rollout_gpus
+    if pool.n_gpus_per_node != t.n_gpus_per_node:
+        raise ValueError(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} differs from trainer.n_gpus_per_node="
+                         f"{t.n_gpus_per_node}: megarl places the trainer and the rollout pool on alike nodes; give "
+                         "both the same count")
+    rollout = pool.nnodes * pool.n_gpus_per_node
+    if t.rollout_gpus is not None and t.rollout_gpus != rollout:
+        raise ValueError(f"trainer.rollout_gpus={t.rollout_gpus} but the rollout pool rollout.nnodes x "
+                         f"rollout.n_gpus_per_node is {rollout}; give one of them")
+    return t.nnodes + pool.nnodes, t.n_gpus_per_node, "split", rollout
+
+
 def plan_from_config(cfg) -> PlacementPlan:
-    t, rollout, rm = cfg.trainer, cfg.actor_rollout_ref.rollout, cfg.reward_model
-    plan = plan_placement(t.nnodes, t.n_gpus_per_node, t.placement, rollout.tensor_model_parallel_size,
-                          t.rollout_gpus, rollout.num_replicas)
+    rollout, rm = cfg.actor_rollout_ref.rollout, cfg.reward_model
+    nnodes, per_node, mode, rollout_devices = cluster_shape(cfg)
+    plan = plan_placement(nnodes, per_node, mode, rollout.tensor_model_parallel_size, rollout_devices,
+                          rollout.num_replicas)
     if rm.enable and not rm.enable_resource_pool:
         plan = with_colocated_reward_model(plan, rm.rollout.tensor_model_parallel_size)
     return plan

@@ -12,7 +12,10 @@ with the rest.
 Fields ``build_step_data`` writes: ``uid`` (group id: samples of one prompt draw share it),
 ``prompt_ids``, ``prompt_text`` (the prompt as the model saw it, chat template applied), ``raw_prompt``, ``agent_name``, ``data_source``, ``ground_truth``, ``extra_info``,
 ``response_text``, ``finish_reason``, ``rollout_log_probs`` ``[B, R]`` (the engine's log-probs of
-the sampled tokens, 0 elsewhere), ``prompt_lengths``, ``response_lengths`` (model tokens),
+the sampled tokens, 0 elsewhere), ``versions`` ``[B, R]`` (the weight version that sampled each
+token; -1 on tokens the model did not sample and where the loop did not record it),
+``first_version`` ``[B]`` (the version of a sample's first sampled token, -1 if unknown),
+``prompt_lengths``, ``response_lengths`` (model tokens),
 ``response_tokens`` (model and tool tokens), and every key of the trajectories' ``extras``
 (``num_turns``, ``tool_calls``, ...; None where a sample's loop has no such key). The controller
 adds ``score`` and the reward function's extra keys.
@@ -118,6 +121,7 @@ def build_step_data(prompts: Mapping[str, list], trajectories: Sequence[Any], pr
     attention = torch.zeros((size, prompt_width + width), dtype=torch.long)
     loss_mask = torch.zeros((size, width), dtype=torch.long)
     log_probs = torch.zeros((size, width), dtype=torch.float32)
+    versions = torch.full((size, width), -1, dtype=torch.long)
     for row, t in enumerate(trajectories):
         p, r = len(t.prompt_ids), len(t.response_ids)
         if p < 1:
@@ -129,6 +133,8 @@ def build_step_data(prompts: Mapping[str, list], trajectories: Sequence[Any], pr
             attention[row, prompt_width:prompt_width + r] = 1
             loss_mask[row, :r] = torch.tensor(t.loss_mask, dtype=torch.long)
             log_probs[row, :r] = torch.tensor(t.logprobs, dtype=torch.float32)
+            if getattr(t, "versions", None) is not None:
+                versions[row, :r] = torch.tensor(t.versions, dtype=torch.long)
     batch = RLBatch(input_ids=input_ids, attention_mask=attention, response_mask=loss_mask)
     fields: dict[str, Any] = {"uid": list(uids)}
     for key in PROMPT_COLUMNS:
@@ -136,7 +142,9 @@ def build_step_data(prompts: Mapping[str, list], trajectories: Sequence[Any], pr
         fields[key] = [column[i] for i in prompt_rows] if column is not None else [None] * size
     fields.update(
         response_text=[t.response_text for t in trajectories], finish_reason=[t.finish_reason for t in trajectories],
-        rollout_log_probs=log_probs,
+        rollout_log_probs=log_probs, versions=versions,
+        first_version=torch.where(versions >= 0, versions, torch.iinfo(torch.long).max).min(-1).values.masked_fill(
+            (versions < 0).all(-1), -1),
         prompt_lengths=torch.tensor([len(t.prompt_ids) for t in trajectories]),
         response_lengths=loss_mask.sum(-1),
         response_tokens=torch.tensor([len(t.response_ids) for t in trajectories]))

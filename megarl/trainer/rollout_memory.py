@@ -6,7 +6,9 @@ Colocated placement on GPUs: trainer ranks and vLLM engines share each GPU
 the device while the engines work. One step:
 
     generate (engines awake; trainer state with offload on in host memory)
-    release(will_sync)    the engines sleep: KV cache freed, weights discarded (level 2) when a
+    release(will_sync)    generation pauses (the asynchronous modes: requests still running finish or,
+                          with partial rollouts, are aborted and continue after the wake-up), then
+                          the engines sleep: KV cache freed, weights discarded (level 2) when a
                           sync will overwrite them, offloaded (level 1) otherwise
     old/ref log-probs, values, updates: each worker call brings in what it needs and sends out
                           the rest (``megatron_worker.PHASES``): the reference's weights during
@@ -16,7 +18,8 @@ the device while the engines work. One step:
                           without their KV cache
     weight sync
     wake_for_rollout()    trainer: everything with offload on goes to host memory; then the
-                          engines' KV cache (waking both at once caused OOMs in other frameworks)
+                          engines' KV cache (waking both at once caused OOMs in other frameworks);
+                          generation resumes
 
 A resume (or a start from a megatron checkpoint) runs the same sequence around its load: release,
 load, wake_for_sync, sync, wake_for_rollout. Without sleep mode (split placement,
@@ -28,8 +31,8 @@ from __future__ import annotations
 
 
 class RolloutMemory:
-    def __init__(self, fleet, enabled: bool, workers=None, trainer_offload: bool = False):
-        self.fleet, self.enabled = fleet, bool(enabled)
+    def __init__(self, fleet, enabled: bool, workers=None, trainer_offload: bool = False, in_flight: str = "wait"):
+        self.fleet, self.enabled, self.in_flight = fleet, bool(enabled), in_flight
         self.workers, self.trainer_offload = workers, bool(trainer_offload)
         self.asleep = False
         self.weights_awake = True
@@ -42,6 +45,7 @@ class RolloutMemory:
         """After generation: put the engines to sleep (level 2 only if the next sync rewrites every weight)."""
         if not self.enabled:
             return
+        self.fleet.pause(self.in_flight)  # nothing may run on an engine that sleeps
         self.fleet.sleep(level=2 if will_sync else 1)
         self.asleep, self.weights_awake = True, False
 
@@ -60,3 +64,4 @@ class RolloutMemory:
             return
         self.fleet.wake_up(["kv_cache"] if self.weights_awake else ["weights", "kv_cache"])
         self.asleep, self.weights_awake = False, True
+        self.fleet.resume()

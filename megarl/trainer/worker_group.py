@@ -75,15 +75,15 @@ class WorkerGroup:
             raise ValueError(f"{len(slots)} placement slots for {world_size} ranks: give one slot per rank")
         remote_cls = ray.remote(worker_cls)
         self.world_size, self.name = world_size, name
-        self.actors = []
+        self._actors = []
         for rank in range(world_size):
             options: dict[str, Any] = (slots[rank].options() if slots is not None else
                                        dict(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker))
-            self.actors.append(remote_cls.options(**options, max_concurrency=2).remote(rank, world_size, env,
-                                                                                       f"{name}_rank{rank}"))
-        master_addr, master_port = ray.get(self.actors[0].address_and_port.remote())
+            self._actors.append(remote_cls.options(**options, max_concurrency=2).remote(rank, world_size, env,
+                                                                                        f"{name}_rank{rank}"))
+        master_addr, master_port = ray.get(self._actors[0].address_and_port.remote())
         ray.get([a.init_distributed.remote(master_addr, master_port, self._local_rank(rank), dist_timeout_s)
-                 for rank, a in enumerate(self.actors)])
+                 for rank, a in enumerate(self._actors)])
         self.call("setup", *init_args, **(init_kwargs or {}))
 
     def _local_rank(self, rank: int) -> int:
@@ -95,21 +95,28 @@ class WorkerGroup:
         """Call ``method`` on every rank with the same arguments; wait; return results by rank."""
         import ray
 
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self._actors])
 
     def call_async(self, method: str, *args, **kwargs) -> list:
-        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+        """Start ``method`` on every rank; the Ray refs, by rank (for waiting together with other work)."""
+        return [getattr(a, method).remote(*args, **kwargs) for a in self._actors]
+
+    def call_rank(self, rank: int, method: str, *args, **kwargs) -> Any:
+        """Call ``method`` on one rank and wait for its result."""
+        import ray
+
+        return ray.get(getattr(self._actors[rank], method).remote(*args, **kwargs))
 
     def call_each(self, method: str, per_rank_args: Sequence[Sequence[Any]]) -> list:
         import ray
 
         if len(per_rank_args) != self.world_size:
             raise ValueError(f"{len(per_rank_args)} argument lists for {self.world_size} ranks")
-        return ray.get([getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank_args)])
+        return ray.get([getattr(a, method).remote(*args) for a, args in zip(self._actors, per_rank_args)])
 
     def shutdown(self) -> None:
         import ray
 
-        for actor in self.actors:
+        for actor in self._actors:
             ray.kill(actor, no_restart=True)
-        self.actors = []
+        self._actors = []

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 class AdapterUpdates:
     def __init__(self, workers, fleet, timeout_s: float = 600.0):
         self.workers, self.fleet, self.timeout_s = workers, fleet, timeout_s
+        self.version = fleet.version()  # what the replicas serve now (0 for a fresh fleet)
         logger.info("weight sync: adapter-only (lora.merge=False): %d replica(s) serve model.path's base with the "
                     "actor's LoRA adapter through vLLM's LoRA", fleet.num_replicas)
 
@@ -34,9 +35,19 @@ class AdapterUpdates:
         """The start-up line's few words on the sync (``WeightSyncSession.describe``'s counterpart)."""
         return f"LoRA adapter only, through Ray's object store to {self.fleet.num_replicas} replica(s) per step"
 
-    def sync(self, version: int) -> dict[str, float]:
+    def resume_at(self, version: int) -> None:
+        """Continue the version count of a resumed run (the next ``sync`` publishes ``version + 1``)."""
+        self.version = max(self.version, int(version))
+
+    def sync(self, in_flight: str = "wait") -> dict[str, float]:
+        """Publish the actor's adapter as version ``self.version + 1``. Replicas swap adapters between
+        requests, so ``in_flight`` (partial rollouts) has no adapter-only form: only ``wait``."""
         import ray
 
+        if in_flight != "wait":
+            raise ValueError(f"in_flight={in_flight!r}: adapter-only updates (lora.merge=False) swap the adapter "
+                             "between requests; partial rollouts need merged updates (lora.merge=True)")
+        version = self.version + 1
         start = time.perf_counter()
         try:
             results = self.workers.call("lora_adapter")
@@ -44,6 +55,7 @@ class AdapterUpdates:
             reports = self.fleet.load_adapter(ray.put(adapter), version)
         except (ray.exceptions.RayError, StopIteration) as exc:
             raise SyncError(f"adapter update to version {version} failed: {exc}") from exc
+        self.version = version
         sent = sum(t.numel() * t.element_size() for t in adapter["tensors"].values()) * len(reports)
         return {"weight_sync/seconds": time.perf_counter() - start, "weight_sync/bytes_sent": float(sent),
                 "weight_sync/bytes_received": float(sum(r["bytes"] for r in reports)),
@@ -61,4 +73,4 @@ def weight_updates(cfg, workers, fleet):
     lora = cfg.actor_rollout_ref.model.lora
     if lora.rank > 0 and not lora.merge:
         return AdapterUpdates(workers, fleet, float(cfg.actor_rollout_ref.rollout.weight_sync.timeout_s))
-    return WeightSyncSession(cfg, workers, fleet)
+    return WeightSyncSession.from_config(cfg, workers, fleet)

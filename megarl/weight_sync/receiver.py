@@ -1,7 +1,10 @@
-"""The receiving side of a sync: assemble the HF tensors one rollout rank needs, then commit a version.
+"""One rollout rank's assembly of a sync: the HF tensors it needs, each region exactly once.
 
-Independent of vLLM: the vLLM worker extension feeds ``WeightReceiver.receive(transport, version)``
-straight into ``model_runner.reload_weights(weights_iterator=...)``.
+Independent of vLLM: the vLLM worker extension feeds ``WeightReceiver.receive(transport)`` straight
+into ``model_runner.reload_weights(weights_iterator=...)``. Which weights version a replica serves,
+and whether they are usable, is the replica's ``ReceiverEndpoint``'s to know
+(``megarl.weight_sync.endpoints``): this object only assembles one sync and says whether it was
+complete.
 
 * For every HF tensor this rank needs, the receiver allocates one full-shape tensor (HF shape and
   dtype) and copies each arriving region into place. In full mode the whole tensor is needed; in
@@ -21,10 +24,8 @@ straight into ``model_runner.reload_weights(weights_iterator=...)``.
   were in progress at once.
 * Exactly once: the plan's transfers to this rank must tile its needs (checked when the receiver
   is built); at run time every region must be one the plan sends here and arrive once. ``commit``
-  raises a ``SyncError`` naming the tensors that did not arrive completely.
-* Versions: ``version`` is the last committed sync. During a sync and after a failed one the
-  receiver is ``stale`` (the model holds a mix of weights); only ``commit`` after a complete sync
-  advances the version and clears the flag. The fleet checks ``stale`` before serving.
+  raises a ``SyncError`` naming the tensors that did not arrive completely; a failed sync leaves
+  the model with a mix of weights, which the endpoint records as stale.
 """
 from __future__ import annotations
 
@@ -63,9 +64,6 @@ class WeightReceiver:
         self.plan, self.rank, self.device, self.recycle = plan, rank, torch.device(device), recycle
         self._pool: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = defaultdict(list)
         self._pool_lock = threading.Lock()
-        self.version = 0  # the weights the engine started with
-        self.stale = False
-        self.error: str | None = None
         self.last_stats: SyncStats | None = None
         self._needs: dict[str, list[Region]] = defaultdict(list)
         for piece in plan.needs:
@@ -80,7 +78,7 @@ class WeightReceiver:
                         duplicates.append(f"{t.name}{list(t.region)}")
                     self._expected[(t.name, t.region)] = region_numel(t.region)
         self._check_plan_covers_needs(duplicates)
-        self._pending: int | None = None
+        self._pending = False
         self._tensors: dict[str, torch.Tensor] = {}
         self._filled: dict[str, int] = {}
         self._arrived: set[tuple[str, Region]] = set()
@@ -91,17 +89,18 @@ class WeightReceiver:
         return dict(self._needs)
 
     # ------------------------------------------------------------------ one sync, step by step
-    def begin(self, version: int) -> None:
-        """Start receiving the weights of ``version`` (greater than the committed one)."""
-        if version <= self.version:
-            raise ValueError(f"sync version {version} is not newer than the committed version {self.version}")
-        self._pending = version
-        self.stale, self.error = True, None
+    @property
+    def in_progress(self) -> bool:
+        return self._pending
+
+    def begin(self) -> None:
+        """Start receiving one sync (an unfinished one is abandoned)."""
+        self._pending = True
         self._tensors, self._filled, self._arrived, self._ready = {}, defaultdict(int), set(), []
 
     def on_bucket(self, bucket: Bucket, pieces: list[tuple[Transfer, torch.Tensor]]) -> None:
         """The transport's callback: copy each received region into its tensor."""
-        if self._pending is None:
+        if not self._pending:
             raise SyncError(f"rank {self.rank} got a bucket from rank {bucket.src} outside a sync; call begin() first")
         for transfer, data in pieces:
             key = (transfer.name, transfer.region)
@@ -120,7 +119,7 @@ class WeightReceiver:
 
     def recv_into(self, transfer: Transfer) -> torch.Tensor | None:
         """For a region that is a contiguous block of its tensor: that block's bytes, to receive in place."""
-        if self._pending is None:
+        if not self._pending:
             return None
         key = (transfer.name, transfer.region)
         if key not in self._expected or key in self._arrived:
@@ -135,40 +134,37 @@ class WeightReceiver:
         self._ready = []
         return out
 
-    def commit(self) -> int:
-        """Verify every needed region arrived exactly once, then advance ``version``; else raise."""
-        if self._pending is None:
+    def commit(self) -> None:
+        """Verify every needed region arrived exactly once; else raise (and abandon the sync)."""
+        if not self._pending:
             raise SyncError(f"rank {self.rank}: commit() without a sync in progress")
         missing = {name: (self._filled.get(name, 0), self._need_numel(name)) for name in self._needs
                    if self._filled.get(name, 0) != self._need_numel(name)}
         if missing:
             listed = ", ".join(f"{n} ({got}/{need} elements)" for n, (got, need) in sorted(missing.items())[:8])
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-            message = (f"rank {self.rank}: sync of version {self._pending} incomplete, {len(missing)} tensors "
-                       f"missing: {listed}{more}; keeping version {self.version}, weights stale")
-            self.fail(message)
+            message = (f"rank {self.rank}: sync incomplete, {len(missing)} tensors missing: {listed}{more}; "
+                       "the engine holds a mix of weights")
+            self.fail()
             raise SyncError(message)
-        self.version, self._pending = self._pending, None
-        self.stale, self.error = False, None
+        self._pending = False
         self._tensors, self._arrived = {}, set()
-        return self.version
 
-    def fail(self, reason: str) -> None:
-        """Abandon the sync in progress: the version stays, the weights are stale."""
-        self._pending = None
-        self.stale, self.error = True, reason
+    def fail(self) -> None:
+        """Abandon the sync in progress."""
+        self._pending = False
         self._tensors, self._ready = {}, []
 
     # ------------------------------------------------------------------ one sync, streamed
-    def receive(self, transport: Transport, version: int) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive(self, transport: Transport) -> Iterator[tuple[str, torch.Tensor]]:
         """Run ``transport`` for this rank and yield ``(hf_name, tensor)`` as each tensor completes.
 
         The transport runs in a background thread, so unpacking and loading into the engine
         overlap the next buckets. After the last tensor the sync is committed; any failure (a
-        transport error, a missing region, the consumer stopping early) raises ``SyncError`` and
-        leaves the receiver stale at its previous version.
+        transport error, a missing region) raises ``SyncError``; a consumer that stops early
+        abandons the sync (nothing is committed).
         """
-        self.begin(version)
+        self.begin()
         handoff: queue.Queue = queue.Queue()
         outcome: dict[str, object] = {}
 
@@ -202,8 +198,8 @@ class WeightReceiver:
             committed = True
         finally:
             thread.join()  # ends by itself: every transport wait is bounded by its timeout
-            if not committed and self._pending is not None:  # (a failed commit has already failed itself)
-                self.fail(str(outcome.get("error") or "the consumer stopped before the sync ended"))
+            if not committed and self._pending:  # (a failed commit has already failed itself)
+                self.fail()
 
     # ------------------------------------------------------------------ internals
     def _tensor(self, name: str) -> torch.Tensor:

@@ -1,7 +1,7 @@
-"""The controller's view of weight sync: plan once, then ``sync(version)`` after every step.
+"""The controller's view of weight sync: plan once, then ``sync()`` after every step.
 
-    session = WeightSyncSession(cfg, trainer_workers, fleet)   # plan + connect (once)
-    metrics = session.sync(version)                             # every step
+    session = WeightSyncSession.from_config(cfg, trainer_workers, fleet)   # plan + connect (once)
+    metrics = session.sync()                                               # publishes version + 1
     session.close()
 
 Set-up: every trainer rank reports the regions of HF tensors it holds (metadata only); the
@@ -9,9 +9,12 @@ rollout side's needs come from vLLM's TP split of each tensor, which the model f
 (``megarl.models.vllm_splits``, applied in ``rollout_layout``); the planner computes
 one plan, checked for exact coverage, which every participant receives. Trainer rank 0 hosts the
 rendezvous; trainer ranks are sync ranks ``0..T-1`` and the vLLM workers follow, replica by
-replica. ``sync`` starts the senders and the receivers together and waits for all of them: a
-failure anywhere raises ``SyncError`` (the replicas that did not finish refuse to generate until
-a later sync succeeds), and every wait is bounded by ``rollout.weight_sync.timeout_s``.
+replica. ``sync`` starts the senders (every rank's ``SenderEndpoint``) and the receivers (every
+replica's ``ReceiverEndpoint``) together and waits for all of them: a failure anywhere raises
+``SyncError`` (the replicas that did not finish refuse to generate until a later sync succeeds),
+and every wait is bounded by ``rollout.weight_sync.timeout_s``. It talks to the two sides through
+``WorkerGroup`` and ``RolloutFleet`` only. The session publishes the versions: ``version`` is the
+last one every replica confirmed.
 """
 from __future__ import annotations
 
@@ -36,15 +39,18 @@ def choose_transport(name: str, use_gpu: bool) -> str:
 
 
 class WeightSyncSession:
-    def __init__(self, cfg, workers, fleet):
+    """``workers``: the senders (a ``WorkerGroup`` whose ranks have ``sync_*`` methods, e.g. the
+    Megatron workers); ``fleet``: the receivers. ``model_path`` gives the HF tensor shapes and
+    vLLM's splits."""
+
+    def __init__(self, workers, fleet, model_path: str, *, bucket_mb: int = 512, transport: str = "auto",
+                 timeout_s: float = 600.0):
         import ray
 
         from megarl.models import hf_tensor_shapes, vllm_splits
 
-        sync_cfg = cfg.actor_rollout_ref.rollout.weight_sync
-        self.timeout_s = float(sync_cfg.timeout_s)
+        self.timeout_s = float(timeout_s)
         self.workers, self.fleet = workers, fleet
-        model_path = cfg.actor_rollout_ref.model.path
         start = time.perf_counter()
 
         reports = workers.call("sync_sources")
@@ -54,23 +60,24 @@ class WeightSyncSession:
             sources += [Piece(rank, name, region) for name, regions in report["regions"].items() for region in regions]
         shapes = {name: tuple(shape) for name, shape in hf_tensor_shapes(model_path).items()}
         mode = "full" if not fleet.use_gpu else "shard"
-        layout = RolloutLayout(fleet.num_replicas, int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size),
-                               mode=mode, first_rank=workers.world_size)
+        layout = RolloutLayout(fleet.num_replicas, int(fleet.spec.tensor_parallel_size), mode=mode,
+                               first_rank=workers.world_size)
         needs = rollout_needs(shapes, layout, vllm_splits(model_path))
         meta = {name: TensorMeta(shape, _ITEMSIZE[dtypes.get(name, "float32")], dtypes.get(name, "float32"))
                 for name, shape in shapes.items()}
-        self.plan = plan_sync(sources, needs, meta, bucket_bytes=int(sync_cfg.bucket_mb) << 20)
+        self.plan = plan_sync(sources, needs, meta, bucket_bytes=int(bucket_mb) << 20)
         self.plan.check()
         self.layout = layout
         world = workers.world_size + len(layout.ranks)
-        transport = choose_transport(sync_cfg.transport, fleet.use_gpu)
+        transport = choose_transport(transport, fleet.use_gpu)
         self.transport, self.mode = transport, mode
-        addr, port = ray.get(workers.actors[0].sync_address.remote())
+        addr, port = workers.call_rank(0, "sync_address")
         plan_ref = ray.put(self.plan)
-        refs = [a.sync_connect.remote(plan_ref, world, addr, port, transport, self.timeout_s) for a in workers.actors]
-        refs += [r.sync_connect.remote(plan_ref, layout.first_rank, world, addr, port, transport, self.timeout_s)
-                 for r in fleet.replicas]
+        refs = workers.call_async("sync_connect", plan_ref, world, addr, port, transport, self.timeout_s)
+        refs += fleet.call_async("sync_connect", plan_ref, layout.first_rank, world, addr, port, transport,
+                                 self.timeout_s)
         self._wait(refs, "connecting the weight-sync world")
+        self.version = fleet.version()  # what the replicas serve now (0 for a fresh fleet)
         logger.info("weight sync: %s, %d trainer rank(s) -> %d replica(s) x TP=%d (%s mode), %d buckets, %.1f MB "
                     "per sync (minimum %.1f MB), set up in %.1f s", transport, workers.world_size, layout.replicas,
                     layout.tp, mode, len(self.plan.buckets), self.plan.bytes_sent / 2**20,
@@ -83,16 +90,35 @@ class WeightSyncSession:
         return (f"{self.transport}, {what}, {self.plan.bytes_sent / 2**20:.1f} MB in {buckets} "
                 f"bucket{'s' if buckets != 1 else ''} per step")
 
-    def sync(self, version: int) -> dict[str, float]:
+    @classmethod
+    def from_config(cls, cfg, workers, fleet) -> "WeightSyncSession":
+        sync_cfg = cfg.actor_rollout_ref.rollout.weight_sync
+        return cls(workers, fleet, cfg.actor_rollout_ref.model.path, bucket_mb=sync_cfg.bucket_mb,
+                   transport=sync_cfg.transport, timeout_s=sync_cfg.timeout_s)
+
+    def resume_at(self, version: int) -> None:
+        """Continue the version count of a resumed run (the next ``sync`` publishes ``version + 1``)."""
+        self.version = max(self.version, int(version))
+
+    def sync(self, in_flight: str = "wait") -> dict[str, float]:
+        """Publish the trainer's weights as version ``self.version + 1``.
+
+        ``in_flight``: what the replicas do with requests running when the sync starts: ``wait``
+        (they finish on the old weights first) or ``abort`` (partial rollouts: they continue on
+        the new weights after the sync, every token stamped with its version).
+        """
+        version = self.version + 1
         start = time.perf_counter()
-        send = [a.sync_send.remote(version) for a in self.workers.actors]
-        recv = [r.sync_receive.remote(version) for r in self.fleet.replicas]
+        send = self.workers.call_async("sync_send", version)
+        recv = self.fleet.call_async("sync_receive", version, in_flight)
         results = self._wait(send + recv, f"weight sync to version {version}")
         replicas = results[len(send):]
         versions = {r["version"] for r in replicas}
         if versions != {version}:
             raise SyncError(f"replicas report weight versions {sorted(versions)} after syncing version {version}")
+        self.version = version
         return {"weight_sync/seconds": time.perf_counter() - start,
+                "weight_sync/drain_seconds": max(r["drain_seconds"] for r in replicas),
                 "weight_sync/bytes_sent": float(sum(r["bytes"] for r in results[:len(send)])),
                 "weight_sync/bytes_received": float(sum(r["bytes"] for r in replicas)),
                 "weight_sync/version": float(version)}
@@ -110,8 +136,7 @@ class WeightSyncSession:
     def close(self) -> None:
         import ray
 
-        refs = [a.sync_close.remote() for a in self.workers.actors] + [r.sync_close.remote() for r in self.fleet.replicas]
         try:
-            ray.get(refs, timeout=60)
+            ray.get(self.workers.call_async("sync_close") + self.fleet.call_async("sync_close"), timeout=60)
         except Exception as exc:  # closing is best effort: the processes end next
             logger.warning("closing the weight-sync world: %s", exc)

@@ -1,7 +1,9 @@
 """``verify_sync``: do the rollout engines serve exactly the trainer's weights?
 
-The fleet generates greedily for a few prompts; the trainer computes its log-probs of the same
-tokens; the mean absolute difference is returned. After a correct sync it is at the level of
+The fleet samples a few responses at the training temperature (without top-k/top-p, so both sides
+score one distribution: ``log_softmax(logits / T)``; greedy when the rollout is greedy); the trainer
+computes its log-probs of the same tokens at that temperature; the mean absolute difference is
+returned. After a correct sync it is at the level of
 numerical noise (~1e-6 in fp32 on CPU); stale or partly loaded weights give differences of order
 one. (The trainer logs the same comparison on the training samples every step as
 ``rollout/logprob_diff``, for free.)
@@ -18,7 +20,10 @@ def verify_sync(fleet, workers, prompt_ids: list[list[int]], max_tokens: int = 8
     from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel
     from megarl.trainer.rollout_batch import build_step_data
 
-    samples = fleet.generate(prompt_ids, {"do_sample": False, "temperature": 0.0, "max_tokens": max_tokens}, n=1)
+    temperature = float(fleet.config.temperature) if fleet.config.do_sample else 0.0
+    sampling = ({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": -1} if temperature > 0
+                else {"do_sample": False})
+    samples = fleet.generate(prompt_ids, {**sampling, "max_tokens": max_tokens}, n=1)
     rows = list(range(len(samples)))
     data = build_step_data({}, [Trajectory.from_sample(s) for s in samples], rows, [str(r) for r in rows],
                            pad_token_id)

@@ -111,8 +111,6 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
 @pytest.mark.parametrize("override, feature, issue", [
     ("actor_rollout_ref.rollout.name=sglang", "SGLang as the rollout engine", None),
     ("actor_rollout_ref.actor.strategy=fsdp", "the FSDP training backend", None),
-    ("+async_training.staleness_threshold=1", "fully asynchronous training", 14),
-    ("algorithm.rollout_correction.rollout_is=token", "rollout correction (importance weights for off-policy tokens)", 14),
     ("+reward_model.use_reward_loop=False", "verl's legacy reward-model worker (a training-engine forward)", None),
     ("+reward.reward_model.rollout.load_format=dummy", "vLLM load formats other than auto", None),
     ("actor_rollout_ref.model.lora.dtype=bf16", "an adapter dtype apart from the model's", None),
@@ -171,10 +169,10 @@ def test_every_schema_key_names_a_reader_that_reads_it():
 def test_the_reader_check_fails_for_a_key_nobody_reads():
     """Controls: a reader that does not mention the key, a key without reader, a stale pattern."""
     keys = ["trainer.nnodes", "trainer.save_freq", "trainer.test_freq"]
-    readers = (("megarl.trainer.placement:plan_from_config", ("trainer.nnodes", "trainer.save_freq")),
-               ("megarl.trainer.placement:plan_from_config", ("trainer.no_such_key",)))
+    readers = (("megarl.trainer.placement:cluster_shape", ("trainer.nnodes", "trainer.save_freq")),
+               ("megarl.trainer.placement:cluster_shape", ("trainer.no_such_key",)))
     problems = unread_keys(readers=readers, inert={}, pending=set(), keys=keys)
-    assert "trainer.save_freq: none of ['megarl.trainer.placement:plan_from_config'] reads 'save_freq'" in problems
+    assert "trainer.save_freq: none of ['megarl.trainer.placement:cluster_shape'] reads 'save_freq'" in problems
     assert "trainer.test_freq: no reader named in megarl.config.consumers.READERS" in problems
     assert any("'trainer.no_such_key' matches no key of the schema" in p for p in problems)
     assert not any(p.startswith("trainer.nnodes") for p in problems)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from megarl.algorithms import RolloutCorrection, compute_rollout_correction
 from megarl.engine.batch import RLBatch
 from megarl.engine.settings import ActorSettings, BatchSettings, OptimizerSettings, PolicyLossSettings
 
@@ -78,6 +79,20 @@ def with_behaviour_log_probs(batch: RLBatch, hf_log_probs: torch.Tensor, seed: i
 
 LOSS = PolicyLossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl")
 SEQ_MEAN_LOSS = PolicyLossSettings(loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+# bypass mode: old_log_probs are the rollout's; REINFORCE weighted by the truncated pi_theta / pi_rollout, token
+# rejection outside [1/1.3, 1.3] (the batch's noisy old log-probs make both bite)
+BYPASS_LOSS = PolicyLossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, rollout_correction=RolloutCorrection(
+    rollout_is="token", rollout_is_threshold=1.5, rollout_rs="token", rollout_rs_threshold=1.3, bypass_mode=True,
+    loss_type="reinforce"))
+
+
+def with_importance_weights(batch: RLBatch) -> RLBatch:
+    """Decoupled mode's input: seeded truncated weights of a made-up rollout policy in the batch."""
+    generator = torch.Generator().manual_seed(11)
+    rollout = batch.old_log_probs + 0.3 * torch.randn(batch.old_log_probs.shape, generator=generator)
+    c = compute_rollout_correction(batch.old_log_probs, rollout * batch.response_mask, batch.response_mask,
+                                   RolloutCorrection(rollout_is="token", rollout_is_threshold=1.5))
+    return batch.with_fields(rollout_is_weights=c.weights)
 # eps 1e-6: Adam divides by sqrt(v) + eps, so a parameter whose true gradient is 0 (the k_proj bias:
 # it shifts all scores of a query alike) moves by lr * noise / |noise| at eps 1e-8, amplifying fp32
 # rounding noise into differences of ~1e-5 between any two correct implementations.

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from megarl.algorithms import agg_loss, get_policy_loss, kl_penalty
+from megarl.algorithms import agg_loss, compute_rollout_correction, get_policy_loss, kl_penalty
 
 
 def load_causal_lm(model_dir) -> torch.nn.Module:
@@ -54,11 +54,21 @@ def policy_loss(model: torch.nn.Module, batch, loss) -> tuple[torch.Tensor, torc
     """(total loss, pg_loss) of the whole batch at once, as the engine's settings ``loss`` describe."""
     log_probs, entropy = log_probs_and_entropy(response_outputs(model, batch), batch)
     mask = batch.response_mask
-    pg_loss, _ = get_policy_loss(loss.loss_mode)(
+    loss_mode, weights = loss.loss_mode, batch.rollout_is_weights
+    correction = loss.rollout_correction
+    if correction is not None and correction.bypass_mode:  # the whole batch at once (the engine: per micro-batch)
+        # a rejected token contributes nothing but stays in token-mean's count: the count is the mini-batch's
+        # response tokens, known before the forward that decides the rejection
+        c = compute_rollout_correction(log_probs.detach(), batch.old_log_probs, mask, correction)
+        keep = c.mask.to(log_probs.dtype)
+        weights = keep * c.weights if correction.loss_type == "reinforce" else keep
+        loss_mode = "reinforce" if correction.loss_type == "reinforce" else loss_mode
+    pg_loss, _ = get_policy_loss(loss_mode)(
         old_log_prob=batch.old_log_probs,
         log_prob=log_probs,
         advantages=batch.advantages,
         response_mask=mask,
+        rollout_is_weights=weights,
         loss_agg_mode=loss.loss_agg_mode,
         clip_ratio=loss.clip_ratio,
         clip_ratio_low=loss.clip_ratio_low,

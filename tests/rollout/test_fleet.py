@@ -55,6 +55,15 @@ def fleet(model_dir):
 
 
 @pytest.fixture(scope="module")
+def pusher(fleet, model_dir, hf_model):
+    from tests.rollout._push import WeightPusher
+
+    pusher = WeightPusher(fleet, model_dir, hf_model.state_dict())
+    yield pusher
+    pusher.close()
+
+
+@pytest.fixture(scope="module")
 def prompts(tokenizer):
     texts = ["What is 12 + 7?", "Name a prime number.", "Count to three:", "Hello"]
     return [tokenizer(t)["input_ids"] for t in texts]
@@ -127,8 +136,8 @@ def test_sampling_n_max_tokens_finish_reasons_and_seeds(fleet, prompts, tokenize
     import ray
 
     params = resolve_sampling(fleet.config, n=3)
-    on_replica_1 = ray.get(fleet.replicas[1].generate.remote(
-        [(0, prompts[0], request_seed(fleet.spec.seed, 1, 0))], params.vllm_kwargs()))
+    [on_replica_1] = ray.get(fleet.call_async("generate", [(0, prompts[0], request_seed(fleet.spec.seed, 1, 0))],
+                                              params.vllm_kwargs(), replicas=[1]))
     assert samples[0].replica == 0
     assert [s.response_ids for s in on_replica_1] == groups[0]
     assert fleet.last_generate_stats["samples"] == 12 and fleet.last_generate_stats["tokens_per_s"] > 0
@@ -178,11 +187,6 @@ def test_bad_requests_give_clear_errors(fleet, prompts):
         fleet.generate(["What is 1+1?"])
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         fleet.compute_log_probs(prompts[:2], [[1]])
-    with pytest.raises(ValueError, match="names the checkpoint does not have, e.g. \\['model.nope.weight'\\]"):
-        fleet.update_weights([("model.nope.weight", torch.zeros(3))], version=9)
-    with pytest.raises(ValueError, match="shape mismatches: model.norm.weight: got \\(3,\\), checkpoint has \\(128,\\)"):
-        fleet.update_weights([("model.norm.weight", torch.zeros(3))], version=9)
-    assert fleet.version() == 0  # nothing was loaded
 
 
 def test_sleep_and_wake_up_are_no_ops_on_cpu(fleet, prompts):
@@ -196,7 +200,9 @@ def test_sleep_and_wake_up_are_no_ops_on_cpu(fleet, prompts):
         fleet.wake_up(["weight"])
 
 
-def test_update_weights_matches_hf_with_the_same_weights(fleet, prompts, hf_model, model_dir):
+def test_synced_weights_serve_exactly_like_hf_with_the_same_weights(fleet, prompts, hf_model, model_dir, pusher):
+    """Weights enter only through the sharded sync (a one-rank sender holding whole HF tensors here):
+    both replicas then serve exactly them, and the version moves by one per sync."""
     from transformers import AutoModelForCausalLM
 
     original = {name: t.clone() for name, t in hf_model.state_dict().items()}
@@ -204,30 +210,115 @@ def test_update_weights_matches_hf_with_the_same_weights(fleet, prompts, hf_mode
     perturbed = {name: t + 0.05 * torch.randn(t.shape, generator=generator) for name, t in original.items()}
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
-    def check_against(state, version):
+    def check_against(state):
         reference.load_state_dict(state)
-        assert fleet.version() == version
-        checksums = fleet.weight_checksums()
-        assert checksums[0] == checksums[1]
-        for sample in fleet.generate(prompts, {"do_sample": False}, n=1):
+        samples = fleet.generate(prompts, {"do_sample": False}, n=1)
+        assert {s.replica for s in samples} == {0, 1}
+        for sample in samples:
             assert max_diff(sample.logprobs, hf_logprobs(reference, sample.prompt_ids, sample.response_ids)) < TOLERANCE
-        return checksums[0]
 
     probe = fleet.generate(prompts[:1], {"do_sample": False}, n=1)[0]
     before = fleet.compute_log_probs([probe.prompt_ids], [probe.response_ids])[0]
-
-    fleet.update_weights(list(perturbed.items()), version=1)
-    check_against(perturbed, 1)
+    start = fleet.version()
+    metrics = pusher.push(perturbed)
+    assert fleet.versions() == [start + 1] * 2 and metrics["weight_sync/version"] == start + 1
+    check_against(perturbed)
     changed = fleet.compute_log_probs([probe.prompt_ids], [probe.response_ids])[0]
     assert max_diff(changed, before) > 1e-2  # the new weights took effect
-
-    # A partial update (one whole layer: the embedding) leaves every other layer as it was.
-    fleet.update_weights([("model.embed_tokens.weight", original["model.embed_tokens.weight"])], version=2)
-    check_against({**perturbed, "model.embed_tokens.weight": original["model.embed_tokens.weight"]}, 2)
-
-    fleet.update_weights(iter(original.items()), version=3)  # an iterator works as well as a list
-    check_against(original, 3)
+    pusher.push(original)
+    check_against(original)
+    assert fleet.version() == start + 2
     assert max_diff(fleet.compute_log_probs([probe.prompt_ids], [probe.response_ids])[0], before) < 1e-6
+
+
+def processed_logprobs(logits, temperature, top_p=1.0, top_k=-1):
+    """vLLM's processed log-probs, written out: logits / T, top-k, then top-p (ascending sort, drop the
+    tokens whose cumulative probability stays <= 1 - p, keep at least one), log-softmax over the rest."""
+    scaled = logits.float() / temperature
+    if top_k > 0:
+        kth = scaled.topk(top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1:
+        values, order = scaled.sort(dim=-1)
+        cumulative = values.softmax(-1).cumsum(-1)
+        drop = cumulative <= 1 - top_p
+        drop[..., -1] = False
+        scaled = scaled.scatter(-1, order, values.masked_fill(drop, float("-inf")))
+    return torch.log_softmax(scaled, dim=-1)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=1.0), dict(temperature=0.7, top_p=0.8),
+                                      dict(temperature=1.3, top_k=5)], ids=["T0.7", "T1", "T0.7-top_p0.8", "T1.3-top_k5"])
+def test_log_probs_are_those_of_the_distribution_sampled_from(fleet, prompts, hf_model, sampling):
+    """processed_logprobs (the default): temperature applied, the top-k / top-p set renormalised. Without
+    top-k/top-p that is the trainer's log_softmax(logits / T); with them the trainer's log-prob is lower
+    by -log(the mass kept), never higher, and every sampled token lies in the kept set."""
+    temperature, top_p, top_k = sampling["temperature"], sampling.get("top_p", 1.0), sampling.get("top_k", -1)
+    samples = fleet.generate(prompts, sampling, n=2, step=13)
+    gaps = []
+    for sample in samples:
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([sample.prompt_ids + sample.response_ids])).logits[0]
+        rows = logits[len(sample.prompt_ids) - 1:len(sample.prompt_ids) - 1 + len(sample.response_ids)]
+        tokens = torch.tensor(sample.response_ids)
+        expected = processed_logprobs(rows, temperature, top_p, top_k).gather(-1, tokens[:, None])[:, 0]
+        trainer = torch.log_softmax(rows.float() / temperature, -1).gather(-1, tokens[:, None])[:, 0]
+        assert torch.isfinite(expected).all()  # every sampled token is in the kept set
+        assert max_diff(sample.logprobs, expected.tolist()) < TOLERANCE
+        gaps += (torch.tensor(sample.logprobs) - trainer).tolist()
+    if top_p == 1.0 and top_k == -1:
+        assert max(abs(g) for g in gaps) < TOLERANCE  # rollout/logprob_diff ~1e-6 with equal weights
+    else:
+        assert min(gaps) > -TOLERANCE and max(gaps) > 1e-3  # -log(mass kept) >= 0, and > 0 somewhere
+
+
+def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, hf_model, model_dir, pusher):
+    """A weight sync with in_flight="abort" (partial rollouts) interrupts running requests: each keeps its
+    tokens and continues on the new weights, every token stamped with the version that sampled it, and
+    its log-prob is that version's (HF forwards of the old and the new weights as references)."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from megarl.rollout.sampling import resolve_sampling
+
+    old_state = {name: t.clone() for name, t in hf_model.state_dict().items()}
+    generator = torch.Generator().manual_seed(5)
+    new_state = {name: t + 0.05 * torch.randn(t.shape, generator=generator) for name, t in old_state.items()}
+    old_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    old_model.load_state_dict(old_state)
+    new_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    new_model.load_state_dict(new_state)
+    pusher.push(old_state)
+    v_old = fleet.version()
+    params = resolve_sampling(fleet.config, {"ignore_eos": True}, n=1)
+    client = fleet.client(0)
+    mixed, generations = [], []
+    for attempt in range(6):  # a request must be cut mid-way at least once; the sync starts right after submission
+        async def run():
+            calls = [client.generate(prompts[i % len(prompts)], params, seed=100 * attempt + i) for i in range(24)]
+            tasks = [asyncio.ensure_future(c) for c in calls]
+            await asyncio.sleep(0.05)
+            sync = asyncio.get_running_loop().run_in_executor(None, lambda: pusher.push(
+                new_state if attempt % 2 == 0 else old_state, in_flight="abort"))
+            return await asyncio.gather(*tasks), await sync
+
+        generations, metrics = asyncio.run(run())
+        v_new = fleet.version()
+        mixed = [g for g in generations if len(set(g.versions)) > 1]
+        if mixed:
+            break
+    assert mixed, "no request was interrupted by the sync in 6 attempts"
+    models = {v_old + k: (new_model if k % 2 else old_model) for k in range(0, 7)}
+    for g, i in zip(generations, range(24)):
+        prompt = prompts[i % len(prompts)]
+        assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == MAX_TOKENS and g.finish_reason == "length"
+        assert g.versions == sorted(g.versions) and set(g.versions) <= {v_new - 1, v_new}  # old tokens first
+        for version in set(g.versions):
+            reference = hf_logprobs(models[version], prompt, g.token_ids)
+            picked = [(a, b) for a, b, v in zip(g.logprobs, reference, g.versions) if v == version]
+            assert max(abs(a - b) for a, b in picked) < TOLERANCE, (version, picked)
+    assert metrics["weight_sync/drain_seconds"] >= 0
 
 
 def seam(fleet, tokenizer):
@@ -356,7 +447,7 @@ def test_shutdown_leaves_no_actors_or_placement_groups(fleet):
     import ray
     from ray._private.state import actors
 
-    replica_ids = {r._actor_id.hex() for r in fleet.replicas}
+    replica_ids = set(fleet.actor_ids())
     fleet.shutdown()
     fleet.shutdown()  # idempotent
     states = {actor_id: info["State"] for actor_id, info in actors().items() if actor_id in replica_ids}

@@ -69,13 +69,19 @@ def test_moe_engine_serves_reloaded_weights_exactly(tmp_path):
     config = RolloutConfig(prompt_length=16, response_length=8, tensor_model_parallel_size=1, n=1,
                            max_num_seqs=16, max_num_batched_tokens=512, seed=7)
     fleet = RolloutFleet(config, str(model_dir), num_replicas=1, cpu_kv_cache_gib=0.25)
+    pusher = None
     try:
+        from tests.rollout._push import WeightPusher
+
         assert max_diff_to_hf(fleet, reference) < TOLERANCE
-        fleet.update_weights(list(original.items()), version=1)  # the same weights again
+        pusher = WeightPusher(fleet, model_dir, original)
+        pusher.push(original)  # the same weights again
         assert max_diff_to_hf(fleet, reference) < TOLERANCE
-        fleet.update_weights(list(perturbed.items()), version=2)
+        pusher.push(perturbed)
         assert max_diff_to_hf(fleet, perturbed_reference) < TOLERANCE
         assert max_diff_to_hf(fleet, reference) > 1e-2  # the new weights took effect
     finally:
+        if pusher is not None:
+            pusher.close()
         fleet.shutdown()
         ray_cluster.shutdown_ray()

@@ -45,9 +45,13 @@ def test_tp2_replica_generates_and_reloads_weights_like_hf(tmp_path):
                                                                                   sample.response_ids)))
             assert diff < 1e-4
 
+        from tests.rollout._push import WeightPusher
+
         generator = torch.Generator().manual_seed(1)
         perturbed = {n: t + 0.05 * torch.randn(t.shape, generator=generator) for n, t in hf_model.state_dict().items()}
-        fleet.update_weights(list(perturbed.items()), version=1)
+        pusher = WeightPusher(fleet, model_dir, hf_model.state_dict())
+        pusher.push(perturbed)
+        pusher.close()
         assert fleet.version() == 1
         hf_model.load_state_dict(perturbed)
         for sample in fleet.generate(prompts, {"do_sample": False}, n=1):

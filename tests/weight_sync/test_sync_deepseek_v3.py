@@ -74,11 +74,17 @@ def test_reloads_serve_the_new_weights_and_rederive_mla_matrices(model, fleet, t
     def perturbed():
         return {name: t + 0.02 * torch.randn(t.shape, generator=generator) for name, t in original.items()}
 
+    from tests.rollout._push import WeightPusher
+
     first, second = perturbed(), perturbed()
     assert max_diff_to_hf(fleet, hf_reference(model, original, tmp_path / "original")) < TOLERANCE
-    fleet.update_weights(list(first.items()), version=1)
-    assert max_diff_to_hf(fleet, hf_reference(model, first, tmp_path / "first")) < TOLERANCE
-    fleet.update_weights(list(second.items()), version=2)  # the second update: derived W_UK_T / W_UV follow again
+    pusher = WeightPusher(fleet, model, original)
+    try:
+        pusher.push(first)
+        assert max_diff_to_hf(fleet, hf_reference(model, first, tmp_path / "first")) < TOLERANCE
+        pusher.push(second)  # the second update: derived W_UK_T / W_UV follow again
+    finally:
+        pusher.close()
     second_reference = hf_reference(model, second, tmp_path / "second")
     assert max_diff_to_hf(fleet, second_reference) < TOLERANCE
     assert max_diff_to_hf(fleet, hf_reference(model, first, tmp_path / "first_again")) > 1e-2
@@ -111,24 +117,24 @@ def test_sync_carries_the_router_bias_and_mla_weights(model, fleet):
     workers = WorkerGroup(MegatronWorker, 2, init_args=(OmegaConf.to_container(cfg, resolve=True),))
     session = None
     try:
-        session = WeightSyncSession(cfg, workers, fleet)
+        session = WeightSyncSession.from_config(cfg, workers, fleet)
         biases = [name for name in session.plan.meta if name.endswith("e_score_correction_bias")]
         assert len(biases) == 2 and all(session.plan.meta[name].dtype == "float32" for name in biases)
-        session.sync(version=11)  # the fleet holds an earlier test's weights
+        session.sync()  # the fleet holds an earlier test's weights
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff_max"] < TOLERANCE
 
         train_one_step(workers, seed=0, zero_advantages=True)  # only the router bias moves
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"] > 1e-3  # routes differently
-        session.sync(version=12)
+        session.sync()
         after_bias = verify_sync(fleet, workers, PROMPTS)
         assert after_bias["rollout/logprob_diff_max"] < TOLERANCE, after_bias
 
         train_one_step(workers, seed=1, zero_advantages=False)  # weights and bias move
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"] > 1e-3
-        session.sync(version=13)
+        session.sync()
         after = verify_sync(fleet, workers, PROMPTS)
         assert after["rollout/logprob_diff_max"] < TOLERANCE, after
-        assert fleet.version() == 13
+        assert fleet.version() == session.version
     finally:
         if session is not None:
             session.close()

@@ -97,19 +97,19 @@ def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
     workers = WorkerGroup(MegatronWorker, 2, init_args=(OmegaConf.to_container(cfg, resolve=True),))
     session = None
     try:
-        session = WeightSyncSession(cfg, workers, fleet)
+        session = WeightSyncSession.from_config(cfg, workers, fleet)
         assert session.plan.bytes_sent * 2 == session.plan.bytes_needed()  # each byte once, 2 replicas
-        session.sync(version=1)  # a fleet shared with an earlier layout holds that layout's trained weights
+        session.sync()  # a fleet shared with an earlier layout holds that layout's trained weights
         before = verify_sync(fleet, workers, PROMPTS)
         assert before["rollout/logprob_diff_max"] < 1e-4
         train_one_step(workers, cfg)
         stale = verify_sync(fleet, workers, PROMPTS)
         assert stale["rollout/logprob_diff"] > 1e-3  # the trainer moved; the fleet has not yet
-        metrics = session.sync(version=2)
+        metrics = session.sync()
         assert metrics["weight_sync/bytes_sent"] == session.plan.bytes_sent
         after = verify_sync(fleet, workers, PROMPTS)
         assert after["rollout/logprob_diff_max"] < 1e-4, after
-        assert fleet.version() == 2
+        assert fleet.version() == session.version == metrics["weight_sync/version"]
     finally:
         if session is not None:
             session.close()

@@ -59,7 +59,7 @@ class RewardModelService:
         try:
             self.fleet = RolloutFleet(engine, settings.path, slots=slots, use_gpu=use_gpu,
                                       trust_remote_code=settings.trust_remote_code, sleep_mode=sleep_mode)
-            backends = ray.get([r.serve_http.remote() for r in self.fleet.replicas])
+            backends = ray.get(self.fleet.call_async("serve_http"))
             self.address = backends[0]
             if len(backends) > 1:
                 from megarl.rewards.models.router import ReplicaRouter
@@ -106,9 +106,9 @@ class RewardModelService:
         start = time.perf_counter()
         tokenizer = self.tokenizer if self.settings.retemplate else None
         sequences, cut = model_sequences(batch, tokenizer, self.settings.max_length)
-        refs = [replica.classify.remote([sequences[i] for i in chunk])
-                for replica, chunk in zip(self.fleet.replicas, split_evenly(len(sequences), self.fleet.num_replicas))
-                if len(chunk)]
+        chunks = split_evenly(len(sequences), self.fleet.num_replicas)
+        refs = [ref for replica, chunk in enumerate(chunks) if len(chunk)
+                for ref in self.fleet.call_async("classify", [sequences[i] for i in chunk], replicas=[replica])]
         scores = [s for part in ray.get(refs) for s in part]
         seconds = time.perf_counter() - start
         tokens = sum(len(s) for s in sequences)

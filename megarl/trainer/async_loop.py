@@ -1,0 +1,124 @@
+"""Asynchronous training: the trainer takes its batches from a producer that runs ahead of it.
+
+``async_training.mode``:
+
+* ``sync``: the controller's own loop (``RLTrainer.collect_batch``): generate, train, sync, repeat.
+* ``one_step_off``: while the trainer trains on batch k the fleet generates batch k+1 with the
+  weights before that update; weights change at batch boundaries (a sync waits for running
+  generations), and batch k trains exactly the prompts of loader batch k. Staleness: 1 version.
+* ``fully_async``: groups stream in as they finish; at most ``staleness_threshold`` train batches of
+  groups run ahead of the trainer, no group trains more than ``ceil(staleness_threshold)`` versions
+  after its first token (``staleness.py``), a step takes the finished groups with the earliest
+  deadlines (``max_off_policy_strategy``: ``wait`` for late old groups, or ``drop`` them), weights
+  are published every ``trigger_parameter_sync_step`` steps, and with ``partial_rollout`` a sync
+  aborts running generations, which continue on the new weights.
+
+``AsyncBatches`` is what ``RLTrainer`` calls in these modes (``take``, ``sync_due``, ``published``,
+``discard``); the producer thread (``rollout_producer.py``) and the buffer (``sample_buffer.py``)
+do the work. With staleness 0 and one step per sync, every step trains the groups started after the
+last sync, in prompt order: the synchronous loop's batches, token for token.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from megarl.trainer.rollout_batch import StepData, concat_step_data
+from megarl.trainer.rollout_producer import RolloutProducer
+from megarl.trainer.sample_buffer import SampleBuffer
+from megarl.trainer.staleness import StalenessBound
+
+MODES = ("sync", "one_step_off", "fully_async")
+
+
+@dataclass(frozen=True)
+class AsyncSettings:
+    mode: str
+    bound: StalenessBound
+    in_flight: str  # what a sync does to running generations: wait | abort (partial rollouts)
+    timeout_s: float
+
+    @classmethod
+    def from_config(cls, cfg) -> "AsyncSettings | None":
+        """None in ``sync`` mode; the config check has refused every combination that cannot work."""
+        a = cfg.async_training
+        if a.mode == "sync":
+            return None
+        batch = int(cfg.data.train_batch_size)
+        if a.mode == "one_step_off":
+            bound = StalenessBound(1.0, batch, 1, "wait", fifo=True)
+            return cls(a.mode, bound, "wait", float(a.wait_timeout_s))
+        bound = StalenessBound(float(a.staleness_threshold), batch, int(a.trigger_parameter_sync_step),
+                               str(a.max_off_policy_strategy))
+        return cls(a.mode, bound, "abort" if a.partial_rollout else "wait", float(a.wait_timeout_s))
+
+    @property
+    def off_policy(self) -> bool:
+        """Some samples can train on weights newer than the ones that sampled them."""
+        return self.bound.threshold > 0 or self.bound.sync_every > 1
+
+
+class AsyncBatches:
+    """The batch source of the asynchronous modes, over ``rollout`` (the agent seam) and ``loader``."""
+
+    def __init__(self, settings: AsyncSettings, rollout, loader, weight_sync, *, n: int, pad_id: int,
+                 response_length: int):
+        self.settings, self.weight_sync = settings, weight_sync
+        self.buffer = SampleBuffer(settings.bound, timeout_s=settings.timeout_s)
+        self.producer = RolloutProducer(rollout, loader, self.buffer, n=n, batch_size=settings.bound.batch_groups,
+                                        pad_id=pad_id, response_length=response_length)
+        self.started_at: int | None = None  # the first step this run trains
+
+    @property
+    def in_flight(self) -> str:
+        return self.settings.in_flight
+
+    def take(self, step: int, count: int | None = None) -> tuple[StepData, list]:
+        """Step ``step``'s groups (``count``, default the train batch), merged, with their trajectories."""
+        if self.started_at is None:
+            self.started_at = step
+            self.buffer.start(self.weight_sync.version, step - 1)
+            self.producer.start()
+        groups = self.buffer.take(count or self.settings.bound.batch_groups, step - 1)
+        data = concat_step_data([g.data for g in groups])
+        return data, [t for g in groups for t in g.trajectories]
+
+    def discard(self, count: int) -> None:
+        """``count`` taken groups were not trained (DAPO's filter): their slots go back to the producer."""
+        self.buffer.discard(count)
+
+    def window(self, step: int) -> int:
+        """The version the weights of step ``step`` start from (for the staleness metrics)."""
+        return self.buffer.window(step - 1)
+
+    def sync_due(self, step: int) -> bool:
+        """Step ``step`` closes a window: publish the weights after it."""
+        first = step if self.started_at is None else self.started_at
+        return (step - first + 1) % self.settings.bound.sync_every == 0
+
+    def published(self, version: int) -> None:
+        self.buffer.published(version)
+
+    def metrics(self) -> dict[str, float]:
+        counts = self.buffer.counts()
+        return {"training/off_policy/running_groups": float(counts["running"]),
+                "training/off_policy/finished_groups": float(counts["finished"]),
+                "training/off_policy/dropped_groups": float(counts["dropped"]),
+                "training/off_policy/filtered_groups": float(counts["filtered"]),
+                "training/off_policy/most_ahead_groups": float(counts["most_ahead"]),
+                "training/off_policy/trainer_wait_s": self.buffer.trainer_wait_s}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.producer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.producer.load_state_dict(state)
+
+    def close(self) -> None:
+        self.producer.stop()
+
+
+def lag_bound(settings: AsyncSettings | None) -> int:
+    """The most versions a sample may lag in this mode (0 for sync)."""
+    return 0 if settings is None else int(math.ceil(settings.bound.threshold))
