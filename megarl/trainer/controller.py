@@ -13,9 +13,15 @@ One step (``RLTrainer.train_step``):
      sleep from after generation until the sync: ``rollout_memory``);
   8. metrics to TensorBoard/console; validation every ``test_freq``; checkpoint every ``save_freq``.
 
+Old log-probs: with one update per batch (on-policy: ``ppo_mini_batch_size`` = ``train_batch_size``,
+``ppo_epochs=1``) they equal the update's own forward, so the separate pass (step 4) is skipped and
+the update uses its forward, detached (``config.validate.old_log_prob_pass`` names what keeps the pass:
+several updates per batch, KL in the reward, dropout, ``actor.recompute_old_log_prob=True``).
+
 ``rollout/logprob_diff`` (with ``rollout.weight_sync.verify``, the default) compares the fleet's
-log-probs of the sampled tokens with the trainer's old log-probs, which are computed with the
-same weights: it checks every step that the previous weight sync took effect. Every per-token
+log-probs of the sampled tokens with the trainer's, computed with the same weights (the old-log-prob
+pass, or the on-policy update's forward before its optimizer step): it checks every step that the
+previous weight sync took effect. Every per-token
 quantity counts the tokens of the loss mask only: the tokens the model sampled, not tool output.
 
 Validation scores every row of ``data.val_files``; ``trainer.log_val_generations=N`` also records
@@ -36,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_more_gen_batches, seq_metric_values
 from megarl.config import critic_enabled, devices_for
+from megarl.config.validate import old_log_prob_pass
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
@@ -69,6 +76,9 @@ class RLTrainer:
         self.num_devices = devices_for(cfg)[0]
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
                                             trainer_offload=any(offload_flags(cfg).values()))
+        self.old_log_prob_pass = old_log_prob_pass(cfg)  # None: the on-policy update's forward gives them
+        logger.info("old log-probs: %s", f"a separate pass every step ({self.old_log_prob_pass})" if self.old_log_prob_pass
+                    else "the update's own forward (one on-policy update per batch; no separate pass)")
         per_epoch = len(train_loader)
         self.total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
 
@@ -154,13 +164,16 @@ class RLTrainer:
         mask = batch.response_mask  # the loss mask: model tokens only
         scores = scores_to_token_level(data["score"], mask)
         batch_ref = ray.put(batch)
-        with timer(timings, "old_log_prob"):
-            old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
-        metrics["actor/entropy"] = masked_mean(entropy, mask) if entropy is not None else 0.0
-        if self.cfg.actor_rollout_ref.rollout.weight_sync.verify:
-            diff = (old_log_probs - data["rollout_log_probs"]).abs() * mask
-            metrics["rollout/logprob_diff"] = masked_mean(diff, mask)
-            metrics["rollout/logprob_diff_max"] = float(diff.max())
+        verify = self.cfg.actor_rollout_ref.rollout.weight_sync.verify
+        old_log_probs = None
+        if self.old_log_prob_pass:
+            with timer(timings, "old_log_prob"):
+                old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
+            metrics["actor/entropy"] = masked_mean(entropy, mask) if entropy is not None else 0.0
+            if verify:
+                diff = (old_log_probs - data["rollout_log_probs"]).abs() * mask
+                metrics["rollout/logprob_diff"] = masked_mean(diff, mask)
+                metrics["rollout/logprob_diff_max"] = float(diff.max())
         ref_log_probs = values = None
         if self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:
             with timer(timings, "ref"):
@@ -172,7 +185,11 @@ class RLTrainer:
             rewards, kl_metrics = token_level_rewards(self.cfg, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
             advantages, returns = compute_advantages(self.cfg, rewards, mask, data["uid"], values, baselines)
-        fields = dict(old_log_probs=old_log_probs, advantages=advantages, returns=returns)
+        fields = dict(advantages=advantages, returns=returns)
+        if old_log_probs is not None:
+            fields["old_log_probs"] = old_log_probs
+        elif verify:  # the on-policy update measures the sync probe on its own forward
+            fields["rollout_log_probs"] = data["rollout_log_probs"]
         if ref_log_probs is not None:
             fields["ref_log_probs"] = ref_log_probs
         if values is not None:
