@@ -6,8 +6,9 @@ Order of events, each step logged:
      process starts before all of it is valid);
   2. join the Ray cluster ($RAY_ADDRESS / trainer.ray_address) or start a local one on 127.0.0.1;
   3. reserve the devices (one placement group per node, ``trainer/placement.py``), then start the
-     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them, and the agent
-     loops' rollout seam on the fleet (tools are loaded and checked before any of it starts);
+     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them side by side
+     (``trainer/startup.py``), and the agent loops' rollout seam on the fleet (tools are loaded and
+     checked before any of it starts);
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
 """
@@ -91,6 +92,7 @@ def run(cfg) -> dict[str, float]:
     from megarl.trainer.megatron_worker import MegatronWorker, initial_checkpoints
     from megarl.trainer.placement import ClusterPlacement, plan_from_config
     from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.trainer.startup import start_together
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
 
@@ -129,13 +131,16 @@ def run(cfg) -> dict[str, float]:
     metrics_logger = workers = fleet = sync = placement = agent_rollout = None
     try:
         placement = ClusterPlacement(plan, use_gpu)
-        workers = WorkerGroup(MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
-                              slots=placement.trainer_slots(),
-                              env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-                              dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout)
-        fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
-                             slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                             sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine)
+        started = start_together(  # neither needs the other before the weight sync connects them
+            workers=lambda: WorkerGroup(
+                MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
+                slots=placement.trainer_slots(), env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout),
+            fleet=lambda: RolloutFleet(
+                rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
+                slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+                sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine))
+        workers, fleet = started["workers"], started["fleet"]
         sync = WeightSyncSession(cfg, workers, fleet)
         agent_rollout = AgentRollout(agent_context, fleet, rollout, loops=loops,
                                      worker_factory=lambda count: start_workers(cfg, tokenizer_path, count))
