@@ -1,13 +1,23 @@
 """Where the time to the first RL step goes, phase by phase, measured in one run.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/startup.py [--steps 2] [--json FILE] [override ...]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/startup.py [--steps 2] [--compare] [--json FILE] [override ...]
 
 Runs ``megarl.train.run`` on the quickstart config (model and data from ``megarl.quickstart.prepare``
 under ``runs/bench/quickstart``; validation before training off, so the first step starts right
 after start-up) and times each start-up phase from outside: the driver's functions are wrapped, and
 the Ray timeline gives what ran inside the trainer ranks and the engine replicas. Prints one row per
 phase (start and end since the process began, and its own seconds; rows that overlap ran in
-parallel), the time to the first step, and the steps after it.
+parallel), the time to the end of the first step, and the steps after it.
+
+"Ours" is the time to the end of the first step minus what vLLM itself spends starting an engine
+(the replica's ``__init__``: importing vLLM in the replica, its engine-core and worker processes,
+loading the model) and minus one steady step: Ray, the driver, the trainer ranks where they are on
+the critical path, the connects, and the first step's extra cost.
+
+``--compare`` runs it twice, each in a fresh process: ``before`` with megarl's two start-up cuts
+undone (the trainer ranks start before the fleet, one after the other; CPU engines in eager mode
+compile vLLM's sampler helpers on the first request) and ``after`` as shipped, then prints both
+and the ratio of "ours".
 """
 from __future__ import annotations
 
@@ -64,12 +74,66 @@ def ray_phases(timeline_file: Path, offset: float) -> list[tuple[str, float, flo
     return [(f"  in Ray: {name}", s - offset, e - offset) for name, (s, e) in spans.items()]
 
 
+def undo_startup_cuts() -> None:
+    """The ``before`` variant: ranks then fleet, one after the other; the engines' compiled helpers on."""
+    from megarl.rollout import engine_config
+    from megarl.trainer import startup
+
+    def one_after_another(**starters):
+        return {name: starter() for name, starter in starters.items()}
+
+    startup.start_together = one_after_another
+    env_of = engine_config.replica_env
+    engine_config.replica_env = lambda spec, on_gpu: {k: v for k, v in env_of(spec, on_gpu).items() if k != "TORCHDYNAMO_DISABLE"}
+    import megarl.rollout.fleet as fleet_module
+
+    fleet_module.replica_env = engine_config.replica_env
+
+
+def summary(record: dict) -> dict[str, float]:
+    """Time to the end of the first step, vLLM's own engine start, one steady step, and ours."""
+    steps = record["steps"]
+    engine = max((end - begin for name, begin, end in record["phases"] if name.endswith("EngineReplica.__init__")),
+                 default=0.0)
+    first_end = record["first_step"] + steps[0]
+    steady = steps[-1] if len(steps) > 1 else 0.0
+    return {"to_first_step_end": first_end, "vllm_engine_start": engine, "steady_step": steady,
+            "ours": first_end - engine - steady}
+
+
+def compare(args) -> None:
+    import subprocess
+
+    records = {}
+    for variant in ("before", "after"):
+        out = Path(tempfile.mkdtemp(prefix="megarl_startup_")) / f"{variant}.jsonl"
+        command = [sys.executable, __file__, "--variant", variant, "--steps", str(args.steps), "--json", str(out),
+                   *args.overrides]
+        subprocess.run(command, check=True)
+        records[variant] = json.loads(out.read_text().splitlines()[-1])
+        if args.json:
+            with args.json.open("a") as sink:
+                sink.write(json.dumps(records[variant]) + "\n")
+    print("\nstart-up, before and after megarl's cuts (one invocation, two fresh processes)")
+    print(f"{'':<26} {'before':>8} {'after':>8} {'after/before':>13}")
+    rows = {variant: summary(record) for variant, record in records.items()}
+    for key in ("to_first_step_end", "vllm_engine_start", "steady_step", "ours"):
+        before, after = rows["before"][key], rows["after"][key]
+        print(f"{key:<26} {before:8.1f} {after:8.1f} {after / before if before else float('nan'):13.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2, help="RL steps to run (the first one ends start-up)")
     parser.add_argument("--json", type=Path, help="append the phases as one JSON line to this file")
+    parser.add_argument("--compare", action="store_true", help="before and after megarl's start-up cuts, in one run")
+    parser.add_argument("--variant", choices=["before", "after"], default="after", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="config overrides, verl's form")
     args = parser.parse_args()
+    if args.compare:
+        return compare(args)
+    if args.variant == "before":
+        undo_startup_cuts()
 
     import logging
 
@@ -129,10 +193,12 @@ def main() -> None:
           f"({first_step - run_start:.1f} s inside train.run)")
     for i, (begin, end) in enumerate(steps, 1):
         print(f"step {i}: {end - begin:.2f} s")
+    record = {"variant": args.variant, "phases": rows, "first_step": first_step, "run_start": run_start,
+              "steps": [end - begin for begin, end in steps], "argv": sys.argv[1:]}
+    print("  ".join(f"{key} {value:.1f} s" for key, value in summary(record).items()))
     if args.json:
         with args.json.open("a") as out:
-            out.write(json.dumps({"phases": rows, "first_step": first_step, "run_start": run_start,
-                                  "steps": [end - begin for begin, end in steps], "argv": sys.argv[1:]}) + "\n")
+            out.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":
