@@ -457,7 +457,7 @@ def main(argv=None) -> int:
         log("--device cuda: torch sees no CUDA device")
         return 1
     preset = PRESETS[args.preset or ("gpu" if args.device == "cuda" else "cpu")]
-    where = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    where = {"cuda": torch.cuda.get_device_name() if cuda else "", "cpu": "CPU (--device cpu)", "none": "no CUDA"}[args.device]
     log(f"gpu_check: {where}; torch {torch.__version__}; python {sys.version.split()[0]}; preset {preset}")
     failed = 0
     with tempfile.TemporaryDirectory(prefix="megarl_gpu_check_") as directory:

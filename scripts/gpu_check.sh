@@ -4,7 +4,7 @@
 # offload round trips, one line each, in under 8 minutes (scripts/gpu_check.py has the details).
 #
 #   scripts/gpu_check.sh --wheels          # print the wheels a machine without them needs (pinned)
-#   scripts/gpu_check.sh --prepare         # here, with network: download them into .whl/ (git-ignored)
+#   scripts/gpu_check.sh --prepare         # here, with network: download them into .whl/ (.gitignore'd)
 #   scripts/gpu_check.sh [gpu_check.py arguments]   # there: install .whl/ if present, then run the checks
 #
 # A lent machine (Python 3.12, torch, transformers, accelerate; no vLLM, no Ray, no network) lacks
@@ -30,8 +30,6 @@ case "${1:-}" in
     exit 0
     ;;
   --prepare)
-    exclude="$(git rev-parse --git-common-dir)/info/exclude"
-    grep -qxF '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
     mkdir -p .whl
     for spec in "${WHEELS[@]}"; do
       if [[ $spec == antlr4-python3-runtime* ]]; then  # pure Python, no wheel on PyPI: build one
@@ -50,10 +48,12 @@ case "${1:-}" in
     ;;
 esac
 
-if compgen -G ".whl/*.whl" > /dev/null; then
+version=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+if compgen -G ".whl/*.whl" > /dev/null && [[ $version == 3.12 ]]; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
   export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 else
+  compgen -G ".whl/*.whl" > /dev/null && echo "gpu_check: .whl/ holds CPython 3.12 wheels, $PYTHON is $version: not installed"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
