@@ -6,10 +6,10 @@ Order of events, each step logged:
      process starts before all of it is valid);
   2. join the Ray cluster ($RAY_ADDRESS / trainer.ray_address) or start a local one on 127.0.0.1;
   3. reserve the devices (one placement group per node, ``trainer/placement.py``), then start the
-     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them, the reward model
-     or judge when one is configured (``megarl.rewards.models``, on the trainer's devices or its
-     own pool), and the agent loops' rollout seam on the fleet (tools are loaded and checked before
-     any of it starts);
+     Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them side by side
+     (``trainer/startup.py``), the reward model or judge when one is configured
+     (``megarl.rewards.models``, on the trainer's devices or its own pool), and the agent loops'
+     rollout seam on the fleet (tools are loaded and checked before any of it starts);
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
 
@@ -127,6 +127,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.trainer.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
     from megarl.trainer.run_summary import RunSummary, places
     from megarl.trainer.samples import SampleReporter
+    from megarl.trainer.startup import start_together
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.adapter_updates import weight_updates
 
@@ -190,22 +191,26 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     try:
         with summary.timed("start-up"):
             placement = ClusterPlacement(plan, use_gpu)
-            with Progress(f"starting {plan.trainer_world} trainer rank(s)") as progress:
-                workers = WorkerGroup(MegatronWorker, plan.trainer_world,
-                                      init_args=(OmegaConf.to_container(cfg, resolve=True),),
-                                      slots=placement.trainer_slots(),
-                                      env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-                                      dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout)
-            trainer_s, started = progress.elapsed, time.perf_counter()
             lora = cfg.actor_rollout_ref.model.lora
-            fleet = RolloutFleet(rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
-                                 slots=placement.replica_slots(),
-                                 trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                                 sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine,  # its own progress
-                                 lora_rank=lora.rank if lora.rank > 0 and not lora.merge else 0)
-            fleet_s, started = time.perf_counter() - started, time.perf_counter()
+            seconds: dict[str, float] = {}
+            with Progress(f"starting {plan.trainer_world} trainer rank(s) and {len(plan.replicas)} rollout "
+                          "replica(s)"):
+                started = start_together(  # neither needs the other before the weight sync connects them
+                    seconds,
+                    workers=lambda: WorkerGroup(
+                        MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
+                        slots=placement.trainer_slots(), env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                        dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout),
+                    fleet=lambda: RolloutFleet(
+                        rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
+                        slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+                        sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine,
+                        lora_rank=lora.rank if lora.rank > 0 and not lora.merge else 0))
+            workers, fleet = started["workers"], started["fleet"]
+            started_sync = time.perf_counter()
             sync = weight_updates(cfg, workers, fleet)  # merged weights, sharded; or the LoRA adapter alone
-            say("%s", startup_lines.ready_line(trainer_s, fleet_s, time.perf_counter() - started, fleet, sync))
+            say("%s", startup_lines.ready_line(seconds["workers"], seconds["fleet"], time.perf_counter() - started_sync,
+                                               fleet, sync))
             from megarl.rewards.models.service import start_reward_model
 
             reward_model, reward_placement = start_reward_model(cfg, placement, use_gpu)

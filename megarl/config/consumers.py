@@ -69,6 +69,8 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                             for k in ("use_dist_checkpointing", "dist_checkpointing_path"))),
     (f"{VALIDATE}:_check_backends", ("*.strategy", "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode")),
     (f"{VALIDATE}:critic_enabled", ("critic.enable",)),
+    (f"{VALIDATE}:old_log_prob_pass", ("actor_rollout_ref.actor.recompute_old_log_prob",)),
+    (f"{VALIDATE}:_check_rewards", ("reward_model.enable",)),
     (f"{VALIDATE}:_check_algorithm", ("actor_rollout_ref.actor.optim.optimizer", "critic.optim.optimizer")),
     ("megarl.rollout.sampling:resolve_sampling", ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature",
                                                   "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k",

@@ -180,6 +180,10 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
+    # verl's megatron actor key. None: the separate old-log-prob pass runs only when needed (several
+    # updates per batch, KL in the reward, dropout); on-policy the update's own forward gives them.
+    # True: always run it. False: never (an error where they are needed). See validate.old_log_prob_pass.
+    recompute_old_log_prob: Optional[bool] = None
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)

@@ -36,6 +36,33 @@ def critic_enabled(cfg: DictConfig) -> bool:
     return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
 
 
+def old_log_prob_pass(cfg: DictConfig) -> str | None:
+    """Why a step runs the separate old-log-prob pass, or None when the update's own forward gives them.
+
+    On-policy (one mini-batch, one epoch) the batch is used for exactly one optimizer step, so the
+    old log-probs equal that step's forward (ratio 1, verl's and TRL's rule) and the pass is skipped,
+    unless something needs them before the update or the user asks for it.
+    """
+    actor = cfg.actor_rollout_ref.actor
+    if actor.recompute_old_log_prob:
+        return "actor_rollout_ref.actor.recompute_old_log_prob=True"
+    if actor.ppo_epochs != 1:
+        return f"actor_rollout_ref.actor.ppo_epochs={actor.ppo_epochs}: several updates per batch"
+    if actor.ppo_mini_batch_size < cfg.data.train_batch_size:
+        return (f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < data.train_batch_size="
+                f"{cfg.data.train_batch_size}: several updates per batch")
+    if cfg.algorithm.use_kl_in_reward:
+        return "algorithm.use_kl_in_reward: the reward's KL penalty needs them before the update"
+    c = cfg.algorithm.rollout_correction
+    if not c.bypass_mode and (c.rollout_is or c.rollout_rs or c.rollout_token_veto_threshold):
+        return "algorithm.rollout_correction: its importance weights pi_old / pi_rollout need them before the update"
+    dropout = {k: v for k, v in dict(actor.megatron.override_transformer_config or {}).items()
+               if k in ("hidden_dropout", "attention_dropout") and v}
+    if dropout:
+        return f"dropout in actor_rollout_ref.actor.megatron.override_transformer_config ({dropout}): the update's forward differs from the rollout policy's"
+    return None
+
+
 def validate_config(cfg: DictConfig) -> None:
     """Raise a ``ConfigError`` listing every problem of ``cfg`` (see ``config_problems``)."""
     problems = config_problems(cfg)
@@ -388,6 +415,11 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
                      "verl's GSPO always uses seq-mean-token-mean there (the paper's form): set "
                      "loss_agg_mode=seq-mean-token-mean to match verl")
     _check_rollout_correction(cfg, add)
+    if actor.recompute_old_log_prob is False and old_log_prob_pass(cfg) is not None:
+        add(f"actor_rollout_ref.actor.recompute_old_log_prob=False, but the old log-probs are needed before the update "
+            f"({old_log_prob_pass(cfg)}); unset it (null: skipped exactly when the update is on-policy) or make the "
+            "update on-policy (ppo_mini_batch_size = data.train_batch_size, ppo_epochs=1, no KL in the reward).",
+            key="actor_rollout_ref.actor.recompute_old_log_prob")
     if a.filter_groups.enable and not a.filter_groups.metric:
         add("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward).")
     for section in ("actor_rollout_ref.actor", "critic"):

@@ -21,6 +21,13 @@ is computed here, per micro-batch, from the detached current log-probs: rejected
 loss (they stay in token-mean's count, the mini-batch's response tokens: the rejection is decided in
 the forward, after the count), and ``loss_type=reinforce`` trains REINFORCE weighted by the truncated ``pi_theta /
 pi_rollout``; ``actor/rollout_is_mean`` and ``actor/rollout_rs_masked_fraction`` report them.
+
+On-policy updates (one mini-batch, one epoch: the batch is used for exactly one optimizer step)
+may come without ``old_log_probs``: the policy that generated the data is the one being updated,
+so the old log-probs are the update's own forward, detached (ratio 1; verl's and TRL's on-policy
+rule), and the separate log-prob pass is not needed. With ``rollout_log_probs`` in the batch such
+an update also reports the sync probe ``rollout/logprob_diff`` (mean over the loss mask) and
+``rollout/logprob_diff_max`` from that forward: trainer weights before the step against the fleet's.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ from megarl.engine.update import run_update
 from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
 
 _TOKEN_MEANS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
+_PROBE = ("logprob_diff", "logprob_diff_max")  # reported as rollout/<name>
 
 
 class MegatronActor:
@@ -72,16 +80,34 @@ class MegatronActor:
         return result["log_probs"], result.get("entropy")
 
     def update_policy(self, batch: RLBatch) -> dict[str, float]:
-        """One PPO update over ``batch`` (``ppo_epochs`` passes of mini-batches). Returns metrics."""
+        """One PPO update over ``batch`` (``ppo_epochs`` passes of mini-batches). Returns metrics.
+
+        Without ``batch.old_log_probs`` the update must be on-policy (see the module docstring).
+        """
         use_kl = self.settings.loss.use_kl_loss
-        batch.require("old_log_probs", "advantages", *(["ref_log_probs"] if use_kl else []), purpose="update_policy")
+        batch.require("advantages", *(["ref_log_probs"] if use_kl else []), purpose="update_policy")
+        if batch.old_log_probs is None:
+            self._require_on_policy(len(batch))
         sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else [])]
+        probe = batch.rollout_log_probs is not None
         metrics = run_update(
             "actor", self.runner, self.optimizer, self.scheduler, batch, self.settings.train, self._loss_fn, sums,
-            self.token_means)
+            (*self.token_means, *_PROBE[:1]) if probe else self.token_means, maxes=_PROBE[1:] if probe else ()
+        )
+        for name in _PROBE if probe else ():
+            metrics[f"rollout/{name}"] = metrics.pop(f"actor/{name}")
         if use_kl:
             metrics["actor/kl_coef"] = self.settings.loss.kl_loss_coef
         return metrics
+
+    def _require_on_policy(self, batch_size: int) -> None:
+        train = self.settings.train
+        steps = train.epochs * -(-batch_size // (train.mini_batch_size or batch_size))
+        if steps != 1:
+            raise ValueError(
+                f"update_policy without old_log_probs takes the update's own forward as the old policy, which holds "
+                f"only for one optimizer step per batch; this one takes {steps} ({train.epochs} epoch(s) of mini-batches "
+                f"of {train.mini_batch_size} from {batch_size} samples): compute old_log_probs first (compute_log_prob)")
 
     def _loss_fn(self, info: dict):
         """The loss of one micro-batch of a mini-batch whose global totals are ``info``."""
@@ -93,6 +119,8 @@ class MegatronActor:
             response = response_logits(logits, micro_batch, self.settings.temperature)
             valid = micro_batch.packed.response_valid
             log_probs = vocab_parallel_log_probs(response, micro_batch.packed.targets) * valid
+            # on-policy without a log-prob pass: the old policy is this very forward (ratio 1)
+            old_log_probs = log_probs.detach() if batch.old_log_probs is None else batch.old_log_probs
             with torch.set_grad_enabled(s.entropy_coeff != 0):  # without the bonus it is only a metric
                 entropy = vocab_parallel_entropy(response) * valid
             agg = s.loss_agg_mode or "token-mean"  # entropy and KL; the policy loss keeps its own default
@@ -103,7 +131,7 @@ class MegatronActor:
                 loss_mask = correction.mask
                 weights = correction.weights if self.bypass.loss_type == "reinforce" else None
             pg_loss, pg_metrics = self.policy_loss(
-                old_log_prob=batch.old_log_probs,
+                old_log_prob=old_log_probs,
                 log_prob=log_probs,
                 advantages=batch.advantages,
                 response_mask=loss_mask,
@@ -124,6 +152,9 @@ class MegatronActor:
                 valid = mask.float()
                 collected["rollout_is_mean"] = ((weights if weights is not None else valid) * valid).sum()
                 collected["rollout_rs_masked_fraction"] = (valid - loss_mask.float()).sum()
+            if batch.rollout_log_probs is not None:  # the sync probe: this forward against the fleet's log-probs
+                diff = (log_probs.detach() - batch.rollout_log_probs).abs() * mask
+                collected.update(logprob_diff=diff.sum(), logprob_diff_max=diff.max())
             if s.use_kl_loss:
                 kl_loss = compute_kl_loss(log_probs, batch.ref_log_probs, mask, s.kl_loss_type, agg, info)
                 total = total + s.kl_loss_coef * kl_loss

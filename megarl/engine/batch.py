@@ -4,8 +4,8 @@ Layout (verl's): ``input_ids`` is ``[B, T]`` with ``T = P + R``: the prompt part
 LEFT-padded, the response part ``[:, P:]`` (``responses``) is RIGHT-padded. ``attention_mask``
 marks the real tokens of both parts. ``response_mask [B, R]`` marks the response tokens that
 count in losses (usually the response's attention mask; multi-turn data may mask tool output).
-Per-token RL fields (old/ref log-probs, advantages, returns, values, rollout importance weights)
-are ``[B, R]``, aligned with ``responses``.
+Per-token RL fields (old/ref/rollout log-probs, advantages, returns, values, rollout importance
+weights) are ``[B, R]``, aligned with ``responses``.
 
 The engine never feeds this padded layout to the model directly: ``packing.pack`` moves every
 row's real tokens to the left, so that a causal mask is all the model needs (see there).
@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-PER_TOKEN_FIELDS = ("old_log_probs", "ref_log_probs", "advantages", "returns", "values", "rollout_is_weights")
+PER_TOKEN_FIELDS = ("old_log_probs", "ref_log_probs", "advantages", "returns", "values", "rollout_is_weights",
+                    "rollout_log_probs")
 
 
 @dataclass
@@ -31,6 +32,7 @@ class RLBatch:
     returns: torch.Tensor | None = None  # [B, R] value targets (critic)
     values: torch.Tensor | None = None  # [B, R] values at rollout time (critic clipping)
     rollout_is_weights: torch.Tensor | None = None  # [B, R] a rollout correction's importance weights (detached)
+    rollout_log_probs: torch.Tensor | None = None  # [B, R] the engine's log-probs: the sync probe of an on-policy update
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2 or self.input_ids.dtype not in (torch.int32, torch.int64):

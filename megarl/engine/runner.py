@@ -99,6 +99,18 @@ class ModelRunner:
             result[name] /= tokens
         return result
 
+    def reduce_max(self, collected: list[dict[str, torch.Tensor]], names: Sequence[str]) -> dict[str, float]:
+        """The largest per-micro-batch value of each name over micro-batches and data-parallel ranks,
+        the same floats on every rank."""
+        if not names:
+            return {}
+        local = torch.full((len(names),), float("-inf"), dtype=torch.float64)
+        for values in collected:  # empty except on the last pipeline stage
+            local = torch.maximum(local, torch.stack([values[name].double() for name in names]))
+        if self.dp_size > 1:
+            dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.dp_group)
+        return dict(zip(names, share_from_last_stage({"maxes": local}, {"maxes": local})["maxes"].tolist()))
+
     # ------------------------------------------------------------------ running
     def forward(self, model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
         """The model on one micro-batch: ``[b, S, V/tp]`` logits (or values) on the last stage."""

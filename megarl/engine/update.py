@@ -44,19 +44,22 @@ def run_update(
     make_loss: Callable[[dict], LossFn],
     sums: Sequence[str],
     token_means: Sequence[str],
+    maxes: Sequence[str] = (),
 ) -> dict[str, float]:
     """``train.epochs`` passes over ``batch`` in mini-batches, one (guarded) optimizer step each.
 
     ``make_loss(global_batch_info)`` gives the micro-batch loss of one mini-batch; it collects
-    ``sums`` (summed) and ``token_means`` (times the micro-batch's ``tokens``). Returns
-    ``<role>/<name>`` metrics averaged over mini-batches, plus ``grad_norm`` (mean over the steps
-    taken), ``lr`` (the learning rate used) and ``skipped_steps``. The LR schedule advances once
+    ``sums`` (summed), ``token_means`` (times the micro-batch's ``tokens``) and ``maxes`` (the
+    micro-batch's largest value). Returns ``<role>/<name>`` metrics averaged over mini-batches
+    (``maxes``: the largest), plus ``grad_norm`` (mean over the steps taken), ``lr`` (the learning
+    rate used) and ``skipped_steps``. The LR schedule advances once
     per call (one trainer step), as verl's does.
     """
     for chunk in runner.chunks:
         chunk.train()
     lr = current_lr(optimizer)
     per_mini_batch: dict[str, list[float]] = {}
+    largest: dict[str, float] = {}
     grad_norms, skipped = [], 0
     names = [*sums, *token_means, "tokens"]
     steps = mini_batches(len(batch), train.mini_batch_size or len(batch), train.epochs, train.shuffle, train.seed)
@@ -80,9 +83,12 @@ def run_update(
             logger.warning("%s: skipped an optimizer step: the gradient norm is %s", role, grad_norm)
         for name, value in runner.reduce(collected, names, token_means).items():
             per_mini_batch.setdefault(name, []).append(value)
+        for name, value in runner.reduce_max(collected, maxes).items():
+            largest[name] = max(largest.get(name, value), value)
     optimizer.zero_grad()  # the fp32 main grads (bf16 models) are dead until the next update: free them
     scheduler.step(1)
     metrics = {f"{role}/{name}": sum(values) / len(values) for name, values in per_mini_batch.items()}
+    metrics.update({f"{role}/{name}": value for name, value in largest.items()})
     metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics[f"{role}/lr"] = lr
     metrics[f"{role}/skipped_steps"] = float(skipped)

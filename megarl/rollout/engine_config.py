@@ -273,4 +273,9 @@ def replica_env(spec: ReplicaSpec, on_gpu: bool) -> dict[str, str]:
         # gets its share of the bundle's cores as OpenMP threads.
         env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(spec.cpu_threads),
                    MKL_NUM_THREADS=str(spec.cpu_threads))
+        if spec.enforce_eager:
+            # Eager mode compiles no model, but vLLM's sampler helpers are @torch.compile'd: on CPU
+            # inductor builds them with a C++ compiler inside the first request with log-probs
+            # (measured 2-8 s of the first step on 2 cores, then nothing). Eager, they cost nothing.
+            env["TORCHDYNAMO_DISABLE"] = "1"
     return env

@@ -14,9 +14,15 @@ One step (``RLTrainer.train_step``):
      sleep from after generation until the sync: ``rollout_memory``);
   8. metrics to TensorBoard/console; validation every ``test_freq``; checkpoint every ``save_freq``.
 
+Old log-probs: with one update per batch (on-policy: ``ppo_mini_batch_size`` = ``train_batch_size``,
+``ppo_epochs=1``) they equal the update's own forward, so the separate pass (step 4) is skipped and
+the update uses its forward, detached (``config.validate.old_log_prob_pass`` names what keeps the pass:
+several updates per batch, KL in the reward, dropout, ``actor.recompute_old_log_prob=True``).
+
 ``rollout/logprob_diff`` (with ``rollout.weight_sync.verify``, the default) compares the fleet's
-log-probs of the sampled tokens with the trainer's old log-probs, which are computed with the
-same weights: it checks every step that the previous weight sync took effect. Every per-token
+log-probs of the sampled tokens with the trainer's, computed with the same weights (the old-log-prob
+pass, or the on-policy update's forward before its optimizer step): it checks every step that the
+previous weight sync took effect. Every per-token
 quantity counts the tokens of the loss mask only: the tokens the model sampled, not tool output.
 
 Asynchronous modes (``async_training.mode``, ``async_loop.py``): the batches come from a producer
@@ -43,6 +49,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_more_gen_batches, seq_metric_values
 from megarl.config import critic_enabled, devices_for
+from megarl.config.validate import old_log_prob_pass
 from megarl.logging.console import say
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.rewards.models import ResponsesToScore
@@ -89,6 +96,10 @@ class RLTrainer:
         self.in_flight = "wait" if self.batches is None else self.batches.in_flight
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
                                             trainer_offload=any(offload_flags(cfg).values()), in_flight=self.in_flight)
+        self.old_log_prob_pass = old_log_prob_pass(cfg)  # None: the on-policy update's forward gives them
+        logger.info("old log-probs: %s", "the rollout's (rollout_correction.bypass_mode)" if self.correction.bypass_mode
+                    else f"a separate pass every step ({self.old_log_prob_pass})" if self.old_log_prob_pass
+                    else "the update's own forward (one on-policy update per batch; no separate pass)")
         self.total_steps = total_training_steps(cfg.trainer, len(train_loader))
 
     # ------------------------------------------------------------------ worker calls
@@ -188,19 +199,23 @@ class RLTrainer:
         mask = batch.response_mask  # the loss mask: model tokens only
         scores = scores_to_token_level(data["score"], mask)
         batch_ref = ray.put(batch)
+        verify = self.cfg.actor_rollout_ref.rollout.weight_sync.verify
+        old_log_probs = None
         if self.correction.bypass_mode:  # the rollout's log-probs are the old ones: no forward before the update
             old_log_probs = data["rollout_log_probs"]
-        else:
+        elif self.old_log_prob_pass:
             with timer(timings, "old_log_prob"):
                 old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
             metrics["actor/entropy"] = masked_mean(entropy, mask) if entropy is not None else 0.0
-            if self.cfg.actor_rollout_ref.rollout.weight_sync.verify:
+            if verify:
                 diff = (old_log_probs - data["rollout_log_probs"]).abs() * mask
                 metrics["rollout/logprob_diff"] = masked_mean(diff, mask)
                 metrics["rollout/logprob_diff_max"] = float(diff.max())
-        train_mask, is_weights, correction_metrics = correct(self.correction, old_log_probs,
-                                                             data["rollout_log_probs"], mask)
-        metrics.update(correction_metrics)
+        train_mask, is_weights = mask, None
+        if old_log_probs is not None:  # without them (on-policy skip) old_log_prob_pass saw no correction to apply
+            train_mask, is_weights, correction_metrics = correct(self.correction, old_log_probs,
+                                                                 data["rollout_log_probs"], mask)
+            metrics.update(correction_metrics)
         ref_log_probs = values = None
         if self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:
             with timer(timings, "ref"):
@@ -212,7 +227,11 @@ class RLTrainer:
             rewards, kl_metrics = token_level_rewards(self.cfg, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
             advantages, returns = compute_advantages(self.cfg, rewards, mask, data["uid"], values, baselines)
-        fields = dict(old_log_probs=old_log_probs, advantages=advantages, returns=returns, response_mask=train_mask)
+        fields = dict(advantages=advantages, returns=returns, response_mask=train_mask)
+        if old_log_probs is not None:
+            fields["old_log_probs"] = old_log_probs
+        elif verify:  # the on-policy update measures the sync probe on its own forward
+            fields["rollout_log_probs"] = data["rollout_log_probs"]
         if is_weights is not None:
             fields["rollout_is_weights"] = is_weights
         if ref_log_probs is not None:

@@ -44,6 +44,6 @@ def ready_line(trainer_s: float, fleet_s: float, sync_s: float, fleet, sync) -> 
     infos = getattr(fleet, "replica_infos", None) or []
     dtype = str(infos[0]["dtype"]).removeprefix("torch.") if infos else "?"
     engines = "/".join(f"{info['start_seconds']:.0f}" for info in infos)
-    return (f"ready in {duration(trainer_s + fleet_s + sync_s)}: trainer {duration(trainer_s)}, rollout "
-            f"{duration(fleet_s)} (vLLM {'GPU' if fleet.use_gpu else 'CPU'} {dtype}, engine start {engines} s), "
-            f"weight sync {duration(sync_s)} ({sync.describe()})")
+    return (f"ready in {duration(max(trainer_s, fleet_s) + sync_s)}: trainer {duration(trainer_s)} and rollout "
+            f"{duration(fleet_s)} (vLLM {'GPU' if fleet.use_gpu else 'CPU'} {dtype}, engine start {engines} s) side by side, "
+            f"then weight sync {duration(sync_s)} ({sync.describe()})")

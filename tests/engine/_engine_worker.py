@@ -146,6 +146,7 @@ def single(work: Path, data: dict) -> dict:
     results["moe/log_probs"] = actor.compute_log_prob(moe_batch)[0]
     results["moe/update"] = {"metrics": actor.update_policy(moe_batch), "weights": weights(actor.model, moe, layout)}
 
+    results["on_policy"] = on_policy_pair(work, _data.DENSE, layout, batch)
     results["masked"] = loss_isolation(work, layout, batch)
     results["nonfinite"] = nonfinite(work, layout, batch)
     results["learning"] = learning(work, layout)
@@ -197,6 +198,50 @@ def loss_isolation(work: Path, layout: ParallelLayout, batch) -> dict:
 
     return {"clean": measure(None), "tool": measure("tool"), "trained": measure("trained"),
             "masked_tokens": int((batch.response_mask - mask).sum())}
+
+
+def on_policy_pair(work: Path, model: str, layout: ParallelLayout, batch, **settings_kw) -> dict:
+    """One on-policy update (one mini-batch, one epoch) twice from the same start: with old log-probs
+    from a separate pass (and the controller's sync probe on them), and without (the update's own
+    forward; the probe from that forward). Also the gradients of one loss evaluation both ways, and
+    the error of an update without old log-probs that is not on-policy."""
+    from megarl.engine.update import global_batch_info
+
+    dp_rank, dp_size = dp_coords()
+    generator = torch.Generator().manual_seed(9)
+    rollout = (batch.old_log_probs + 1e-3 * torch.randn(batch.old_log_probs.shape, generator=generator)) * batch.response_mask
+    local = data_parallel_shard(batch.with_fields(old_log_probs=None, ref_log_probs=None, rollout_log_probs=rollout),
+                                dp_rank, dp_size)
+    loss = dataclasses.replace(_data.LOSS, use_kl_loss=False)
+    # the pass batches like the update: the two forwards run the same shapes
+    settings = _data.actor_settings(loss=loss, **settings_kw)
+    settings.log_prob = settings.train
+    result = {}
+    for mode in ("pass", "skip"):
+        actor = actor_for(work, model, layout, settings)
+        if mode == "pass":
+            old, _ = actor.compute_log_prob(local)
+            diff = (gather_dp(old) - rollout).abs() * batch.response_mask
+            probe = {"rollout/logprob_diff": float(diff.sum() / batch.response_mask.sum()),
+                     "rollout/logprob_diff_max": float(diff.max())}
+            train = local.with_fields(old_log_probs=old, rollout_log_probs=None)
+        else:
+            probe, train = {}, local
+        for chunk in actor.runner.chunks:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        actor.runner.run(train, actor.runner.split(train, settings.train), actor._loss_fn(global_batch_info(actor.runner, train)),
+                         forward_only=False)
+        grads = {name: p.main_grad.clone() for chunk in actor.runner.chunks for name, p in chunk.named_parameters()}
+        metrics = actor.update_policy(train)
+        result[mode] = {"metrics": {**metrics, **probe}, "grads": grads, "weights": weights(actor.model, work / model, layout)}
+    several = dataclasses.replace(settings, train=dataclasses.replace(settings.train, mini_batch_size=max(len(local) // 2, 1)))
+    try:
+        actor_for(work, model, layout, several).update_policy(local)
+        result["off_policy_error"] = None
+    except ValueError as exc:
+        result["off_policy_error"] = str(exc)
+    return result
 
 
 def nonfinite(work: Path, layout: ParallelLayout, batch) -> dict:
@@ -283,6 +328,10 @@ def layouts(work: Path, data: dict) -> dict:
     settings = CriticSettings(train=BatchSettings(micro_batch_size=4), values=BatchSettings(micro_batch_size=3))
     critic_model = MegatronCritic(build_model(work / _data.CRITIC, layout, "critic"), settings)
     results["critic_tp2_sp"] = critic_model.compute_values(data["batches"][_data.DENSE])
+
+    for name, layout in (("dp2", ParallelLayout()), ("pp2", ParallelLayout(pp=2))):
+        setup(layout)
+        results[f"on_policy/{name}"] = on_policy_pair(work, _data.DENSE, layout, data["batches"][_data.DENSE])
 
     results["checkpoint"] = checkpoint(work, data)
     return results

@@ -11,6 +11,7 @@ import pytest
 import _engine_data as _data
 import _engine_hf as _hf_reference
 from _engine_launch import run_worker
+from test_engine_single import assert_on_policy_pair_identical
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
 
@@ -91,3 +92,10 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_as_latest(layouts):
     assert result["crash_raised"]
     assert result["latest_after_crash"] == "step_1"
     assert "step_2" not in result["dirs_after_crash"] and "step_2.tmp" in result["dirs_after_crash"]
+
+
+@pytest.mark.parametrize("layout", ["dp2", "pp2"])
+def test_on_policy_update_without_the_old_log_prob_pass_is_identical(layouts, layout):
+    """As at TP=1, over two data-parallel ranks (the probe's mean and max reduce over DP) and two
+    pipeline stages (they come from the last stage)."""
+    assert_on_policy_pair_identical(layouts[f"on_policy/{layout}"])

@@ -153,3 +153,24 @@ def test_tool_tokens_are_isolated_from_the_loss(single):
     assert all(torch.equal(tool["grads"][name], clean["grads"][name]) for name in clean["grads"])
     assert trained["loss"]["pg_loss"] != clean["loss"]["pg_loss"]
     assert max((trained["grads"][n] - clean["grads"][n]).abs().max().item() for n in clean["grads"]) > 1e-3
+
+
+def assert_on_policy_pair_identical(result: dict) -> None:
+    """The on-policy update without the old-log-prob pass: the same loss, metrics, gradients and
+    weights as with it, and the sync probe measured on the update's forward equals the probe on
+    the pass."""
+    with_pass, skipped = result["pass"], result["skip"]
+    assert set(with_pass["metrics"]) == set(skipped["metrics"])
+    assert {"rollout/logprob_diff", "rollout/logprob_diff_max", "actor/pg_loss", "actor/grad_norm"} <= set(skipped["metrics"])
+    for name, value in with_pass["metrics"].items():
+        assert skipped["metrics"][name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
+    assert skipped["metrics"]["rollout/logprob_diff"] > 1e-4  # the probe sees the noise put on the rollout log-probs
+    assert skipped["metrics"]["actor/ppo_kl"] == 0.0 and skipped["metrics"]["actor/pg_clipfrac"] == 0.0  # ratio 1
+    assert with_pass["grads"].keys() == skipped["grads"].keys() and len(with_pass["grads"]) >= 8  # rank 0's parameters
+    assert max((with_pass["grads"][n] - skipped["grads"][n]).abs().max().item() for n in with_pass["grads"]) <= 1e-7
+    assert max_weight_diff(skipped["weights"], with_pass["weights"]) <= 1e-7
+    assert "only for one optimizer step per batch" in result["off_policy_error"]
+
+
+def test_on_policy_update_without_the_old_log_prob_pass_is_identical(single):
+    assert_on_policy_pair_identical(single["on_policy"])

@@ -76,6 +76,9 @@ def test_engine_arguments_on_cpu():
     env = replica_env(spec, on_gpu=False)
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert env["TORCHDYNAMO_DISABLE"] == "1"  # eager on CPU: vLLM's compiled sampler helpers run eager
+    compiled = replica_spec(rollout_config(enforce_eager=False), "/models/x", use_gpu=False)
+    assert "TORCHDYNAMO_DISABLE" not in replica_env(compiled, on_gpu=False)
 
 
 def test_engine_arguments_on_gpu_with_tp():
@@ -86,6 +89,7 @@ def test_engine_arguments_on_gpu_with_tp():
     assert kwargs["dtype"] == "bfloat16" and kwargs["max_model_len"] == 4096 and kwargs["tokenizer"] == "/tok"
     assert kwargs["gpu_memory_utilization"] == 0.6 and kwargs["enable_sleep_mode"] is True  # free_cache_engine default
     assert "kv_cache_memory_bytes" not in kwargs and "OMP_NUM_THREADS" not in replica_env(spec, on_gpu=True)
+    assert "TORCHDYNAMO_DISABLE" not in replica_env(spec, on_gpu=True)  # GPU: vLLM compiles as it chooses
     assert replica_spec(rollout_config(free_cache_engine=True), "m", use_gpu=False).enable_sleep_mode is False
     assert resolve_dtype("float16", on_gpu=True) == "float16"
 

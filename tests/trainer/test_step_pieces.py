@@ -123,3 +123,27 @@ def test_resume_choice(tmp_path):
     assert find_resume_checkpoint(SimpleNamespace(resume_mode="disable"), tmp_path) is None
     with pytest.raises(FileNotFoundError, match="resume_from_path"):
         find_resume_checkpoint(SimpleNamespace(resume_mode="resume_path", resume_from_path=str(tmp_path / "no")), tmp_path)
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ([], None),  # one mini-batch, one epoch: the update's own forward gives the old log-probs
+    (["actor_rollout_ref.actor.recompute_old_log_prob=true"], "recompute_old_log_prob=True"),
+    (["data.train_batch_size=4"], "ppo_mini_batch_size=2 < data.train_batch_size=4"),
+    (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs=2"),
+    (["algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"], "use_kl_in_reward"),
+    (["+actor_rollout_ref.actor.megatron.override_transformer_config.hidden_dropout=0.1"], "dropout"),
+    (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2"], None),  # the critic needs values, not old log-probs
+])
+def test_the_old_log_prob_pass_runs_only_when_something_needs_it(extra, reason):
+    from megarl.config.validate import old_log_prob_pass
+
+    got = old_log_prob_pass(load_config(overrides=BASE + extra))
+    assert got is None if reason is None else reason in got, got
+
+
+def test_refusing_the_old_log_prob_pass_where_it_is_needed_is_an_error():
+    from megarl.config import ConfigError
+
+    load_config(overrides=BASE + ["actor_rollout_ref.actor.recompute_old_log_prob=false"])  # on-policy: fine
+    with pytest.raises(ConfigError, match="recompute_old_log_prob=False, but the old log-probs are needed"):
+        load_config(overrides=BASE + ["actor_rollout_ref.actor.recompute_old_log_prob=false", "actor_rollout_ref.actor.ppo_epochs=2"])

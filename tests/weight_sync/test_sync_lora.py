@@ -87,12 +87,12 @@ def check_mode(cfg, workers, fleet, trained: bool) -> dict:
     try:
         initial = verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"]
         assert initial > 1e-3 if trained else initial < TOLERANCE, initial
-        first = sync.sync(version=1)
+        first = sync.sync()
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff_max"] < TOLERANCE
         train_one_step(workers, cfg)
         stale = verify_sync(fleet, workers, PROMPTS)
         assert stale["rollout/logprob_diff"] > 1e-3, stale  # the probe sees an adapter that has not arrived
-        second = sync.sync(version=2)
+        second = sync.sync()
         after = verify_sync(fleet, workers, PROMPTS)
         assert after["rollout/logprob_diff_max"] < TOLERANCE, after
         return {"first": first, "second": second, "stale": stale, "after": after}
