@@ -116,13 +116,13 @@ def broadcast_from(group, tensor: torch.Tensor) -> object:
 
 
 # ---------------------------------------------------------------- the three methods
-def our_sync(rank, transport, plan, reader, receiver, version, check_against=None) -> None:
+def our_sync(rank, transport, plan, reader, receiver, check_against=None) -> None:
     """Our sync; receivers stream the tensors out as a vLLM loader would (and drop them)."""
     if rank < N_SOURCES:
         transport.run(plan, rank, get_region=reader)
         return
     seen = 0
-    for name, tensor in receiver.receive(transport, version):
+    for name, tensor in receiver.receive(transport):
         if check_against is not None and not torch.equal(tensor, check_against(name)):
             raise SystemExit(f"our sync: {name} differs from the trainer's weight")
         seen += 1
@@ -229,8 +229,8 @@ def participant(rank: int, ports: list[int], bucket_bytes: int, iters: int, wind
     for it in range(iters + 1):
         reference = (lambda name: full_tensor(name, shapes[name])) if it == 0 else None  # checked in the warm-up
         spans = {
-            "ours": measure(lambda: our_sync(rank, transport, plan, reader, receivers.get(True), it + 1, reference)),
-            "ours_fresh": measure(lambda: our_sync(rank, transport, plan, reader, receivers.get(False), it + 1)),
+            "ours": measure(lambda: our_sync(rank, transport, plan, reader, receivers.get(True), reference)),
+            "ours_fresh": measure(lambda: our_sync(rank, transport, plan, reader, receivers.get(False))),
             "baseline": measure(lambda: gather_then_broadcast(rank, groups, shapes, layout, everyone, local,
                                                               baseline_memory)),
             "plain": measure(lambda: plain_broadcast(rank, groups, plain_buffer)),

@@ -338,7 +338,7 @@ def sync_participant(rank: int, transport_name: str, port: int, preset: Preset, 
             synchronize()
         else:
             got = 0.0
-            for _, tensor in receiver.receive(transport, version):
+            for _, tensor in receiver.receive(transport):
                 got += float(tensor.float().sum()) if version == 1 else 0.0
             synchronize()
             if version == 1:

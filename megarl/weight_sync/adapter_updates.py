@@ -2,7 +2,7 @@
 
 The fleet keeps the base model it loaded from ``model.path`` (the trainer's frozen base) and serves
 it with the actor's LoRA adapter through vLLM's LoRA support; every sync sends only the adapter.
-Same interface as ``WeightSyncSession`` (``sync(version)`` -> metrics, ``close()``), chosen by
+Same interface as ``WeightSyncSession`` (``version``, ``sync()`` -> metrics, ``resume_at``, ``close()``), chosen by
 ``weight_updates``:
 
 1. the trainer ranks gather the adapter in PEFT format to rank 0 (the fused q/k/v and gate/up
