@@ -426,7 +426,7 @@ class TrainingLoop:
             start = initial_checkpoints(t.cfg)["actor"] or starts_from_adapter(t.cfg)
             if start:  # the actor starts from a megatron checkpoint or a LoRA adapter, the fleet from the HF one
                 self._sync_fleet(load=None)
-                say("actor started from the megatron checkpoint %s; fleet synced to it", start)
+                say("actor started from %s; fleet synced to it", start)
             return 0
         actor_path, critic_path = found
         self._checkpoint_bytes = directory_bytes(*[p for p in found if p is not None])
