@@ -214,13 +214,10 @@ class EngineReplica:
     async def classify(self, sequences: Sequence[list[int]]) -> list[float]:
         """A one-label sequence classifier's raw output (no sigmoid) at the last token of each
         sequence: a reward model's scores (the engine runs vLLM's pooling runner)."""
-        self._check_fresh()
         from vllm import PoolingParams
         from vllm.inputs import TokensPrompt
 
-        async def one(ids: list[int]) -> float:
-            self._request_counter += 1
-            request_id = f"classify-{self.index}-{self._request_counter}"
+        async def one(ids: list[int], request_id: str) -> float:
             final = None
             params = PoolingParams(task="classify", use_activation=False)
             async for output in self.engine.encode(TokensPrompt(prompt_token_ids=list(ids)), params, request_id):
@@ -233,7 +230,8 @@ class EngineReplica:
                                    "sequence; a reward model has one label (num_labels=1)")
             return float(data.reshape(-1)[0])
 
-        return list(await asyncio.gather(*[one(ids) for ids in sequences]))
+        return list(await asyncio.gather(*[self._gated(lambda rid, ids=ids: one(ids, rid), "classify")
+                                           for ids in sequences]))
 
     async def serve_http(self, host: str | None = None) -> str:
         """Serve this engine over vLLM's OpenAI-compatible HTTP API on ``host`` (default: this node's

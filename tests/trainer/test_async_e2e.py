@@ -36,7 +36,7 @@ class Recorder:
     def __init__(self):
         self.steps: dict[int, dict] = {}
 
-    def log(self, metrics, step):
+    def log(self, metrics, step, console=True):
         self.steps.setdefault(step, {}).update(metrics)
 
     def log_generations(self, samples, step):
