@@ -70,15 +70,17 @@ def prepare(run_dir: Path = RUN_DIR) -> dict[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     import transformers  # noqa: F401  (imported before the console set-up, which turns its progress bars off)
 
-    from megarl.config import load_config
     from megarl.logging.console import set_level, setup_console
-    from megarl.train import run
-    from megarl.trainer.interrupts import InterruptGuard, interrupt_report
 
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = "--verbose" in args or "-v" in args
     overrides = [a for a in args if a not in ("--verbose", "-v")]
-    setup_console("DEBUG" if verbose else "INFO")
+    setup_console("DEBUG" if verbose else "INFO")  # before megatron-core's import-time warnings
+
+    from megarl.config import load_config
+    from megarl.train import run
+    from megarl.trainer.interrupts import InterruptGuard, interrupt_report
+
     guard = InterruptGuard().install()
     try:
         print("[quickstart] 1/3 the tiny model, the arithmetic data and the format warm-up (built once, in "
