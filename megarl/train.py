@@ -118,12 +118,13 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.logging.console import adopt_library_loggers, console_state, say
     from megarl.logging.progress import Progress
     from megarl.logging.worker_logs import WorkerLogFollower, worker_log_env
+    from megarl.rewards.models.service import start_reward_model
     from megarl.rollout import RolloutFleet
     from megarl.trainer import startup_lines
     from megarl.trainer.controller import RLTrainer, TrainingLoop, total_training_steps
     from megarl.trainer.interrupts import InterruptGuard, checkpoint_step, finished_run, latest_checkpoint_step
     from megarl.trainer.megatron_worker import MegatronWorker, initial_checkpoints
-    from megarl.trainer.placement import ClusterPlacement, plan_from_config
+    from megarl.trainer.placement import ClusterPlacement, plan_from_config, reward_pool_from_config
     from megarl.trainer.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
     from megarl.trainer.run_summary import RunSummary, places
     from megarl.trainer.samples import SampleReporter
@@ -171,8 +172,6 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
 
     plan = plan_from_config(cfg)
     rollout = cfg.actor_rollout_ref.rollout
-    from megarl.trainer.placement import reward_pool_from_config
-
     reward_pool = reward_pool_from_config(cfg)  # a reward model's own devices, if it has them
     slots = plan.nnodes * plan.per_node + (reward_pool.nnodes * reward_pool.per_node if reward_pool else 0)
     num_cpus = cfg.ray_kwargs.ray_init.num_cpus or max(os.cpu_count() or 1, slots)
@@ -211,8 +210,6 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
             sync = weight_updates(cfg, workers, fleet)  # merged weights, sharded; or the LoRA adapter alone
             say("%s", startup_lines.ready_line(seconds["workers"], seconds["fleet"], time.perf_counter() - started_sync,
                                                fleet, sync))
-            from megarl.rewards.models.service import start_reward_model
-
             reward_model, reward_placement = start_reward_model(cfg, placement, use_gpu)
             agent_rollout = AgentRollout(agent_context, fleet, rollout, loops=loops,
                                          worker_factory=lambda count: start_workers(cfg, tokenizer_path, count))
