@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 
@@ -41,7 +43,17 @@ def config_show(argv: list[str]) -> int:
     return 0
 
 
+def _end_process(rc: int) -> None:
+    """End a short command that owns its process without the interpreter's teardown: freeing
+    torch's and transformers' modules takes about 0.8 s on 2 cores, longer than a 70B plan."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 def main(argv: list[str] | None = None) -> int:
+    owns_process = argv is None  # the console script or ``python -m megarl.cli``, not a caller in Python
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
         from megarl.train import main as train_main
@@ -56,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["plan"]:
         from megarl.plan.command import main as plan_main
 
-        return plan_main(argv[1:])
+        rc = plan_main(argv[1:])
+        if owns_process:
+            _end_process(rc)
+        return rc
     if argv[:1] == ["make-tiny-model"]:
         from megarl.tools.make_tiny_model import main as tiny_main
 

@@ -44,6 +44,7 @@ from typing import Any, Mapping
 import torch
 
 from megarl.config.errors import refusal
+from megarl.engine.source_fields import field_names
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,21 @@ def optimizer_config_class() -> type:
     return _quietly_import("megatron.core.optimizer.optimizer_config", "OptimizerConfig")[0]
 
 
+_TRANSFORMER_CONFIGS = ("megatron.core.transformer.transformer_config", ("TransformerConfig", "MLATransformerConfig"))
+_OPTIMIZER_CONFIGS = ("megatron.core.optimizer.optimizer_config", ("OptimizerConfig",))
+
+
+def _field_names(module: str, classes: tuple[str, ...]) -> set[str]:
+    """The classes' field names, read from source (no megatron-core import) or, failing that, imported."""
+    names: set[str] = set()
+    for cls in classes:
+        found = field_names(module, cls)
+        if found is None:
+            return set(_fields(_quietly_import(module, *classes)))
+        names |= found
+    return names
+
+
 def _fields(classes: list[type]) -> dict[str, Any]:
     hints: dict[str, Any] = {}
     for cls in classes:
@@ -111,8 +127,8 @@ def _fields(classes: list[type]) -> dict[str, Any]:
     return hints
 
 
-def _unknown(name: str, known: dict, key: str, what: str) -> str:
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+def _unknown(name: str, known, key: str, what: str) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
     hint = f"; closest: {', '.join(close)}" if close else ""
     return f"{key}.{name}: megatron-core's {what} has no such field{hint}."
 
@@ -128,7 +144,7 @@ def transformer_override_problems(overrides: Mapping[str, Any], key: str, derive
     """
     if not overrides:
         return []
-    known = _fields(transformer_config_classes())
+    known = _field_names(*_TRANSFORMER_CONFIGS)
     problems = []
     for name, value in overrides.items():
         if name in VOCAB_FIELDS:
@@ -170,7 +186,7 @@ def optimizer_override_problems(overrides: Mapping[str, Any], section: str, use_
     if not overrides:
         return []
     key = f"{section}.optim.override_optimizer_config"
-    known = _fields([optimizer_config_class()])
+    known = _field_names(*_OPTIMIZER_CONFIGS)
     problems = []
     for name in overrides:
         if name not in known:
@@ -204,11 +220,13 @@ def _convert(value: Any, hint: Any) -> Any:
     return value
 
 
-def transformer_overrides(overrides: Mapping[str, Any] | None, enable_gradient_checkpointing: bool = False) -> dict:
+def transformer_overrides(overrides: Mapping[str, Any] | None, enable_gradient_checkpointing: bool = False,
+                          typed: bool = True) -> dict:
     """The TransformerConfig fields a role's model is built with: the overrides without unset (None)
     values and without the pipeline-split fields (the layout carries those), converted to the
-    fields' types, plus the ``enable_gradient_checkpointing`` shorthand (see the module doc)."""
-    hints = _fields(transformer_config_classes()) if overrides else {}
+    fields' types (``typed``: the workers; the planner reads the values as given and so does not
+    import megatron-core), plus the ``enable_gradient_checkpointing`` shorthand (see the module doc)."""
+    hints = _fields(transformer_config_classes()) if overrides and typed else {}
     result = {name: _convert(value, hints.get(name)) for name, value in (overrides or {}).items()
               if value is not None and name not in PIPELINE_SPLIT_FIELDS}
     if enable_gradient_checkpointing:

@@ -166,14 +166,16 @@ def _plain(value):
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def model_overrides(cfg, role: str) -> dict:
-    """The TransformerConfig fields ``role`` (actor | ref | critic) is built with."""
+def model_overrides(cfg, role: str, typed: bool = True) -> dict:
+    """The TransformerConfig fields ``role`` (actor | ref | critic) is built with (``typed``: as
+    megatron-core's types, see ``transformer_overrides``)."""
     if role == "critic":
         megatron, model = cfg.critic.megatron, cfg.critic.model
     else:
         arr = cfg.actor_rollout_ref
         megatron, model = (arr.actor if role == "actor" else arr.ref).megatron, arr.model
-    return transformer_overrides(_plain(megatron.override_transformer_config), model.enable_gradient_checkpointing)
+    return transformer_overrides(_plain(megatron.override_transformer_config), model.enable_gradient_checkpointing,
+                                 typed)
 
 
 def lora_settings(cfg, role: str):

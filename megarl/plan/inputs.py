@@ -154,17 +154,17 @@ def run_inputs(cfg) -> RunInputs:
     dp = world // (layout.tp * layout.pp * cp)
     actor = actor_settings(cfg, dp)
     roles = [RoleInputs("actor", actor_model, actor.train, actor.log_prob,
-                        Recompute.from_overrides(model_overrides(cfg, "actor")), actor.optim.use_distributed_optimizer,
+                        Recompute.from_overrides(model_overrides(cfg, "actor", typed=False)), actor.optim.use_distributed_optimizer,
                         actor.loss.entropy_coeff != 0, actor.train.epochs)]
     if needs_reference(cfg):
         roles.append(RoleInputs("ref", actor_model, None, reference_settings(cfg),
-                                Recompute.from_overrides(model_overrides(cfg, "ref"))))
+                                Recompute.from_overrides(model_overrides(cfg, "ref", typed=False))))
     if critic_enabled(cfg):
         path = cfg.critic.model.path
         critic_model = actor_model if path == arr.model.path else _model(path, "critic.model.path")
         critic = critic_settings(cfg, dp)
         roles.append(RoleInputs("critic", critic_model, critic.train, critic.values,
-                                Recompute.from_overrides(model_overrides(cfg, "critic")),
+                                Recompute.from_overrides(model_overrides(cfg, "critic", typed=False)),
                                 critic.optim.use_distributed_optimizer, False, critic.train.epochs))
     r = arr.rollout
     rollout = RolloutInputs(
