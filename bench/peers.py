@@ -15,7 +15,9 @@ Operating points: the quickstart task (``megarl.quickstart.prepare``'s format-wa
 arithmetic data under ``runs/bench/quickstart``; answers are one digit), 16 prompts x 8 samples, at
 most 8 response tokens (``--point short``) or exactly 128 (``--point long``: the samples are held to
 their full length, a step-time point), one optimizer step per batch (on-policy: megarl skips its old-log-prob
-pass), no KL, fp32, HF generation on the TRL side.
+pass), no KL, fp32, HF generation on the TRL side. ``--model smollm2`` runs the same on
+SmolLM2-135M-Instruct (``megarl.tools.pretrained``) with 4 prompts x 8 samples per step, what 2 CPU
+cores take in tens of seconds a step; ``report`` groups the runs by model and point.
 
 TRL is installed into its own environment, ``bench/.venv-trl`` (created on first use: a venv whose
 ``.pth`` file reuses the project's packages, so torch and transformers are the project's, plus
@@ -76,10 +78,21 @@ MAPPING = [
 ]
 
 
-def prepared() -> dict[str, Path]:
+def prepared(model: str = "tiny") -> dict[str, Path]:
+    """The quickstart's arithmetic data, and its format-warmed tiny model or SmolLM2-135M-Instruct."""
     from megarl.quickstart import prepare
 
-    return prepare(RUN_DIR)
+    paths = dict(prepare(RUN_DIR))
+    if model == "smollm2":
+        from megarl.tools.pretrained import pretrained_model
+
+        paths["model"] = Path(pretrained_model("smollm2"))
+    return paths
+
+
+def batch(model: str) -> tuple[int, int]:
+    """(prompts, samples per prompt) of one step: SmolLM2 on 2 CPU cores takes 4 x 8."""
+    return (PROMPTS, SAMPLES) if model == "tiny" else (4, SAMPLES)
 
 
 # ---------------------------------------------------------------- megarl
@@ -91,7 +104,8 @@ def run_megarl(args) -> dict:
     from megarl.train import run
     from megarl.trainer.controller import RLTrainer
 
-    paths = prepared()
+    paths = prepared(args.model)
+    prompts, samples = batch(args.model)
     first_step, history = [], []
     original = RLTrainer.train_step
 
@@ -106,16 +120,21 @@ def run_megarl(args) -> dict:
     out = tempfile.mkdtemp(prefix="megarl_peers_")
     overrides = [
         f"data.train_files={paths['data'] / 'train.parquet'}", f"data.val_files={paths['data'] / 'test.parquet'}",
-        f"actor_rollout_ref.model.path={paths['model']}", f"data.train_batch_size={PROMPTS}",
-        f"data.max_response_length={POINTS[args.point]}", f"actor_rollout_ref.rollout.n={SAMPLES}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}", f"actor_rollout_ref.actor.optim.lr={LR}",
+        f"actor_rollout_ref.model.path={paths['model']}", f"data.train_batch_size={prompts}",
+        f"data.max_response_length={POINTS[args.point]}", f"actor_rollout_ref.rollout.n={samples}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}", f"actor_rollout_ref.actor.optim.lr={LR}",
         f"actor_rollout_ref.actor.clip_ratio={CLIP}", f"actor_rollout_ref.actor.grad_clip={GRAD_CLIP}",
         f"actor_rollout_ref.rollout.temperature={TEMPERATURE}", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         f"trainer.total_training_steps={args.steps}", "trainer.test_freq=-1", "trainer.val_before_train=False",
         "trainer.save_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={out}",
         f"data.seed={args.seed}", f"actor_rollout_ref.rollout.seed={args.seed}",
         f"actor_rollout_ref.actor.megatron.seed={args.seed}",
-    ] + (["actor_rollout_ref.rollout.ignore_eos=True"] if args.point == "long" else [])
+    ] + (["actor_rollout_ref.rollout.ignore_eos=True"] if args.point == "long" else []) + (
+        # 32 x 172 tokens in one micro-batch peak at 18 GB in fp32 (its 49k-vocab logits and 30 layers'
+        # activations); 8 per micro-batch is the same update (token-mean summed over the mini-batch)
+        ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"] if args.model == "smollm2" else []
+    ) + list(args.set)
     run(load_config("quickstart", overrides))
     phases = ("gen", "reward", "old_log_prob", "adv", "update_actor", "sync")
     return {
@@ -150,7 +169,8 @@ def run_trl(args) -> dict:
 
     from megarl.rewards.arithmetic import compute_score
 
-    paths = {"data": RUN_DIR / "data", "model": RUN_DIR / "model"}  # prepared by the parent process
+    paths = {"data": RUN_DIR / "data", "model": Path(args.model_path)}  # prepared by the parent process
+    prompts, samples = batch(args.model)
     rows = pq.read_table(paths["data"] / "train.parquet").to_pylist()
     dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": str(r["reward_model"]["ground_truth"])}
                                  for r in rows])
@@ -160,7 +180,7 @@ def run_trl(args) -> dict:
 
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_peers_"), use_cpu=True, bf16=False, fp16=False, seed=args.seed,
-        per_device_train_batch_size=PROMPTS * SAMPLES, num_generations=SAMPLES, gradient_accumulation_steps=1,
+        per_device_train_batch_size=prompts * samples, num_generations=samples, gradient_accumulation_steps=1,
         num_iterations=1, max_completion_length=POINTS[args.point],
         generation_kwargs={"min_new_tokens": POINTS[args.point]} if args.point == "long" else None,
         temperature=TEMPERATURE, top_p=1.0, top_k=0,
@@ -206,11 +226,14 @@ def run_trl(args) -> dict:
 def summarise(records: list[dict], window: int) -> None:
     print("hyper-parameter mapping:")
     print_mapping()
-    for point in POINTS:
-        picked = [r for r in records if r.get("point", "short") == point]
-        if picked:
-            print(f"\n=== {point} responses ({POINTS[point]} tokens), tiny model ===")
-            summarise_point(picked, window, point)
+    for model in ("tiny", "smollm2"):
+        for point in POINTS:
+            picked = [r for r in records if r.get("point", "short") == point and r.get("model", "tiny") == model
+                      and not r.get("overrides")]
+            if picked:
+                prompts, samples = batch(model)
+                print(f"\n=== {point} responses ({POINTS[point]} tokens), {model} model, {prompts} x {samples} ===")
+                summarise_point(picked, window, point)
 
 
 def summarise_point(records: list[dict], window: int, point: str) -> None:
@@ -256,7 +279,12 @@ def main() -> None:
     one.add_argument("--seed", type=int, default=1)
     one.add_argument("--steps", type=int, default=30)
     one.add_argument("--point", choices=sorted(POINTS), default="short", help="short (8) or long (128) responses")
+    one.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
+                     help="the quickstart's tiny model (16 x 8 per step) or SmolLM2-135M-Instruct (4 x 8)")
+    one.add_argument("--model-path", help=argparse.SUPPRESS)
     one.add_argument("--json", type=Path, default=ROOT / "runs" / "bench" / "peers.jsonl")
+    one.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="an extra megarl config override (megarl side; recorded with the run)")
     one.add_argument("--inside-trl-venv", action="store_true", help=argparse.SUPPRESS)
     report = sub.add_parser("report", help="summarise the runs in --json")
     report.add_argument("--json", type=Path, default=ROOT / "runs" / "bench" / "peers.jsonl")
@@ -272,14 +300,16 @@ def main() -> None:
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is left out of the step time)")
     if args.side == "trl" and not args.inside_trl_venv:
-        prepared()  # the quickstart's model and data, made with the project's environment
+        paths = prepared(args.model)  # the model and data, made with the project's environment
         python = ensure_trl_venv()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         command = [str(python), __file__, "run", "--side", "trl", "--seed", str(args.seed), "--steps", str(args.steps),
-                   "--point", args.point, "--json", str(args.json), "--inside-trl-venv"]
+                   "--point", args.point, "--model", args.model, "--model-path", str(paths["model"]),
+                   "--json", str(args.json), "--inside-trl-venv"]
         sys.exit(subprocess.run(command, env=env).returncode)
     result = run_megarl(args) if args.side == "megarl" else run_trl(args)
-    record = {"side": args.side, "seed": args.seed, "steps": args.steps, "point": args.point, "model": "tiny", **result}
+    record = {"side": args.side, "seed": args.seed, "steps": args.steps, "point": args.point, "model": args.model,
+              "overrides": list(args.set), **result}
     print(f"{args.side} seed {args.seed}: start-up {result['startup_s']:.1f} s, median step "
           f"{statistics.median(result['step_s'][1:]):.3f} s, reward first/last {result['reward'][0]:.3f}/"
           f"{result['reward'][-1]:.3f}", flush=True)
