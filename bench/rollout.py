@@ -10,7 +10,7 @@ replica count (1, 2) it times, round after round in alternating order so drift i
 cancels out:
 
 * ``fleet``: ``RolloutFleet.generate``, the batch call (one Ray call per replica);
-* ``seam``: ``AgentRollout.generate`` with the single-turn loop, the trainer's path (one streaming Ray call per replica and event-loop tick);
+* ``seam``: ``AgentRollout.generate`` with the single-turn loop, the trainer's path (one Ray call per sample);
 * ``bare``: ``vllm.LLM.generate`` in one plain process per replica (vLLM's default engine-core process);
 * ``bare-inproc``: the same with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core inside the process; the
   fleet's ``AsyncLLM`` cannot run that way), for reference.

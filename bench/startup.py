@@ -65,7 +65,7 @@ def ray_phases(timeline_file: Path, offset: float) -> list[tuple[str, float, flo
     spans: dict[str, list[float]] = {}
     for event in json.loads(timeline_file.read_text()):
         name = str(event.get("cat", ""))
-        if event.get("ph") != "X" or not name.startswith("task::") or name.endswith((".generate_tokens", ".generate_tokens_many")):
+        if event.get("ph") != "X" or not name.startswith("task::") or name.endswith(".generate_tokens"):
             continue
         name = name.removeprefix("task::")
         start, end = event["ts"] / 1e6, (event["ts"] + event["dur"]) / 1e6

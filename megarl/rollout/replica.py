@@ -29,7 +29,6 @@ import pickle
 import time
 from typing import Any, Sequence
 
-from megarl.rollout.client import ServesRequestBatches
 from megarl.rollout.engine_config import ReplicaSpec, llm_kwargs
 from megarl.rollout.gate import GenerationGate, Segment, generate_resumable
 from megarl.rollout.sample import Generation, RolloutSample
@@ -39,7 +38,7 @@ logger = logging.getLogger(__name__)
 IN_FLIGHT = ("wait", "abort")  # what a sync does to running requests: let them finish, or abort and resume them
 
 
-class EngineReplica(ServesRequestBatches):
+class EngineReplica:
     """Hosts one vLLM engine; ``index`` is the replica's position in the fleet.
 
     ``device_ids`` (GPU, from the trainer's placement) are the GPUs of the replica's device slots:

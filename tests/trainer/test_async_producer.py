@@ -22,7 +22,7 @@ import time
 import pytest
 import ray
 
-from megarl.rollout.client import GenerateClient, ServesRequestBatches
+from megarl.rollout.client import GenerateClient
 from megarl.rollout.fleet import split_evenly
 from megarl.rollout.gate import GenerationGate, Segment, generate_resumable
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 TOKEN_BASE = 400  # a sampled token is TOKEN_BASE + the version that sampled it
 
 
-class FakeReplica(ServesRequestBatches):
+class FakeReplica:
     def __init__(self, seed: int):
         self.gate, self.version, self.rng = GenerationGate(), 0, random.Random(seed)
         self.aborted: set[str] = set()
@@ -181,58 +181,3 @@ def test_admission_bounds_staleness_and_resume_neither_replays_nor_bursts(cluste
     trained = {(int(u.split(":")[0]) - 1) * 3 + int(u.split(":")[1]) for u in seen}
     left = {key for key, _ in final["untrained"]}
     assert not trained & left and sorted(trained | left) == list(range(final["next_key"]))  # none skipped or replayed
-
-
-class TimedReplica(ServesRequestBatches):
-    """generate_tokens sleeps prompt_ids[0] centiseconds; prompt_ids[0] == 99 fails."""
-
-    def __init__(self):
-        self.calls = 0
-
-    async def generate_tokens_many(self, requests):
-        self.calls += 1
-        async for item in super().generate_tokens_many(requests):
-            yield item
-
-    async def generate_tokens(self, prompt_ids, sampling_kwargs, seed):
-        from megarl.rollout.sample import Generation
-
-        if prompt_ids[0] == 99:
-            raise ValueError("bad request 99")
-        await asyncio.sleep(prompt_ids[0] / 100)
-        return Generation(token_ids=[seed], logprobs=[-1.0], finish_reason="stop", text="", stop_string=None,
-                          versions=[0])
-
-    def count(self):
-        return self.calls
-
-
-def test_one_ticks_requests_share_a_ray_call_and_stream_back_as_each_finishes(cluster):
-    from megarl.rollout.sampling import Sampling
-
-    replica = ray.remote(TimedReplica).options(num_cpus=0).remote()
-    client = GenerateClient(replica, 0, max_model_len=4096, vocab_size=1 << 20)
-    sampling = Sampling(n=1, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=4)
-    assert ray.get(replica.count.remote()) == 0  # the actor is up
-
-    async def timed(delay, seed):
-        start = time.perf_counter()
-        try:
-            result = await client.generate([delay, 1], sampling, seed)
-        except ValueError as exc:
-            return str(exc), time.perf_counter() - start
-        return result.token_ids, time.perf_counter() - start
-
-    async def step():
-        first = await asyncio.gather(*[timed(d, s) for s, d in enumerate([150, 1, 99, 1, 2])])
-        second = await asyncio.gather(timed(1, 7), timed(1, 8))  # a later tick: a call of its own
-        return first, second
-
-    first, second = asyncio.run(step())
-    assert [r for r, _ in first] == [[0], [1], "bad request 99", [3], [4]]  # each its own result, in order
-    assert [r for r, _ in second] == [[7], [8]]
-    assert max(t for _, t in first[1:]) < 1.0 < first[0][1], first  # fast ones did not wait for the 1.5 s one
-    assert ray.get(replica.count.remote()) == 2
-    with pytest.raises(ValueError, match="outside the vocabulary"):  # checked before anything is sent
-        asyncio.run(client.generate([1 << 21], sampling, 0))
-    ray.kill(replica)
