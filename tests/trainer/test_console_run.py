@@ -144,7 +144,8 @@ def test_interrupts_resume_and_a_finished_run(launch):
                        r"the same command resumes$", output, re.M)
     assert report, output
     stopped_at, saved = int(report.group(1)), int(report.group(2))
-    assert stopped_at > saved >= 2 and Path(report.group(3)) == run_dir / "actor" / f"step_{saved}"
+    # the interrupt lands during step 3, or (steps take 0.1 s) already between step 2's checkpoint and step 3
+    assert stopped_at >= saved >= 2 and Path(report.group(3)) == run_dir / "actor" / f"step_{saved}"
     assert_nothing_left(proc, run_processes, root)
 
     # 2. SIGTERM while the engines start
