@@ -54,11 +54,12 @@ MAPPING = [
     # (what, megarl, TRL)
     ("what counts as a step", "one batch of 16 prompts x 8 samples: rollout, reward, one optimizer step",
      "one optimizer step; generation_batch_size = 128 completions = one step (steps_per_generation=1)"),
-    ("batch", f"data.train_batch_size={PROMPTS}, rollout.n={SAMPLES}",
-     f"per_device_train_batch_size={PROMPTS * SAMPLES} (completions), num_generations={SAMPLES}"),
+    ("batch", f"data.train_batch_size={PROMPTS} (SmolLM2: 4), rollout.n={SAMPLES}",
+     f"per_device_train_batch_size={PROMPTS * SAMPLES} (SmolLM2: 32) completions, num_generations={SAMPLES}"),
     ("updates per batch", f"ppo_mini_batch_size={PROMPTS} (one mini-batch), ppo_epochs=1 -> on-policy",
      "num_iterations=1, gradient_accumulation_steps=1"),
-    ("gradient accumulation", "micro-batches summed within the one mini-batch (ppo_micro_batch_size_per_gpu=32)",
+    ("gradient accumulation", "micro-batches summed within the one mini-batch (ppo_micro_batch_size_per_gpu=32; "
+     "SmolLM2: 8)",
      "none (one forward of 128 completions)"),
     ("loss aggregation", "loss_agg_mode=token-mean (over the batch's response tokens)",
      "loss_type='dapo' (token-level, normalised by the batch's response tokens)"),

@@ -415,9 +415,10 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
                      "verl's GSPO always uses seq-mean-token-mean there (the paper's form): set "
                      "loss_agg_mode=seq-mean-token-mean to match verl")
     _check_rollout_correction(cfg, add)
-    if actor.recompute_old_log_prob is False and old_log_prob_pass(cfg) is not None:
+    needed_by = old_log_prob_pass(cfg) if actor.recompute_old_log_prob is False else None
+    if needed_by is not None:
         add(f"actor_rollout_ref.actor.recompute_old_log_prob=False, but the old log-probs are needed before the update "
-            f"({old_log_prob_pass(cfg)}); unset it (null: skipped exactly when the update is on-policy) or make the "
+            f"({needed_by}); unset it (null: skipped exactly when the update is on-policy) or make the "
             "update on-policy (ppo_mini_batch_size = data.train_batch_size, ppo_epochs=1, no KL in the reward).",
             key="actor_rollout_ref.actor.recompute_old_log_prob")
     if a.filter_groups.enable and not a.filter_groups.metric:

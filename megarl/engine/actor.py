@@ -37,6 +37,7 @@ import torch
 
 from megarl.algorithms import agg_loss, compute_kl_loss, compute_rollout_correction, get_policy_loss
 from megarl.engine.batch import RLBatch
+from megarl.engine.batching import mini_batches
 from megarl.engine.optimizer import build_optimizer, wrap_for_training
 from megarl.engine.runner import MicroBatch, ModelRunner, response_log_probs, response_logits
 from megarl.engine.settings import ActorSettings
@@ -102,7 +103,7 @@ class MegatronActor:
 
     def _require_on_policy(self, batch_size: int) -> None:
         train = self.settings.train
-        steps = train.epochs * -(-batch_size // (train.mini_batch_size or batch_size))
+        steps = len(mini_batches(batch_size, train.mini_batch_size or batch_size, train.epochs))  # run_update's steps
         if steps != 1:
             raise ValueError(
                 f"update_policy without old_log_probs takes the update's own forward as the old policy, which holds "

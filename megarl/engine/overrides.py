@@ -39,7 +39,7 @@ import enum
 import logging
 import typing
 import warnings
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import torch
 
@@ -95,17 +95,21 @@ def _quietly_import(module: str, *names: str) -> list:
     return [getattr(loaded, name) for name in names]
 
 
+# (module, classes): the TransformerConfig classes the bridge may build (MLA models use the MLA
+# subclass), and megatron's OptimizerConfig
+_TRANSFORMER_CONFIGS = ("megatron.core.transformer.transformer_config", ("TransformerConfig", "MLATransformerConfig"))
+_OPTIMIZER_CONFIGS = ("megatron.core.optimizer.optimizer_config", ("OptimizerConfig",))
+
+
 def transformer_config_classes() -> list[type]:
-    """The TransformerConfig classes the bridge may build (MLA models use the MLA subclass)."""
-    return _quietly_import("megatron.core.transformer.transformer_config", "TransformerConfig", "MLATransformerConfig")
+    """The TransformerConfig classes the bridge may build, imported."""
+    module, classes = _TRANSFORMER_CONFIGS
+    return _quietly_import(module, *classes)
 
 
 def optimizer_config_class() -> type:
-    return _quietly_import("megatron.core.optimizer.optimizer_config", "OptimizerConfig")[0]
-
-
-_TRANSFORMER_CONFIGS = ("megatron.core.transformer.transformer_config", ("TransformerConfig", "MLATransformerConfig"))
-_OPTIMIZER_CONFIGS = ("megatron.core.optimizer.optimizer_config", ("OptimizerConfig",))
+    module, classes = _OPTIMIZER_CONFIGS
+    return _quietly_import(module, *classes)[0]
 
 
 def _field_names(module: str, classes: tuple[str, ...]) -> set[str]:
@@ -127,7 +131,7 @@ def _fields(classes: list[type]) -> dict[str, Any]:
     return hints
 
 
-def _unknown(name: str, known, key: str, what: str) -> str:
+def _unknown(name: str, known: Collection[str], key: str, what: str) -> str:
     close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
     hint = f"; closest: {', '.join(close)}" if close else ""
     return f"{key}.{name}: megatron-core's {what} has no such field{hint}."
