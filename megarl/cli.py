@@ -18,7 +18,8 @@ import sys
 
 def config_show(argv: list[str]) -> int:
     """``megarl config show``: the same command line and checks as a launch, then the resolved config."""
-    from megarl.config import ConfigError, load_config, to_yaml
+    from megarl.checks import ConfigError, load_config
+    from megarl.config import to_yaml
     from megarl.config.command_line import USAGE, CommandLineError, parse_command_line
 
     checks = "--no-validate" not in argv

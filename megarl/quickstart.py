@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [a for a in args if a not in ("--verbose", "-v")]
     setup_console("DEBUG" if verbose else "INFO")  # before megatron-core's import-time warnings
 
-    from megarl.config import load_config
+    from megarl.checks import load_config
     from megarl.train import run
     from megarl.trainer.interrupts import InterruptGuard, interrupt_report
 

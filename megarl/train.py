@@ -44,7 +44,7 @@ def load_tokenizer(cfg):
 
 def local_model_paths(cfg) -> None:
     """Replace hub ids of model.path / tokenizer_path / critic.model.path by their HF-cache snapshot dirs."""
-    from megarl.config.preflight import resolve_model_path
+    from megarl.models.locate import resolve_model_path
 
     for node, key in ((cfg.actor_rollout_ref.model, "path"), (cfg.actor_rollout_ref.model, "tokenizer_path"),
                       (cfg.critic.model, "path")):
@@ -273,7 +273,8 @@ def checkpoint_history(path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megarl.config import ConfigError, load_config, to_yaml
+    from megarl.checks import ConfigError, load_config
+    from megarl.config import to_yaml
     from megarl.config.command_line import USAGE, CommandLineError, parse_command_line
     from megarl.logging.console import say, set_level, setup_console
     from megarl.trainer.interrupts import InterruptGuard, interrupt_report

@@ -22,7 +22,8 @@ from megarl.config.screen import SECTION, schema_fields
 
 ENGINE = "megarl.engine.settings"
 WORKER = "megarl.trainer.megatron_worker"
-VALIDATE = "megarl.config.validate"
+VALIDATE = "megarl.checks.rules"
+DERIVED = "megarl.config.derived"
 CONTROLLER = "megarl.trainer.controller"
 ROLES_WITH_ENGINE = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 LAYOUT = LAYOUT_KEYS
@@ -68,8 +69,8 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{WORKER}:initial_checkpoints", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE
                                             for k in ("use_dist_checkpointing", "dist_checkpointing_path"))),
     (f"{VALIDATE}:_check_backends", ("*.strategy", "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode")),
-    (f"{VALIDATE}:critic_enabled", ("critic.enable",)),
-    (f"{VALIDATE}:old_log_prob_pass", ("actor_rollout_ref.actor.recompute_old_log_prob",)),
+    (f"{DERIVED}:critic_enabled", ("critic.enable",)),
+    (f"{DERIVED}:old_log_prob_pass", ("actor_rollout_ref.actor.recompute_old_log_prob",)),
     (f"{VALIDATE}:_check_rewards", ("reward_model.enable",)),
     (f"{VALIDATE}:_check_algorithm", ("actor_rollout_ref.actor.optim.optimizer", "critic.optim.optimizer")),
     ("megarl.rollout.sampling:resolve_sampling", ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature",
@@ -94,14 +95,14 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                                    "actor_rollout_ref.rollout.engine_kwargs.vllm")),
     ("megarl.trainer.placement:plan_from_config", ("actor_rollout_ref.rollout.tensor_model_parallel_size",
                                                    "actor_rollout_ref.rollout.num_replicas")),
-    ("megarl.trainer.placement:cluster_shape", ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.placement",
+    ("megarl.config.derived:cluster_shape", ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.placement",
                                                 "trainer.rollout_gpus", "rollout.nnodes", "rollout.n_gpus_per_node")),
     ("megarl.trainer.async_loop:AsyncSettings.from_config", ("async_training.mode", "async_training.staleness_threshold",
                                                              "async_training.trigger_parameter_sync_step",
                                                              "async_training.partial_rollout",
                                                              "async_training.max_off_policy_strategy",
                                                              "async_training.wait_timeout_s")),
-    (f"{VALIDATE}:derive_async_keys", ("async_training.require_batches",)),
+    (f"{DERIVED}:derive_async_keys", ("async_training.require_batches",)),
     ("megarl.weight_sync.session:WeightSyncSession.from_config", ("actor_rollout_ref.rollout.weight_sync.bucket_mb",
                                                                "actor_rollout_ref.rollout.weight_sync.transport",
                                                                "actor_rollout_ref.rollout.weight_sync.timeout_s")),
@@ -165,7 +166,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{ENGINE}:lora_settings", tuple(f"{section}.{k}" for section in ("actor_rollout_ref.model.lora", "critic.model.lora")
                                       for k in ("rank", "alpha", "dropout", "target_modules", "exclude_modules",
                                                 "lora_A_init_method", "lora_B_init_method"))),
-    ("megarl.config.lora:lora_problems", ("*.model.lora.type", "*.model.lora.dropout_position")),
+    ("megarl.checks.lora:lora_problems", ("*.model.lora.type", "*.model.lora.dropout_position")),
     (f"{WORKER}:MegatronWorker._build", ("*.model.lora.adapter_path",)),
     ("megarl.weight_sync.adapter_updates:weight_updates", ("actor_rollout_ref.model.lora.merge",)),
 )

@@ -1,15 +1,17 @@
-"""Load a config the way verl's command line does, and check all of it in one pass.
+"""Compose a config the way verl's command line does, and report all of its problems in one pass.
 
-    cfg = load_config("quickstart", ["actor_rollout_ref.rollout.n=8"])
-    cfg = load_config("grpo_math", overrides, config_path="config", preflight=True)
+    cfg = compose_config("quickstart", ["actor_rollout_ref.rollout.n=8"], checks=...)
+
+Launches and tools call ``megarl.checks.load_config``, which passes the checks; this module
+knows no component (the trainer, the rollout, the rewards).
 
 1. compose: the YAML (``--config-name``, default ``ppo_megatron_trainer``) with its defaults list,
    over megarl's schema defaults, then the overrides in Hydra's grammar (``compose.py``);
 2. screen the keys: verl's other spellings move to megarl's keys, verl keys for features megarl
    lacks are refused, keys without effect are noted, unknown keys get a pointer (``screen.py``);
 3. build the typed config (every value type-checked, each bad one reported), resolve ``${...}``;
-4. cross-key rules (``validate.py``) and, with ``preflight=True``, the files the run will read:
-   model, data, reward function (``preflight.py``).
+4. ``checks(cfg, notes)``, given by the caller: the cross-key rules and, before a launch, the
+   files the run will read (``megarl.checks``), whose problems join the same list.
 
 Every step adds to one list of problems; a ``ConfigError`` lists them all, one line each. Nothing
 here starts a process or builds a model: a bad launch fails in seconds.
@@ -20,7 +22,7 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -32,7 +34,7 @@ from megarl.config.schema import MegaRLConfig
 from megarl.config.screen import FREE, LEAF, schema_fields, screen_keys
 
 
-__all__ = ["CONFIG_DIR", "DEFAULT_CONFIG", "ConfigError", "load_config", "resolve_config_path", "to_yaml"]
+__all__ = ["CONFIG_DIR", "DEFAULT_CONFIG", "Checks", "ConfigError", "compose_config", "resolve_config_path", "to_yaml"]
 
 
 def resolve_config_path(name_or_path: str | os.PathLike, config_path: str | os.PathLike | None = None) -> Path:
@@ -42,10 +44,13 @@ def resolve_config_path(name_or_path: str | os.PathLike, config_path: str | os.P
         raise ConfigError(str(exc)) from None
 
 
-def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequence[str] = (),
-                validate: bool = True, *, config_path: str | os.PathLike | None = None,
-                preflight: bool = False, notes: list[str] | None = None) -> DictConfig:
-    """The typed, resolved and checked config; ``ConfigError`` lists every problem found.
+Checks = Callable[[DictConfig, list[str]], list[Problem]]  # (typed, resolved config, notes) -> its problems
+
+
+def compose_config(name_or_path: str | os.PathLike | None = None, overrides: Sequence[str] = (), *,
+                   config_path: str | os.PathLike | None = None, checks: Checks | None = None,
+                   notes: list[str] | None = None) -> DictConfig:
+    """The typed and resolved config, with ``checks`` run on it; ``ConfigError`` lists every problem found.
 
     ``name_or_path=None`` with ``config_path=None`` is the schema's defaults alone (no YAML);
     the command line passes ``DEFAULT_CONFIG`` instead, as verl does. ``notes``, if given, is
@@ -81,15 +86,8 @@ def load_config(name_or_path: str | os.PathLike | None = None, overrides: Sequen
         except OmegaConfBaseException as exc:
             problems.append(Problem(f"cannot resolve an interpolation: {_first_line(exc)}"))
             resolved = False
-    if validate and resolved:  # also after other problems: every problem is reported in one pass
-        from megarl.config.validate import config_problems, derive_async_keys
-
-        derive_async_keys(cfg, notes)
-        problems += config_problems(cfg, notes)
-        if preflight:
-            from megarl.config.preflight import preflight_problems
-
-            problems += preflight_problems(cfg)
+    if checks is not None and resolved:  # also after other problems: every problem is reported in one pass
+        problems += checks(cfg, notes)
     if problems:
         raise ConfigError([_as_given(p, spellings) for p in problems])
     notes[:] = list(dict.fromkeys(notes))

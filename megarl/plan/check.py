@@ -7,7 +7,7 @@ turn an offload key on, recompute, halve the micro-batch or its token budget, mo
 ``gpu_memory_utilization``, raise the rollout TP) and names the changes that make every finding
 go away, so the advice is arithmetic, not a rule of thumb.
 
-``plan_problems(cfg)`` is the check ``megarl.config.preflight`` runs before a launch: on a machine
+``plan_problems(cfg)`` is the check ``megarl.checks.preflight`` runs before a launch: on a machine
 with a GPU it plans the run on that GPU and refuses one that cannot fit; without a GPU (the
 driver of a CPU run, a login node) it plans nothing. ``trainer.plan_check=False`` turns it off.
 """

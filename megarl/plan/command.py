@@ -54,7 +54,7 @@ def _options(argv: list[str]) -> tuple[dict, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    from megarl.config import ConfigError, load_config
+    from megarl.checks import ConfigError, load_config
     from megarl.config.command_line import CommandLineError, parse_command_line
     from megarl.plan import Efficiency, gpu, plan_config
     from megarl.plan.hardware import efficiency_with, with_overrides

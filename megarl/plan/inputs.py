@@ -110,7 +110,7 @@ class RunInputs:
 def _model(path: str, key: str) -> ModelFacts:
     import logging
 
-    from megarl.config.preflight import resolve_model_path
+    from megarl.models.locate import resolve_model_path
     from megarl.models.published import PUBLISHED, match_published
 
     local = resolve_model_path(str(path))
@@ -136,7 +136,7 @@ def _facts(directory: str) -> ModelFacts:
 
 def run_inputs(cfg) -> RunInputs:
     """The plan's inputs from a loaded, validated megarl config."""
-    from megarl.config.validate import critic_enabled
+    from megarl.config.derived import critic_enabled
     from megarl.engine.settings import actor_settings, critic_settings, model_overrides, reference_settings
     from megarl.trainer.megatron_worker import layout_from_config, needs_reference
     from megarl.trainer.offload_phases import offload_flags

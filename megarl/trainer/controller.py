@@ -16,7 +16,7 @@ One step (``RLTrainer.train_step``):
 
 Old log-probs: with one update per batch (on-policy: ``ppo_mini_batch_size`` = ``train_batch_size``,
 ``ppo_epochs=1``) they equal the update's own forward, so the separate pass (step 4) is skipped and
-the update uses its forward, detached (``config.validate.old_log_prob_pass`` names what keeps the pass:
+the update uses its forward, detached (``megarl.config.derived.old_log_prob_pass`` names what keeps the pass:
 several updates per batch, KL in the reward, dropout, ``actor.recompute_old_log_prob=True``).
 
 ``rollout/logprob_diff`` (with ``rollout.weight_sync.verify``, the default) compares the fleet's
@@ -48,8 +48,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_more_gen_batches, seq_metric_values
-from megarl.config import critic_enabled, devices_for
-from megarl.config.validate import old_log_prob_pass
+from megarl.config.derived import critic_enabled, devices_for, old_log_prob_pass
 from megarl.logging.console import say
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.rewards.models import ResponsesToScore

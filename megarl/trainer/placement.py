@@ -33,6 +33,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from megarl.config.derived import cluster_shape
+
 
 
 @dataclass(frozen=True)
@@ -141,28 +143,6 @@ def plan_reward_pool(nnodes: int, per_node: int, tp: int) -> PlacementPlan:
     groups = _replica_groups(list(range(nnodes * per_node)), tp, per_node, "reward model's pool",
                              "reward_model.rollout.tensor_model_parallel_size")
     return PlacementPlan(nnodes, per_node, "pool", (), groups)
-
-
-def cluster_shape(cfg) -> tuple[int, int, str, int | None]:
-    """(nodes, devices per node, placement mode, rollout devices) of a config.
-
-    megarl's form: ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` devices in all, ``trainer.placement``
-    and (split) ``trainer.rollout_gpus`` of them for the fleet. verl's form of split pools (its
-    one-step-off and fully-async recipes): the trainer's ``trainer.nnodes`` x ``n_gpus_per_node`` plus
-    a rollout pool of ``rollout.nnodes`` x ``rollout.n_gpus_per_node``; the nodes must be alike.
-    """
-    t, pool = cfg.trainer, cfg.rollout
-    if not pool.nnodes:
-        return t.nnodes, t.n_gpus_per_node, t.placement, t.rollout_gpus
-    if pool.n_gpus_per_node != t.n_gpus_per_node:
-        raise ValueError(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} differs from trainer.n_gpus_per_node="
-                         f"{t.n_gpus_per_node}: megarl places the trainer and the rollout pool on alike nodes; give "
-                         "both the same count")
-    rollout = pool.nnodes * pool.n_gpus_per_node
-    if t.rollout_gpus is not None and t.rollout_gpus != rollout:
-        raise ValueError(f"trainer.rollout_gpus={t.rollout_gpus} but the rollout pool rollout.nnodes x "
-                         f"rollout.n_gpus_per_node is {rollout}; give one of them")
-    return t.nnodes + pool.nnodes, t.n_gpus_per_node, "split", rollout
 
 
 def plan_from_config(cfg) -> PlacementPlan:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from megarl.config import load_config
+from megarl.checks import load_config
 
 from tests.agent import tool_tasks
 

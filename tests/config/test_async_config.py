@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.config import ConfigError, load_config
+from megarl.checks import ConfigError, load_config
 from megarl.trainer.async_loop import AsyncSettings
 from megarl.trainer.placement import plan_from_config
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import ConfigError, load_config, schema_keys
+from megarl.checks import ConfigError, load_config
+
+from megarl.config import schema_keys
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -191,13 +193,13 @@ def test_reference_and_critic_share_the_actor_layout():
 
 
 def test_the_layout_comparison_covers_every_layout_key():
-    """validate spells the layout keys out (the reader check reads its source); they must be the schema's."""
+    """The layout rule spells the layout keys out (the reader check reads its source); they must be the schema's."""
     import inspect
 
-    from megarl.config import validate
+    from megarl.checks import rules
     from megarl.config.schema import LAYOUT_KEYS
 
-    source = inspect.getsource(validate._check_layout_and_batches)
+    source = inspect.getsource(rules._check_layout_and_batches)
     assert all(f'"{key}"' in source for key in LAYOUT_KEYS)
 
 

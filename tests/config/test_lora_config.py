@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import ConfigError, load_config
+from megarl.checks import ConfigError, load_config
 from megarl.engine.settings import lora_settings
 from tests.config._fixtures import write_model_config, write_prompts
 

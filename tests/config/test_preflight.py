@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from megarl.config import ConfigError, load_config
-from megarl.config.preflight import resolve_model_path
+from megarl.checks import ConfigError, load_config
+from megarl.models.locate import resolve_model_path
 from tests.config._fixtures import write_model_config, write_prompts
 
 BATCH = ["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=1", "data.train_batch_size=4",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import ConfigError, load_config
+from megarl.checks import ConfigError, load_config
 from megarl.config.command_line import parse_command_line
 from megarl.models.published import PUBLISHED
 from tests.config._fixtures import write_model_config, write_prompts

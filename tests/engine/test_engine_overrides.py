@@ -8,7 +8,7 @@ checkpoint retention are checked on their own.
 import pytest
 import torch
 
-from megarl.config import ConfigError, load_config
+from megarl.checks import ConfigError, load_config
 from megarl.engine import balanced_partitions, model_overrides
 from megarl.engine.overrides import pipeline_stage_layers, transformer_overrides, without_cpu_conflicts
 from megarl.models import ParallelLayout

@@ -1,7 +1,7 @@
 """How verl's config keys become the engine's settings (no processes, no megatron)."""
 import pytest
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.engine import OptimizerSettings, actor_settings, critic_settings, reference_settings
 
 BASE = ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=8", "data.train_batch_size=8"]

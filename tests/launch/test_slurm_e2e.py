@@ -144,7 +144,7 @@ def test_launchers_parse_and_configs_validate():
     for script in sorted((REPO / "launch").glob("*.sh")) + sorted((REPO / "slurm").glob("*.sh")):
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert result.returncode == 0, f"{script}: {result.stderr}"
-    from megarl.config import load_config
+    from megarl.checks import load_config
 
     for name in ("grpo_70b", "ppo_70b", "grpo_moe_671b"):
         cfg = load_config(name)

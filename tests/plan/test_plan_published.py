@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from megarl.models.published import PUBLISHED
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.models import ParallelLayout, load_hf_config
 from megarl.plan import Efficiency, gpu, plan_config
 from megarl.plan.hardware import GB
@@ -123,7 +123,7 @@ def test_validation_refuses_an_impossible_run_on_a_gpu_machine(monkeypatch):
     problems = check.plan_problems(cfg)
     assert problems and all(p.key == "trainer.plan_check" for p in problems)
     assert "does not fit on h100" in problems[0].message and "tensor_model_parallel_size=" in " ".join(map(str, problems))
-    from megarl.config.preflight import preflight_problems
+    from megarl.checks.preflight import preflight_problems
 
     assert any("does not fit on h100" in p.message for p in preflight_problems(cfg))  # what a launch runs
     cfg.trainer.plan_check = False

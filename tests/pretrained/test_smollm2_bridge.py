@@ -110,7 +110,7 @@ def test_tp2_is_refused_naming_the_heads(two_ranks):
 def test_training_at_tp2_is_refused_before_any_process_starts(smollm2):
     import ray
 
-    from megarl.config import load_config
+    from megarl.checks import load_config
     from megarl.train import run
 
     cfg = load_config(None, ["data.train_files=unused.parquet", f"actor_rollout_ref.model.path={smollm2}",

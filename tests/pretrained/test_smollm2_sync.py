@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from tests.pretrained.conftest import CONVERSATIONS
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest.mark.slow,

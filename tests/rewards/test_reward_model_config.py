@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from megarl.config import ConfigError, load_config
+from megarl.checks import ConfigError, load_config
 from megarl.rewards.custom import RewardFunction
 from megarl.trainer.placement import plan_from_config, plan_placement, plan_reward_pool, reward_pool_from_config, \
     with_colocated_reward_model

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.rewards import RewardManager
 from megarl.rewards.models import ResponsesToScore
 from megarl.trainer import ray_cluster

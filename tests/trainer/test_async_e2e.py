@@ -21,7 +21,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]

@@ -97,7 +97,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from megarl.config import load_config
+    from megarl.checks import load_config
     from megarl.tools.tiny_tokenizer import build_tokenizer
     from tests.config._fixtures import write_prompts
 
@@ -130,7 +130,7 @@ def run_steps(batches, fleet, session, first: int, last: int, rng, bound, seen: 
 @pytest.mark.parametrize("threshold, sync_every, partial", [(2.0, 1, True), (1.0, 2, False), (0.5, 1, True)])
 def test_admission_bounds_staleness_and_resume_neither_replays_nor_bursts(cluster, setup, threshold, sync_every, partial):
     from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
-    from megarl.config import load_config
+    from megarl.checks import load_config
     from megarl.data import build_train_loader
     from megarl.trainer.async_loop import AsyncBatches, AsyncSettings
 

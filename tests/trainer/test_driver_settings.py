@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from tests.config._fixtures import write_model_config
 
 BASE = ["data.train_files=/d/train.parquet", "data.val_files=/d/val.parquet", "algorithm.adv_estimator=grpo",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from megarl.config import ConfigError, load_config
+from megarl.checks import ConfigError, load_config
 from megarl.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from tests.trainer.test_e2e import overrides, quickstart_inputs, scalars  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]

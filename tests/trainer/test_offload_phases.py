@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.trainer.offload_phases import PHASES, offload_flags, rank_residency
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.trainer.placement import ClusterPlacement, plan_from_config, plan_placement
 from megarl.trainer.rollout_memory import RolloutMemory
 

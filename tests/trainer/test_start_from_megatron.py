@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.trainer.megatron_worker import check_same_architecture, initial_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megarl.agent.trajectory import Trajectory
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.checkpointing import find_resume_checkpoint
 from megarl.trainer.controller import masked_mean
@@ -135,7 +135,7 @@ def test_resume_choice(tmp_path):
     (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2"], None),  # the critic needs values, not old log-probs
 ])
 def test_the_old_log_prob_pass_runs_only_when_something_needs_it(extra, reason):
-    from megarl.config.validate import old_log_prob_pass
+    from megarl.config.derived import old_log_prob_pass
 
     got = old_log_prob_pass(load_config(overrides=BASE + extra))
     assert got is None if reason is None else reason in got, got

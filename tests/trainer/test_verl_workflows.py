@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.config.command_line import parse_command_line
 
 SEED_REWARD = textwrap.dedent('''

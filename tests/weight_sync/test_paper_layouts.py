@@ -7,7 +7,7 @@ import pytest
 
 from pathlib import Path
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from megarl.models import ParallelLayout, hf_tensor_shapes
 from megarl.trainer.megatron_worker import layout_from_config
 from megarl.weight_sync.layouts import plan_for_layouts

@@ -19,7 +19,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from tests.rollout.test_fleet_moe import checkpoint_tensors, hf_reference, max_diff_to_hf
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest.mark.slow]

@@ -18,7 +18,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from megarl.config import load_config
+from megarl.checks import load_config
 from tests.weight_sync.test_sync_e2e import PROMPTS, train_one_step
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest.mark.slow]

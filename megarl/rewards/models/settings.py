@@ -77,7 +77,7 @@ def settings_from_config(cfg: Any) -> RewardModelSettings | None:
     rm = cfg.reward_model
     if not rm.enable:
         return None
-    from megarl.config.preflight import resolve_model_path
+    from megarl.models.locate import resolve_model_path
 
     path = resolve_model_path(str(rm.model.path)) or str(rm.model.path)
     engine = rm.rollout
@@ -151,7 +151,7 @@ def reward_model_problems(cfg: Any) -> list[Problem]:
 def reward_model_file_problems(cfg: Any) -> list[Problem]:
     """The checkpoint at ``reward_model.model.path``: a one-label sequence classifier or a causal LM,
     and (without ``input_tokenizer``) the policy's vocabulary."""
-    from megarl.config.preflight import model_problems, resolve_model_path
+    from megarl.models.locate import model_problems, resolve_model_path
 
     rm = cfg.reward_model
     if not (rm.enable and rm.model.path):

@@ -1,5 +1,8 @@
 """Cross-key rules of a typed config, checked before any process or GPU is touched.
 
+They sit above every component (``megarl.checks``): the legal values each rule checks are the
+component's own, imported from it.
+
 ``config_problems`` returns every problem at once, one line each, naming the key and the fix.
 Names are checked against the registries the code runs with (estimators, losses, aggregation
 modes, KL estimators and controllers, weight-sync transports, metric sinks, reward managers,
@@ -12,62 +15,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from megarl.config.errors import ConfigError, Problem, refusal
+from megarl.config.derived import VALUE_ESTIMATORS, critic_enabled, devices_for, old_log_prob_pass
+from megarl.config.errors import Problem, refusal
 
-VALUE_ESTIMATORS = {"gae"}  # estimators that need a critic
 RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.checkpointing.find_resume_checkpoint
 ROLLOUT_MODES = ("sync", "async")
-
-
-def devices_for(cfg: DictConfig) -> tuple[int, int]:
-    """(trainer devices, rollout devices) for the configured placement."""
-    from megarl.trainer.placement import cluster_shape
-
-    nnodes, per_node, mode, rollout = cluster_shape(cfg)
-    world = nnodes * per_node
-    if mode == "split":
-        return world - (rollout or 0), rollout or 0
-    return world, world
-
-
-def critic_enabled(cfg: DictConfig) -> bool:
-    if cfg.critic.enable is not None:
-        return bool(cfg.critic.enable)
-    return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
-
-
-def old_log_prob_pass(cfg: DictConfig) -> str | None:
-    """Why a step runs the separate old-log-prob pass, or None when the update's own forward gives them.
-
-    On-policy (one mini-batch, one epoch) the batch is used for exactly one optimizer step, so the
-    old log-probs equal that step's forward (ratio 1, verl's and TRL's rule) and the pass is skipped,
-    unless something needs them before the update or the user asks for it.
-    """
-    actor = cfg.actor_rollout_ref.actor
-    if actor.recompute_old_log_prob:
-        return "actor_rollout_ref.actor.recompute_old_log_prob=True"
-    if actor.ppo_epochs != 1:
-        return f"actor_rollout_ref.actor.ppo_epochs={actor.ppo_epochs}: several updates per batch"
-    if actor.ppo_mini_batch_size < cfg.data.train_batch_size:
-        return (f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < data.train_batch_size="
-                f"{cfg.data.train_batch_size}: several updates per batch")
-    if cfg.algorithm.use_kl_in_reward:
-        return "algorithm.use_kl_in_reward: the reward's KL penalty needs them before the update"
-    c = cfg.algorithm.rollout_correction
-    if not c.bypass_mode and (c.rollout_is or c.rollout_rs or c.rollout_token_veto_threshold):
-        return "algorithm.rollout_correction: its importance weights pi_old / pi_rollout need them before the update"
-    dropout = {k: v for k, v in dict(actor.megatron.override_transformer_config or {}).items()
-               if k in ("hidden_dropout", "attention_dropout") and v}
-    if dropout:
-        return f"dropout in actor_rollout_ref.actor.megatron.override_transformer_config ({dropout}): the update's forward differs from the rollout policy's"
-    return None
-
-
-def validate_config(cfg: DictConfig) -> None:
-    """Raise a ``ConfigError`` listing every problem of ``cfg`` (see ``config_problems``)."""
-    problems = config_problems(cfg)
-    if problems:
-        raise ConfigError(problems)
 
 
 def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Problem]:
@@ -85,7 +37,7 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
     _check_algorithm(cfg, add, notes)
     _check_rewards(cfg, add)
     _check_trainer(cfg, add)
-    from megarl.config.lora import lora_problems
+    from megarl.checks.lora import lora_problems
     from megarl.trainer.engine_keys import engine_key_problems
 
     for problem in lora_problems(cfg):
@@ -123,21 +75,11 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
 
 
 # ------------------------------------------------------------------ asynchronous training
-def derive_async_keys(cfg, notes: list[str]) -> None:
-    """verl's fully-async form sets ``data.train_batch_size=0``: a step is then ``async_training.require_batches``
-    PPO mini-batches (of ``ppo_mini_batch_size`` prompts)."""
-    a, data = cfg.async_training, cfg.data
-    if a.mode != "sync" and data.train_batch_size == 0:
-        data.train_batch_size = a.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        notes.append(f"data.train_batch_size=0 (verl's fully-async form): a step trains async_training.require_batches"
-                     f" x ppo_mini_batch_size = {data.train_batch_size} prompts")
-
-
 def _check_async(cfg, add) -> None:
     """``async_training.*`` (``megarl.trainer.async_loop``): values, and the combinations that cannot work."""
+    from megarl.config.derived import cluster_shape
     from megarl.config.schema import AsyncTrainingConfig
     from megarl.trainer.async_loop import MODES
-    from megarl.trainer.placement import cluster_shape
     from megarl.trainer.staleness import STRATEGIES
 
     a, p = cfg.async_training, "async_training"
@@ -207,7 +149,7 @@ def _check_async(cfg, add) -> None:
 def _check_layout_and_batches(cfg, add) -> None:
     from megarl.trainer.placement import plan_from_config
 
-    t, d, a = cfg.trainer, cfg.data, cfg.algorithm
+    d, a = cfg.data, cfg.algorithm
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     try:  # placement mode, node sizes, rollout TP divides the rollout devices, replicas fit
         plan_from_config(cfg)

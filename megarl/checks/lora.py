@@ -22,7 +22,7 @@ OTHER_TYPES = {
 
 
 def _sections(cfg):
-    from megarl.config.validate import critic_enabled
+    from megarl.config.derived import critic_enabled
 
     yield ACTOR, "actor", cfg.actor_rollout_ref.model.lora
     if critic_enabled(cfg):
@@ -76,7 +76,7 @@ def _update_mode_problems(cfg, lora) -> list[Problem]:
 
 def lora_preflight_problems(cfg) -> list[Problem]:
     """The LoRA sections against the model: target names, expert-TP, adapter_path."""
-    from megarl.config.preflight import resolve_model_path
+    from megarl.models.locate import resolve_model_path
     from megarl.engine.settings import lora_settings
     from megarl.models.lora import selection
 
