@@ -97,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     MEAN_TOKENS = args.tokens
 
-    from megarl.config import load_config
+    from megarl.checks import load_config
     from megarl.data.prepare import prepare_arithmetic
     from megarl.rollout import RolloutFleet
     from megarl.tools.tiny_model import make_tiny_model

@@ -101,7 +101,7 @@ def run_megarl(args) -> dict:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    from megarl.config import load_config
+    from megarl.checks import load_config
     from megarl.train import run
     from megarl.trainer.controller import RLTrainer
 

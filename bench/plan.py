@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     runs = parser.parse_args().runs
-    from megarl.config import load_config
+    from megarl.checks import load_config
     from megarl.plan import gpu, plan_config
 
     for name, model in CONFIGS.items():

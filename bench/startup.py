@@ -146,7 +146,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     imports_start = time.perf_counter() - PROCESS_START
     import megarl.train as train
-    from megarl.config import load_config
+    from megarl.checks import load_config
     from megarl.quickstart import prepare
 
     line = Timeline()
