@@ -118,7 +118,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.logging.console import adopt_library_loggers, console_state, say
     from megarl.logging.progress import Progress
     from megarl.logging.worker_logs import WorkerLogFollower, worker_log_env
-    from megarl.rewards.models.service import start_reward_model
+    from megarl.trainer.startup import start_reward_model
     from megarl.rollout import RolloutFleet
     from megarl.trainer import startup_lines
     from megarl.trainer.controller import RLTrainer, TrainingLoop, total_training_steps

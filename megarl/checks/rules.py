@@ -418,6 +418,14 @@ def _check_rewards(cfg, add) -> None:
 
     for problem in reward_model_problems(cfg):  # reward_model.enable: a reward model or LLM judge
         add(problem)
+    if cfg.reward_model.enable:
+        from megarl.trainer.placement import plan_from_config, reward_pool_from_config
+
+        try:
+            plan_from_config(cfg)  # a colocated reward model's TP must fit the trainer's devices
+            reward_pool_from_config(cfg)
+        except ValueError as exc:
+            add(f"{exc}.")
     for problem in reward_manager_problems(cfg):
         add(problem)
 

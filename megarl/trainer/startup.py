@@ -1,4 +1,4 @@
-"""Start the trainer ranks and the rollout fleet at the same time.
+"""Start the trainer ranks and the rollout fleet at the same time, and the run's reward model.
 
 Both take seconds to minutes (the ranks import megatron-core and build their models; each engine
 replica imports vLLM in three processes and loads the model), and neither needs the other until the
@@ -16,7 +16,10 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from megarl.rewards.models.service import RewardModelService
 
 logger = logging.getLogger(__name__)
 
@@ -52,3 +55,23 @@ def start_together(timings: dict[str, float] | None = None, **starters: Callable
     logger.info("started %s side by side in %.1f s (%s)", " and ".join(starters), time.perf_counter() - start,
                 ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items()))
     return results
+
+
+def start_reward_model(cfg: Any, placement: Any, use_gpu: bool) -> tuple[RewardModelService | None, Any]:
+    """The run's reward model (None without ``reward_model.enable``) and the placement of its own pool
+    (None when colocated on the trainer's slots), both to close when the run ends."""
+    from megarl.rewards.models.service import RewardModelService
+    from megarl.trainer.placement import ClusterPlacement, reward_pool_from_config
+
+    if not cfg.reward_model.enable:
+        return None, None
+    pool_plan = reward_pool_from_config(cfg)
+    pool = ClusterPlacement(pool_plan, use_gpu) if pool_plan is not None else None
+    try:
+        service = RewardModelService(cfg, (pool or placement).reward_slots(), use_gpu=use_gpu,
+                                     sleep_mode=pool is None and bool(cfg.reward_model.rollout.free_cache_engine))
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
+    return service, pool

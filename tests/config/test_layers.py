@@ -1,5 +1,6 @@
 """Layers point down: the config and the algorithms know nothing of the trainer or of any component
-above them, and no component imports the launch checks (``megarl.checks``) that sit on top.
+above them, no component below the trainer imports it, and none imports the launch checks
+(``megarl.checks``) that sit on top.
 
 Every import is read from the source with ``ast``, the ones inside functions (lazy imports) too.
 """
@@ -43,10 +44,18 @@ def test_the_algorithms_import_only_the_config_and_themselves():
     assert offending("algorithms", ("megarl.algorithms", "megarl.config")) == {}
 
 
+def importers(packages, prefix: str) -> set[str]:
+    """The files of ``packages`` that import a module under ``prefix``."""
+    return {str(path.relative_to(ROOT)) for package in packages for path in sorted((ROOT / package).rglob("*.py"))
+            if any(m == prefix or m.startswith(prefix + ".") for m in imported_modules(path))}
+
+
+def test_nothing_below_the_trainer_imports_it():
+    assert importers([p for p in COMPONENTS if p != "trainer"], "megarl.trainer") == set()
+
+
 def test_no_component_imports_the_launch_checks():
-    found = {str(path.relative_to(ROOT)) for package in COMPONENTS for path in (ROOT / package).rglob("*.py")
-             if any(m.startswith("megarl.checks") for m in imported_modules(path))}
-    assert found == set()
+    assert importers(COMPONENTS, "megarl.checks") == set()
 
 
 def test_the_reader_finds_lazy_imports(tmp_path):

@@ -75,7 +75,7 @@ def measured(smollm2, tmp_path_factory):
     from megarl.trainer.ray_cluster import init_ray, shutdown_ray
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
-    from megarl.weight_sync.verify import verify_sync
+    from megarl.trainer.sync_verify import verify_sync
 
     cfg = config(smollm2, tmp_path_factory.mktemp("smollm2_sync") / "unused.parquet")
     prompt_ids, pad = prompts(smollm2)

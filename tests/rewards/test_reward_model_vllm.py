@@ -46,7 +46,7 @@ def cfg(models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(cfg):
-    from megarl.rewards.models.service import start_reward_model
+    from megarl.trainer.startup import start_reward_model
 
     os.environ["OMP_NUM_THREADS"] = "1"
     ray_cluster.init_ray(num_cpus=2)

@@ -98,7 +98,7 @@ def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_pa
     from megarl.trainer.ray_cluster import init_ray, shutdown_ray
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
-    from megarl.weight_sync.verify import verify_sync
+    from megarl.trainer.sync_verify import verify_sync
 
     model_a = make_tiny_model("llama", "tiny", tmp_path / "a", seed=0)
     model_b = make_tiny_model("llama", "tiny", tmp_path / "b", seed=5)

@@ -111,7 +111,7 @@ def test_sync_carries_the_router_bias_and_mla_weights(model, fleet):
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
-    from megarl.weight_sync.verify import verify_sync
+    from megarl.trainer.sync_verify import verify_sync
 
     cfg = config(model)
     workers = WorkerGroup(MegatronWorker, 2, init_args=(OmegaConf.to_container(cfg, resolve=True),))

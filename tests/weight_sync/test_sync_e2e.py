@@ -87,7 +87,7 @@ def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
-    from megarl.weight_sync.verify import verify_sync
+    from megarl.trainer.sync_verify import verify_sync
 
     model = models["moe"] if layout.get("ep") else models["dense"]
     cfg = config(model, models["data"], **layout)

@@ -81,7 +81,7 @@ def check_mode(cfg, workers, fleet, trained: bool) -> dict:
     """Sync, train a step, probe (stale), sync, probe (fresh); the two syncs' metrics. ``trained``: the
     adapters have trained already, so the fresh fleet (the base alone) lags the trainer."""
     from megarl.weight_sync.adapter_updates import weight_updates
-    from megarl.weight_sync.verify import verify_sync
+    from megarl.trainer.sync_verify import verify_sync
 
     sync = weight_updates(cfg, workers, fleet)
     try:

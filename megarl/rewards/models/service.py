@@ -1,6 +1,6 @@
 """The run's reward model or LLM judge: vLLM replicas in their device slots, served over HTTP.
 
-    service = start_reward_model(cfg, placement, use_gpu)        # in megarl.train, before training
+    service, pool = start_reward_model(cfg, placement, use_gpu)  # megarl.trainer.startup, before training
     manager = RewardManager.from_config(cfg, model_reward=service)
     with service.awake():                                        # the manager does this for a pass
         scores = service.score(ResponsesToScore(...))            # a discriminative model's scores
@@ -154,22 +154,3 @@ class RewardModelService:
         if self.fleet is not None:
             self.fleet.shutdown()
             self.fleet = None
-
-
-def start_reward_model(cfg: Any, placement: Any, use_gpu: bool) -> tuple[RewardModelService | None, Any]:
-    """The run's reward model (None without ``reward_model.enable``) and the placement of its own pool
-    (None when colocated on the trainer's slots), both to close when the run ends."""
-    from megarl.trainer.placement import ClusterPlacement, reward_pool_from_config
-
-    if not cfg.reward_model.enable:
-        return None, None
-    pool_plan = reward_pool_from_config(cfg)
-    pool = ClusterPlacement(pool_plan, use_gpu) if pool_plan is not None else None
-    try:
-        service = RewardModelService(cfg, (pool or placement).reward_slots(), use_gpu=use_gpu,
-                                     sleep_mode=pool is None and bool(cfg.reward_model.rollout.free_cache_engine))
-    except BaseException:
-        if pool is not None:
-            pool.close()
-        raise
-    return service, pool

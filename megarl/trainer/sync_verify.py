@@ -6,7 +6,8 @@ computes its log-probs of the same tokens at that temperature; the mean absolute
 returned. After a correct sync it is at the level of
 numerical noise (~1e-6 in fp32 on CPU); stale or partly loaded weights give differences of order
 one. (The trainer logs the same comparison on the training samples every step as
-``rollout/logprob_diff``, for free.)
+``rollout/logprob_diff``, for free.) It drives the fleet and the trainer's workers, so it lives
+with the trainer, above the weight-sync layer it checks.
 """
 from __future__ import annotations
 
