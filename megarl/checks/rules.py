@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from megarl.config.derived import VALUE_ESTIMATORS, critic_enabled, devices_for, old_log_prob_pass
+from megarl.config.derived import VALUE_ESTIMATORS, cluster_shape, critic_enabled, devices_for, old_log_prob_pass
 from megarl.config.errors import Problem, refusal
 
 RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.checkpointing.find_resume_checkpoint
@@ -77,7 +77,6 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
 # ------------------------------------------------------------------ asynchronous training
 def _check_async(cfg, add) -> None:
     """``async_training.*`` (``megarl.trainer.async_loop``): values, and the combinations that cannot work."""
-    from megarl.config.derived import cluster_shape
     from megarl.config.schema import AsyncTrainingConfig
     from megarl.trainer.async_loop import MODES
     from megarl.trainer.staleness import STRATEGIES

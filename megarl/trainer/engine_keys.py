@@ -1,4 +1,4 @@
-"""verl's engine-side keys, checked before any process starts (``validate_config`` calls this).
+"""verl's engine-side keys, checked before any process starts (``megarl.checks.rules.config_problems`` calls this).
 
 Covers ``*.megatron.override_transformer_config`` and ``*.optim.override_optimizer_config``
 (field names against megatron-core's dataclasses, fields megarl sets itself), the offload keys,

@@ -36,7 +36,6 @@ from typing import Any, Sequence
 from megarl.config.derived import cluster_shape
 
 
-
 @dataclass(frozen=True)
 class PlacementPlan:
     """Device slots (global, node-major: slot ``s`` is bundle ``s % per_node`` of node ``s // per_node``)."""

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from megarl.checks import ConfigError, load_config
-
 from megarl.config import schema_keys
 
 REPO = Path(__file__).resolve().parents[2]
