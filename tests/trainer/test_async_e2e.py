@@ -174,17 +174,16 @@ def test_fully_asynchronous_grpo_learns_with_partial_rollouts_and_tis(inputs, po
                                    "algorithm.rollout_correction.rollout_is_threshold=2.0",
                                    "trainer.total_training_steps=40", "trainer.test_freq=20", "trainer.balance_batch=false"),
                             pools, record_batches=True, record_correction=True)
+    trained = sorted(s for s in steps if s > 0)
     vals = [steps[s]["val/score"] for s in sorted(steps) if "val/score" in steps[s]]
-    print(f"fully_async GRPO: validation accuracy {vals} at steps 0/20/40; staleness max per step "
-          f"{[steps[s]['training/off_policy/staleness/max'] for s in sorted(steps) if s > 0]}; partial ratio per step "
-          f"{[round(steps[s].get('training/off_policy/partial_ratio', 0), 3) for s in sorted(steps) if s > 0]}")
-    # measured 0.08 -> 0.19 -> 0.39; groups finish in a timing-dependent order, so the batches (and the
-    # curve) vary from run to run: the margin is for that
-    assert vals[-1] - vals[0] >= 0.2, f"validation accuracy {vals}"
-    lags = [steps[s]["training/off_policy/staleness/max"] for s in sorted(steps) if s > 0]
-    assert max(lags) <= 1 and max(lags) == 1  # stale samples trained, never beyond the bound
-    assert any(steps[s].get("training/off_policy/partial_ratio", 0) > 0 for s in steps)  # syncs cut generations
-    assert all(0 < steps[s]["rollout_corr/rollout_is_mean"] < 10 for s in steps if s > 0)
+    scores = [round(steps[s]["critic/score/mean"], 3) for s in trained]
+    lags = [steps[s]["training/off_policy/staleness/max"] for s in trained]
+    partial = [round(steps[s].get("training/off_policy/partial_ratio", 0), 3) for s in trained]
+    run = f"validation {vals} at steps 0/20/40; training score per step {scores}; partial ratio per step {partial}"
+    print(f"fully_async GRPO: {run}; staleness max per step {lags}")
+    assert max(lags) <= 1 and max(lags) == 1, run  # stale samples trained, never beyond the bound
+    assert any(p > 0 for p in partial), run  # syncs cut generations
+    assert all(0 < steps[s]["rollout_corr/rollout_is_mean"] < 10 for s in trained), run
     # every token's rollout log-prob is its sampler's: tokens the trainer's own version sampled have weight 1
     own = older = 0
     for step, (batch, (old, rollout_logp, mask)) in enumerate(zip(recorded["batches"], recorded["corrections"]), 1):
@@ -192,9 +191,16 @@ def test_fully_asynchronous_grpo_learns_with_partial_rollouts_and_tis(inputs, po
         valid = mask.bool()
         same = valid & (batch["versions"] == version)
         if same.any():
-            assert (old - rollout_logp).abs()[same].max() < 1e-4, step
+            assert (old - rollout_logp).abs()[same].max() < 1e-4, (step, run)
             own += int(same.sum())
         stale = valid & (batch["versions"] < version)
         if stale.any():
             older += int(((old - rollout_logp).abs()[stale] > 1e-3).sum())
-    assert own > 0 and older > 0
+    assert own > 0 and older > 0, run
+    # It learns: the sampled accuracy of the last 10 steps (1280 samples) against the first 10. Measured
+    # 0.093 -> 0.24, and 0.094 -> 0.19 with a busy core slowing the run; the sampling noise of each mean is
+    # about 0.01. The greedy validation is printed, not asserted: its 100 prompts are 9 distinct questions
+    # (a + 1, a in 0..8), so it moves in steps of 0.11 and in 40 steps one question decides it (measured at
+    # step 40: 0.39 to 0.66 in 9 runs, and 0.0 once in CI).
+    first, last = sum(scores[:10]) / 10, sum(scores[-10:]) / 10
+    assert last - first >= 0.05, f"sampled accuracy {first:.3f} -> {last:.3f}; {run}"
