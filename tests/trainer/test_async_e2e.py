@@ -16,6 +16,7 @@ Sampling at temperature 0.7 throughout: the fleet's log-probs must be the traine
 from __future__ import annotations
 
 import math
+from statistics import mean
 
 import pytest
 import torch
@@ -202,6 +203,6 @@ def test_fully_asynchronous_grpo_learns_with_partial_rollouts_and_tis(inputs, po
     # The greedy validation: measured 0.08 -> 1.0 and 0.08 -> 0.72. Its 100 prompts are 9 distinct
     # questions (a + 1, a in 0..8), so it moves in steps of 0.11; at 40 steps learning had only begun
     # (validation 0.39 to 0.66 in 9 runs, 0.0 once in CI; sampled accuracy +0.04 to +0.15), hence 60.
-    first, last = sum(scores[:10]) / 10, sum(scores[-10:]) / 10
+    first, last = mean(scores[:10]), mean(scores[-10:])
     assert last - first >= 0.2, f"sampled accuracy {first:.3f} -> {last:.3f}; {run}"
     assert vals[-1] - vals[0] >= 0.2, f"validation accuracy {vals}; {run}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from statistics import mean
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -45,8 +46,13 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
-def mean(values) -> float:
-    return sum(values) / len(values)
+CURVE_STEPS = 120  # the quickstart's run: the long learning curves, in make test-all (marker "curve")
+
+
+def short_and_curve(short: int) -> list:
+    """``steps`` for a test that runs its first ``short`` steps in make test and the whole curve in make test-all."""
+    return [pytest.param(short, id=f"{short}_steps"),
+            pytest.param(CURVE_STEPS, id=f"{CURVE_STEPS}_steps", marks=pytest.mark.curve)]
 
 
 @pytest.mark.timeout(1200)
@@ -120,8 +126,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("steps", [pytest.param(10, id="10_steps"), pytest.param(120, id="120_steps",
-                                                                                    marks=pytest.mark.curve)])
+@pytest.mark.parametrize("steps", short_and_curve(10))
 def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tmp_path, steps):
     """PPO with GAE and a critic, rewards +1 / -1 (as DAPO's math reward). The critic must learn: its
     value loss falls from the start (the baseline) within 10 steps, and over 120 (make test-all) its
@@ -147,7 +152,7 @@ def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tm
     explained = [v for _, v in logged["critic/vf_explained_var"]]
     score = [v for _, v in logged["critic/score/mean"]]
     assert len(vf) == steps and min(vf[1:10]) < 0.6 * vf[0], vf
-    if steps >= 120:
+    if steps == CURVE_STEPS:
         assert mean(explained[-10:]) > mean(explained[:10]) + 0.1, explained
         assert mean(score[-10:]) > mean(score[:10]) + 0.2, score
 

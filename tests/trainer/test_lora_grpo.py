@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from megarl.checks import load_config
-from tests.trainer.test_e2e import overrides, quickstart_inputs, scalars  # noqa: F401 (a fixture)
+from tests.trainer.test_e2e import quickstart_inputs  # noqa: F401 (a fixture)
+from tests.trainer.test_e2e import CURVE_STEPS, overrides, scalars, short_and_curve
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -23,15 +24,14 @@ LORA = ["actor_rollout_ref.model.lora.rank=16", "actor_rollout_ref.model.lora.al
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("steps", [pytest.param(4, id="4_steps"), pytest.param(120, id="120_steps",
-                                                                                  marks=pytest.mark.curve)])
+@pytest.mark.parametrize("steps", short_and_curve(4))
 def test_lora_grpo_learns_with_merged_syncs(quickstart_inputs, tmp_path, steps):  # noqa: F811
     """4 steps (make test): the fleet serves the merged weights after every sync and the adapters move
     the policy off the reference; 120 (make test-all): the adapters learn the task."""
     from megarl.train import run
 
     out = tmp_path / "run"
-    short = ["trainer.test_freq=-1", "trainer.val_before_train=false"] if steps < 120 else []
+    short = ["trainer.test_freq=-1", "trainer.val_before_train=false"] if steps < CURVE_STEPS else []
     cfg = load_config("quickstart", overrides(quickstart_inputs, out, "trainer.save_freq=-1",
                                               f"trainer.total_training_steps={steps}", *short, *LORA))
     history = run(cfg).pop("_history")
@@ -42,7 +42,7 @@ def test_lora_grpo_learns_with_merged_syncs(quickstart_inputs, tmp_path, steps):
     print(f"\nLoRA GRPO: validation {vals}; rollout/logprob_diff max {max(diffs):.1e}; kl_loss {kl[:4]}")
     assert len(diffs) == steps and max(diffs) < 1e-5, diffs  # merged syncs: the fleet serves W + alpha/r * B A exactly
     assert max(abs(v) for v in kl) > 0  # the reference is the model with its adapters off, and they moved it
-    if steps >= 120:
+    if steps == CURVE_STEPS:
         assert vals[-1] - vals[0] >= 0.3, f"validation accuracy {vals}"
 
 
