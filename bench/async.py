@@ -63,7 +63,7 @@ def run_mode(cfg, placement, fleet) -> dict[int, dict]:
     from megarl.data import build_train_loader
     from megarl.trainer.controller import RLTrainer, TrainingLoop
     from megarl.trainer.megatron_worker import MegatronWorker
-    from megarl.trainer.worker_group import WorkerGroup
+    from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
@@ -100,9 +100,9 @@ def main() -> None:
     from megarl.checks import load_config
     from megarl.data.prepare import prepare_arithmetic
     from megarl.rollout import RolloutFleet
-    from megarl.tools.tiny_model import make_tiny_model
-    from megarl.trainer.placement import ClusterPlacement, plan_from_config
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.cluster.placement import ClusterPlacement, plan_from_config
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     work = Path(tempfile.mkdtemp(prefix="megarl-bench-async-"))
     model = make_tiny_model("llama", "tiny", work / "model", seed=0)

@@ -72,7 +72,7 @@ def main() -> None:
     from megarl.engine import ActorSettings, BatchSettings, MegatronActor, OptimizerSettings
     from megarl.models import ParallelLayout, build_model
     from megarl.platform import init_distributed, initialize_model_parallel
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as directory:
         checkpoint = make_tiny_model(args.family, args.size, Path(directory) / "model", seed=0)

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python bench/lora.py [--model smollm2] [--rank 16] [--alpha 32]
 
 One process, one rank, fp32 on CPU. The same model (default SmolLM2-135M-Instruct from
-``megarl.tools.pretrained``; ``--model`` also takes an HF directory) is built as an actor twice:
+``megarl.devtools.pretrained``; ``--model`` also takes an HF directory) is built as an actor twice:
 full fine-tuning, and LoRA of ``--rank`` on every linear of every layer (``all-linear``). Each
 actor takes one real training step (so the optimizer state exists), then its bytes are counted
 from the engine's own tensors:
@@ -90,7 +90,7 @@ def measure(model: Path, lora) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2", help="a megarl.tools.pretrained name or an HF directory")
+    parser.add_argument("--model", default="smollm2", help="a megarl.devtools.pretrained name or an HF directory")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--alpha", type=float, default=32.0)
     args = parser.parse_args()
@@ -100,7 +100,7 @@ def main() -> None:
 
     model = Path(args.model)
     if not model.is_dir():
-        from megarl.tools.pretrained import pretrained_model
+        from megarl.devtools.pretrained import pretrained_model
 
         model = pretrained_model(args.model)
     torch.set_num_threads(1)

@@ -11,12 +11,12 @@ side: start-up (process start to the first step), the median step time and its p
 mean reward of the first and last ``--window`` steps (mean and spread over seeds), and the ratios
 megarl/TRL.
 
-Operating points: the quickstart task (``megarl.quickstart.prepare``'s format-warmed tiny model and
+Operating points: the quickstart task (``megarl.run.quickstart.prepare``'s format-warmed tiny model and
 arithmetic data under ``runs/bench/quickstart``; answers are one digit), 16 prompts x 8 samples, at
 most 8 response tokens (``--point short``) or exactly 128 (``--point long``: the samples are held to
 their full length, a step-time point), one optimizer step per batch (on-policy: megarl skips its old-log-prob
 pass), no KL, fp32, HF generation on the TRL side. ``--model smollm2`` runs the same on
-SmolLM2-135M-Instruct (``megarl.tools.pretrained``) with 4 prompts x 8 samples per step, what 2 CPU
+SmolLM2-135M-Instruct (``megarl.devtools.pretrained``) with 4 prompts x 8 samples per step, what 2 CPU
 cores take in tens of seconds a step; ``report`` groups the runs by model and point.
 
 TRL is installed into its own environment, ``bench/.venv-trl`` (created on first use: a venv whose
@@ -81,11 +81,11 @@ MAPPING = [
 
 def prepared(model: str = "tiny") -> dict[str, Path]:
     """The quickstart's arithmetic data, and its format-warmed tiny model or SmolLM2-135M-Instruct."""
-    from megarl.quickstart import prepare
+    from megarl.run.quickstart import prepare
 
     paths = dict(prepare(RUN_DIR))
     if model == "smollm2":
-        from megarl.tools.pretrained import pretrained_model
+        from megarl.devtools.pretrained import pretrained_model
 
         paths["model"] = Path(pretrained_model("smollm2"))
     return paths
@@ -102,7 +102,7 @@ def run_megarl(args) -> dict:
 
     logging.basicConfig(level=logging.WARNING)
     from megarl.checks import load_config
-    from megarl.train import run
+    from megarl.run.train import run
     from megarl.trainer.controller import RLTrainer
 
     paths = prepared(args.model)

@@ -24,7 +24,7 @@ CONFIGS = {"grpo_70b": "llama-3.1-70b", "grpo_moe_671b": "deepseek-v3"}
 
 def wall(args: list[str]) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "megarl.cli", *args], cwd=ROOT, capture_output=True, check=False)
+    subprocess.run([sys.executable, "-m", "megarl.run.cli", *args], cwd=ROOT, capture_output=True, check=False)
     return time.perf_counter() - start
 
 

@@ -7,7 +7,7 @@ The two backends megarl could serve a discriminative reward model with, on the s
 (``--batch`` sequences of 32..``--max-len`` tokens), fp32, one CPU thread each:
 
 * vLLM (``LLM(runner="pooling")``, ``classify`` with the raw head output), what
-  ``megarl.rewards.models`` runs;
+  ``megarl.rewards.reward_models`` runs;
 * the Megatron engine: the bridge builds the checkpoint as a value-head model (``role="critic"``,
   the head loaded from ``score.weight``) and the engine's forward-only micro-batched runner
   (``ModelRunner.infer``, micro-batches of ``--micro-batch``) reads the output at the last token.
@@ -91,7 +91,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     torch.set_num_threads(1)
 
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as directory:
         path = make_tiny_model(args.family, args.size, Path(directory) / "rm", seed=0, head="seq_cls")

@@ -96,10 +96,10 @@ def make_prompts(tokenizer, count: int) -> list[list[int]]:
 
 def model_path(name: str) -> Path:
     if name == "smollm2":
-        from megarl.tools.pretrained import pretrained_model
+        from megarl.devtools.pretrained import pretrained_model
 
         return Path(pretrained_model("smollm2"))
-    from megarl.quickstart import RUN_DIR, prepare
+    from megarl.run.quickstart import RUN_DIR, prepare
 
     return prepare(Path("runs/bench") / RUN_DIR.name)["model"]
 
@@ -108,7 +108,7 @@ def measure(args, model: Path, tokenizer, replicas: int, tokens: int) -> dict:
     from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
     from megarl.config.schema import RolloutConfig
     from megarl.rollout import RolloutFleet
-    from megarl.rollout.engine_config import llm_kwargs, replica_env, replica_spec
+    from megarl.rollout.vllm.engine_config import llm_kwargs, replica_env, replica_spec
     from megarl.rollout.sampling import request_seed, resolve_sampling
 
     prompts = make_prompts(tokenizer, args.prompts)
@@ -181,7 +181,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     model = model_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model)

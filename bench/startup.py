@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/startup.py [--steps 2] [--compare] [--json FILE] [override ...]
 
-Runs ``megarl.train.run`` on the quickstart config (model and data from ``megarl.quickstart.prepare``
+Runs ``megarl.run.train.run`` on the quickstart config (model and data from ``megarl.run.quickstart.prepare``
 under ``runs/bench/quickstart``; validation before training off, so the first step starts right
 after start-up) and times each start-up phase from outside: the driver's functions are wrapped, and
 the Ray timeline gives what ran inside the trainer ranks and the engine replicas. Prints one row per
@@ -76,8 +76,8 @@ def ray_phases(timeline_file: Path, offset: float) -> list[tuple[str, float, flo
 
 def undo_startup_cuts() -> None:
     """The ``before`` variant: ranks then fleet, one after the other; the engines' compiled helpers on."""
-    from megarl.rollout import engine_config
-    from megarl.trainer import startup
+    from megarl.rollout.vllm import engine_config
+    from megarl.cluster import startup
 
     def one_after_another(timings=None, **starters):
         results = {}
@@ -145,12 +145,12 @@ def main() -> None:
 
     logging.basicConfig(level=logging.WARNING)
     imports_start = time.perf_counter() - PROCESS_START
-    import megarl.train as train
+    import megarl.run.train as train
     from megarl.checks import load_config
-    from megarl.quickstart import prepare
+    from megarl.run.quickstart import prepare
 
     line = Timeline()
-    line.mark("import megarl.train", imports_start)
+    line.mark("import megarl.run.train", imports_start)
     inputs = prepare(RUN_DIR)
     timeline_file = Path(tempfile.mkdtemp(prefix="megarl_startup_")) / "ray_timeline.json"
     overrides = [f"data.train_files={inputs['data'] / 'train.parquet'}", f"data.val_files={inputs['data'] / 'test.parquet'}",
@@ -163,7 +163,8 @@ def main() -> None:
     line.mark("config (load, validate, preflight)", start)
 
     from megarl.rollout import fleet as fleet_module
-    from megarl.trainer import controller, placement, ray_cluster, worker_group
+    from megarl.cluster import placement, ray_cluster, worker_group
+    from megarl.trainer import controller
     from megarl.weight_sync import session
 
     line.wrap(ray_cluster, "init_ray", "Ray: init (local cluster)")

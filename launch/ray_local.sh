@@ -10,4 +10,4 @@ PYTHON=${MEGARL_PYTHON:-$REPO/.venv/bin/python}
 CONFIG=$1; shift
 cd "$REPO"
 source "$REPO/slurm/env.sh"
-exec "$PYTHON" -m megarl.train --config-name "$CONFIG" "$@"
+exec "$PYTHON" -m megarl.run.train --config-name "$CONFIG" "$@"

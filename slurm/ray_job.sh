@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a command on a Ray cluster that spans every node of the current Slurm allocation.
 #
-#   srun/sbatch context:  bash slurm/ray_job.sh python -m megarl.train --config-name grpo_70b ...
+#   srun/sbatch context:  bash slurm/ray_job.sh python -m megarl.run.train --config-name grpo_70b ...
 #
 # 1. starts the Ray head on the first node and a Ray worker on every other node (srun, one task
 #    per node, `ray start --block` so Slurm owns the processes);

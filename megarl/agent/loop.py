@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from megarl.agent.trajectory import Trajectory
-from megarl.algorithms.registry import Registry, UnknownNameError
+from megarl.config.registry import Registry, UnknownNameError
 from megarl.rollout.sampling import Sampling, turn_seed
 
 AGENT_LOOPS = Registry("agent loop", "actor_rollout_ref.rollout.agent.default_agent_loop (or the agent_name column)")

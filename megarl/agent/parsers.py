@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from megarl.algorithms.registry import Registry
+from megarl.config.registry import Registry
 
 TOOL_PARSERS = Registry("tool-call format", "actor_rollout_ref.rollout.multi_turn.format")
 

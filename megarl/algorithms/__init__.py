@@ -59,7 +59,7 @@ from megarl.algorithms.policy_losses import (
     get_policy_loss,
     register_policy_loss,
 )
-from megarl.algorithms.registry import Registry, UniformCall, UnknownNameError
+from megarl.config.registry import Registry, UniformCall, UnknownNameError
 from megarl.algorithms.rollout_correction import (
     ROLLOUT_IS,
     ROLLOUT_RS,

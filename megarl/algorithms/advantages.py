@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from megarl.algorithms.masked import masked_whiten
-from megarl.algorithms.registry import Registry, UniformCall
+from megarl.config.registry import Registry, UniformCall
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "algorithm.adv_estimator")
 

@@ -26,7 +26,7 @@ import torch
 
 from megarl.algorithms.aggregation import agg_loss
 from megarl.algorithms.masked import masked_mean
-from megarl.algorithms.registry import Registry
+from megarl.config.registry import Registry
 
 KL_PENALTIES = Registry("KL penalty", "algorithm.kl_penalty / actor_rollout_ref.actor.kl_loss_type")
 

@@ -30,7 +30,7 @@ import torch
 
 from megarl.algorithms.aggregation import agg_loss
 from megarl.algorithms.masked import masked_mean
-from megarl.algorithms.registry import Registry, UniformCall
+from megarl.config.registry import Registry, UniformCall
 
 POLICY_LOSSES = Registry("policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode")
 

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 
 from megarl.algorithms.masked import masked_mean, masked_sum
-from megarl.algorithms.registry import Registry
+from megarl.config.registry import Registry
 
 ROLLOUT_IS = Registry("rollout importance-sampling level", "algorithm.rollout_correction.rollout_is")
 ROLLOUT_RS = Registry("rollout rejection-sampling level", "algorithm.rollout_correction.rollout_rs")

@@ -9,7 +9,7 @@ imports none of them.
     cfg = load_config("grpo_math", overrides, config_path="config", preflight=True)  # + files, memory
 
 * ``rules.py``: cross-key rules of the typed config (values, combinations, batch arithmetic),
-  LoRA's (``lora.py``) and the engine's keys (``megarl.trainer.engine_keys``);
+  LoRA's (``lora.py``) and the engine's keys (``megarl.checks.engine_keys``);
 * ``preflight.py`` (``preflight=True``): what the run will read (model, checkpoints, data, reward
   function) and, on a GPU, its memory plan (``megarl.plan.check``).
 """

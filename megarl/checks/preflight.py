@@ -131,9 +131,9 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
 # ------------------------------------------------------------------ reward function
 def _reward_problems(cfg: DictConfig) -> list[Problem]:
     from megarl.rewards.custom import SAMPLE, RewardFunctionLoadError, load_reward_function
-    from megarl.rewards.managers import function_kwargs, manager_name
+    from megarl.rewards.manager_keys import function_kwargs, manager_name
 
-    from megarl.rewards.models.settings import reward_model_file_problems
+    from megarl.rewards.reward_models.settings import reward_model_file_problems
 
     key = "custom_reward_function.path"
     problems = reward_model_file_problems(cfg)  # reward_model.model.path, when a reward model is on
@@ -155,7 +155,7 @@ def _reward_problems(cfg: DictConfig) -> list[Problem]:
 
 def _context_problems(cfg: DictConfig, fn: Any) -> list[Problem]:
     """The reward-model arguments the function names must be ones this run's reward model gives."""
-    from megarl.rewards.models.settings import DISCRIMINATIVE, GENERATIVE, model_kind, read_hf_config
+    from megarl.rewards.reward_models.settings import DISCRIMINATIVE, GENERATIVE, model_kind, read_hf_config
 
     rm = cfg.reward_model
     if not rm.enable:

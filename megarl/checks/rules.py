@@ -38,7 +38,7 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
     _check_rewards(cfg, add)
     _check_trainer(cfg, add)
     from megarl.checks.lora import lora_problems
-    from megarl.trainer.engine_keys import engine_key_problems
+    from megarl.checks.engine_keys import engine_key_problems
 
     for problem in lora_problems(cfg):
         add(problem)
@@ -76,10 +76,10 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
 
 # ------------------------------------------------------------------ asynchronous training
 def _check_async(cfg, add) -> None:
-    """``async_training.*`` (``megarl.trainer.async_loop``): values, and the combinations that cannot work."""
+    """``async_training.*`` (``megarl.trainer.asynchronous.batches``): values, and the combinations that cannot work."""
     from megarl.config.schema import AsyncTrainingConfig
-    from megarl.trainer.async_loop import MODES
-    from megarl.trainer.staleness import STRATEGIES
+    from megarl.trainer.asynchronous.batches import MODES
+    from megarl.trainer.asynchronous.staleness import STRATEGIES
 
     a, p = cfg.async_training, "async_training"
     defaults = AsyncTrainingConfig()
@@ -146,7 +146,7 @@ def _check_async(cfg, add) -> None:
 
 # ------------------------------------------------------------------ layout and batch arithmetic
 def _check_layout_and_batches(cfg, add) -> None:
-    from megarl.trainer.placement import plan_from_config
+    from megarl.cluster.placement import plan_from_config
 
     d, a = cfg.data, cfg.algorithm
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
@@ -279,7 +279,7 @@ def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_s
 # ------------------------------------------------------------------ rollout and weight sync
 def _check_rollout(cfg, add) -> None:
     from megarl.algorithms import GROUP_ESTIMATORS
-    from megarl.rollout.engine_config import LOGPROBS_MODES, SCHEDULING_POLICIES, engine_kwargs_problems
+    from megarl.rollout.vllm.engine_config import LOGPROBS_MODES, SCHEDULING_POLICIES, engine_kwargs_problems
     from megarl.weight_sync.transport import TRANSPORTS
 
     a, rollout = cfg.algorithm, cfg.actor_rollout_ref.rollout
@@ -406,19 +406,19 @@ def _check_rollout_correction(cfg, add) -> None:
 # ------------------------------------------------------------------ rewards
 def _check_rewards(cfg, add) -> None:
     from megarl.rewards.manager import EXECUTORS, ON_ERROR_MODES
-    from megarl.rewards.managers import reward_manager_problems
+    from megarl.rewards.manager_keys import reward_manager_problems
     if cfg.reward.executor not in EXECUTORS:
         add(f"reward.executor={cfg.reward.executor!r}: use one of {EXECUTORS}.")
     if cfg.reward.num_workers < 1:
         add(f"reward.num_workers={cfg.reward.num_workers}: must be >= 1.")
     if cfg.reward.on_error not in ON_ERROR_MODES:
         add(f"reward.on_error={cfg.reward.on_error!r}: use one of {ON_ERROR_MODES}.")
-    from megarl.rewards.models.settings import reward_model_problems
+    from megarl.rewards.reward_models.settings import reward_model_problems
 
     for problem in reward_model_problems(cfg):  # reward_model.enable: a reward model or LLM judge
         add(problem)
     if cfg.reward_model.enable:
-        from megarl.trainer.placement import plan_from_config, reward_pool_from_config
+        from megarl.cluster.placement import plan_from_config, reward_pool_from_config
 
         try:
             plan_from_config(cfg)  # a colocated reward model's TP must fit the trainer's devices

@@ -390,7 +390,7 @@ class RewardEngineConfig:
 
 @dataclass
 class JudgeClientConfig:
-    """megarl: the judge client's requests (``megarl.rewards.models.judge``)."""
+    """megarl: the judge client's requests (``megarl.rewards.reward_models.judge``)."""
 
     timeout_s: float = 60.0  # one HTTP request
     max_retries: int = 3  # after the first try, on server errors (5xx), timeouts and lost connections
@@ -404,7 +404,7 @@ class RewardModelConfig:
     """verl's older spelling; ``reward.reward_manager.name``, ``reward.reward_kwargs`` and
     ``reward.reward_model.*`` (verl 2026, ``model_path`` for ``model.path``) set the same keys."""
 
-    enable: bool = False  # model-based rewards: a reward model or an LLM judge (megarl.rewards.models)
+    enable: bool = False  # model-based rewards: a reward model or an LLM judge (megarl.rewards.reward_models)
     enable_resource_pool: bool = False  # True: its own devices (nnodes x n_gpus_per_node); False: the trainer's
     n_gpus_per_node: int = 0
     nnodes: int = 0

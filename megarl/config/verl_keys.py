@@ -290,7 +290,7 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Parameters(("reward_model.sandbox_fusion.*", "sandbox_fusion.*", "reward.sandbox_fusion.*"), of="sandbox fusion"),
     Noted(("reward_model.launch_reward_fn_async",),
           "megarl scores in the controller after generation, in parallel with reward.num_workers"),
-    # ---------------------------------------------------------------- reward models (megarl.rewards.models)
+    # ---------------------------------------------------------------- reward models (megarl.rewards.reward_models)
     Renamed(("reward_model.micro_batch_size",), "reward_model.micro_batch_size_per_gpu"),
     Noted(("reward_model.use_dynamic_bsz", "reward_model.strategy"),
           "megarl serves reward models with vLLM, as verl's reward loop does: its engines batch the requests by "

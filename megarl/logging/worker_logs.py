@@ -57,7 +57,7 @@ def capture_worker_output(name: str) -> Path | None:
     Returns the file, or None when the variable is unset (then output is left where it is and
     INFO records are printed, as before). A captured worker also blocks SIGINT, for itself and
     the processes it starts: Ctrl-C in a terminal reaches the whole process group, and the driver
-    is the one that stops the run, engines and workers in order (``megarl.trainer.interrupts``).
+    is the one that stops the run, engines and workers in order (``megarl.run.interrupts``).
     Ray starts its workers with SIGINT unblocked, and vLLM's engine processes would shut
     themselves down on it mid-teardown.
     """

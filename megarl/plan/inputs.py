@@ -64,7 +64,7 @@ class RunInputs:
     layout: ParallelLayout
     cp: int
     trainer_world: int
-    placement: object  # megarl.trainer.placement.PlacementPlan
+    placement: object  # megarl.cluster.placement.PlacementPlan
     roles: tuple[RoleInputs, ...]
     offload: dict  # "<model>.<params|grads|optimizer>" -> on
     rollout: RolloutInputs
@@ -139,8 +139,8 @@ def run_inputs(cfg) -> RunInputs:
     from megarl.config.derived import critic_enabled
     from megarl.engine.settings import actor_settings, critic_settings, model_overrides, reference_settings
     from megarl.trainer.megatron_worker import layout_from_config, needs_reference
-    from megarl.trainer.offload_phases import offload_flags
-    from megarl.trainer.placement import plan_from_config
+    from megarl.engine.offload_phases import offload_flags
+    from megarl.cluster.placement import plan_from_config
 
     arr = cfg.actor_rollout_ref
     actor_model = _model(arr.model.path, "actor_rollout_ref.model.path")

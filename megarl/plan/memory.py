@@ -18,7 +18,7 @@ from megarl.plan.buffers import frozen_bytes, trained_bytes
 from megarl.plan.hardware import GB, Efficiency, Hardware
 from megarl.plan.inputs import RoleInputs, RunInputs
 from megarl.plan.rollout import EngineMemory, engine_memory
-from megarl.trainer.offload_phases import PHASES as NEEDS
+from megarl.engine.offload_phases import PHASES as NEEDS
 
 # (display name, offload phase of offload_phases.PHASES, role it runs)
 PHASES = (("generate", "rollout", None), ("log_prob", "log_prob", "actor"), ("ref", "ref", "ref"),

@@ -16,7 +16,7 @@ are accepted, told apart by the function's signature when it is loaded (so befor
 * ``lists``, two positional lists (responses, then ground truths), for functions written as
   ``compute_reward(responses, ground_truths)``; it returns one score per response.
 
-With a reward model or judge (``reward_model.enable``, ``megarl.rewards.models``) a function may
+With a reward model or judge (``reward_model.enable``, ``megarl.rewards.reward_models``) a function may
 also take, by name: ``reward_router_address`` (``host:port`` of the model's OpenAI-compatible
 HTTP server) and ``reward_model_tokenizer`` (its tokenizer), as verl passes them (a ``**kwargs``
 takes them too); ``judge`` (megarl's ``JudgeClient``); ``rm_score`` (a discriminative reward

@@ -16,7 +16,7 @@ result does not depend on the number of workers.
 A batch-form function (see :mod:`megarl.rewards.custom`) is called once with the whole batch,
 in the calling process. An ``async def`` function's calls are awaited concurrently, per chunk.
 
-With a reward model or LLM judge (``model_reward``, a ``megarl.rewards.models.RewardModelService``)
+With a reward model or LLM judge (``model_reward``, a ``megarl.rewards.reward_models.RewardModelService``)
 the pass runs while its engines are awake. A discriminative reward model's scores are the rewards
 when there is no custom function; a custom function receives them (``rm_score``) and the model's
 handles (``reward_router_address``, ``reward_model_tokenizer``, ``judge``) by name. A call that
@@ -31,7 +31,7 @@ and ``timeout`` (:mod:`megarl.rewards.rate_limit`); sync functions run in a thre
 Config keys read by :meth:`RewardManager.from_config`: ``custom_reward_function.*``
 (see :mod:`megarl.rewards.custom`), ``reward.num_workers`` [1], ``reward.executor``
 ["process"], ``reward.on_error`` ["zero"], ``reward_model.reward_manager`` ["naive"] and the
-dapo manager's ``reward_kwargs`` (see :mod:`megarl.rewards.managers`).
+dapo manager's ``reward_kwargs`` (see :mod:`megarl.rewards.manager_keys`).
 """
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from megarl.rewards.custom import SAMPLE, _get, form_of, load_reward_function
-from megarl.rewards.managers import OverlongPenalty, canonical_manager, function_kwargs, manager_name, overlong_penalty
-from megarl.rewards.models.judge import JudgeError
+from megarl.rewards.manager_keys import OverlongPenalty, canonical_manager, function_kwargs, manager_name, overlong_penalty
+from megarl.rewards.reward_models.judge import JudgeError
 from megarl.rewards.rate_limit import CallTimedOut, LimitSettings, RateLimits
 from megarl.rewards.registry import default_compute_score
 
@@ -275,7 +275,7 @@ class RewardManager:
               extra_infos: Sequence[Any] | None = None, response_lengths: Sequence[int] | None = None,
               model_inputs: Any = None) -> RewardResult:
         """Score parallel lists (one entry per response); ``response_lengths`` (tokens) for the overlong
-        penalty; ``model_inputs`` (``megarl.rewards.models.ResponsesToScore``) for a reward model."""
+        penalty; ``model_inputs`` (``megarl.rewards.reward_models.ResponsesToScore``) for a reward model."""
         n = len(solution_strs)
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * n
         if not (len(data_sources) == len(ground_truths) == len(extra_infos) == n):

@@ -2,7 +2,7 @@
 
 ``RolloutFleet`` generates n samples per prompt with per-token rollout log-probs, scores given
 tokens (``compute_log_probs``), serves the weights the sync gives it (``megarl.weight_sync``) and
-sleeps/wakes the engines in colocated GPU mode. Start Ray first with ``megarl.trainer.ray_cluster.init_ray``.
+sleeps/wakes the engines in colocated GPU mode. Start Ray first with ``megarl.cluster.ray_cluster.init_ray``.
 """
 from megarl.rollout.client import GenerateClient
 from megarl.rollout.fleet import RolloutFleet, split_evenly

@@ -8,7 +8,7 @@
     generation = await client.generate(prompt_ids, sampling, seed)
     fleet.shutdown()
 
-Placement: the trainer passes ``slots`` (``megarl.trainer.placement``): replica ``i`` starts in
+Placement: the trainer passes ``slots`` (``megarl.cluster.placement``): replica ``i`` starts in
 the bundle of its first device slot, and on GPU it makes exactly its slots' GPUs visible to vLLM,
 whose "mp" executor runs the TP workers on them (see engine_config); a replica whose TP covers
 whole nodes runs them with vLLM's Ray executor in its slots' bundles. Standalone (no slots), the
@@ -33,8 +33,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from megarl.rollout.client import GenerateClient
-from megarl.rollout.engine_config import ReplicaSpec, replica_env, replica_spec
-from megarl.rollout.replica import EngineReplica
+from megarl.rollout.vllm.engine_config import ReplicaSpec, replica_env, replica_spec
+from megarl.rollout.vllm.replica import EngineReplica
 from megarl.rollout.sample import RolloutSample
 from megarl.rollout.sampling import Sampling, request_seed, resolve_sampling
 
@@ -60,7 +60,7 @@ class RolloutFleet:
     and to 1 on CPU. ``use_gpu`` defaults to "the Ray cluster has GPUs". ``cpus_per_replica`` (default:
     TP on CPU, 1 on GPU) is the bundle's CPU count; on CPU it is also the engine's thread count.
     ``cpu_kv_cache_gib`` sizes the KV cache on CPU, where ``gpu_memory_utilization`` would be a
-    fraction of host RAM. Ray must be initialised first (``megarl.trainer.ray_cluster.init_ray``).
+    fraction of host RAM. Ray must be initialised first (``megarl.cluster.ray_cluster.init_ray``).
     """
 
     def __init__(self, config: Any, model_path: str, *, num_replicas: int | None = None,
@@ -72,7 +72,7 @@ class RolloutFleet:
         import ray
 
         if not ray.is_initialized():
-            raise RuntimeError("Ray is not initialised: call megarl.trainer.ray_cluster.init_ray() first")
+            raise RuntimeError("Ray is not initialised: call megarl.cluster.ray_cluster.init_ray() first")
         self.config = config
         resources = ray.cluster_resources()
         self.use_gpu = resources.get("GPU", 0) > 0 if use_gpu is None else use_gpu

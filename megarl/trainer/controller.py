@@ -6,7 +6,7 @@ One step (``RLTrainer.train_step``):
   2. rollout: ``rollout.n`` trajectories per prompt through the agent seam (``megarl.agent``): each
      sample's agent loop (single-turn, or multi-turn with tools) generates on the vLLM fleet;
   3. reward: rule or custom functions score the decoded responses, with a reward model or an LLM
-     judge when ``reward_model.enable`` (``megarl.rewards.models``; its engines wake for the pass);
+     judge when ``reward_model.enable`` (``megarl.rewards.reward_models``; its engines wake for the pass);
   4. the Megatron workers compute old log-probs, reference log-probs and values;
   5. advantages: KL-in-reward if enabled, then the registered estimator;
   6. update: critic, then actor (after ``trainer.critic_warmup`` steps);
@@ -51,12 +51,12 @@ from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_m
 from megarl.config.derived import critic_enabled, devices_for, old_log_prob_pass
 from megarl.logging.console import say
 from megarl.rewards import RewardManager, scores_to_token_level
-from megarl.rewards.models import ResponsesToScore
+from megarl.rewards.reward_models import ResponsesToScore
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
 from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metrics, timing_metrics
 from megarl.trainer.off_policy import correct, staleness_metrics
-from megarl.trainer.offload_phases import offload_flags
+from megarl.engine.offload_phases import offload_flags
 from megarl.trainer.rollout_batch import PROMPT_COLUMNS, StepData, build_step_data, concat_step_data, reward_extra_info
 from megarl.trainer.rollout_memory import RolloutMemory
 
@@ -68,7 +68,7 @@ class RLTrainer:
                  metrics_logger=None, rollout=None, reward_model=None):
         from megarl.agent import AgentRollout, build_agent_context
         from megarl.algorithms import RolloutCorrection
-        from megarl.trainer.async_loop import AsyncBatches, AsyncSettings
+        from megarl.trainer.asynchronous.batches import AsyncBatches, AsyncSettings
 
         self.cfg, self.workers, self.fleet, self.weight_sync = cfg, workers, fleet, weight_sync
         self.rollout = rollout or AgentRollout(build_agent_context(cfg, tokenizer), fleet, cfg.actor_rollout_ref.rollout)
@@ -404,7 +404,7 @@ class TrainingLoop:
     """
 
     def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str, summary=None, samples=None):
-        from megarl.trainer.run_summary import RunSummary
+        from megarl.run.summary import RunSummary
 
         self.trainer, self.metrics_logger, self.root = trainer, metrics_logger, checkpoint_root
         self.summary = summary if summary is not None else RunSummary(trainer.total_steps)

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from megarl.trainer.offload_phases import PHASES, offload_flags, rank_residency
-from megarl.trainer.worker_group import DistributedWorker
+from megarl.engine.offload_phases import PHASES, offload_flags, rank_residency
+from megarl.cluster.worker_group import DistributedWorker
 
 
 def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayout":  # noqa: F821

@@ -8,7 +8,7 @@ Same interface as ``WeightSyncSession`` (``version``, ``sync()`` -> metrics, ``r
 1. the trainer ranks gather the adapter in PEFT format to rank 0 (the fused q/k/v and gate/up
    adapters split back per projection, ``megarl.models.lora.peft``);
 2. it goes once into Ray's object store; every replica writes it to its own directory and swaps
-   its ``LoRARequest`` (``megarl.rollout.adapters``), refusing to generate until that is done.
+   its ``LoRARequest`` (``megarl.rollout.vllm.adapters``), refusing to generate until that is done.
 
 The adapter is a small fraction of the weights (``weight_sync/bytes_sent``: adapter bytes x
 replicas), so it travels as one object instead of through the sharded transport.

@@ -47,7 +47,7 @@ def test_agent_name_column_picks_the_loop_and_tool_rows_render_their_schemas(tmp
     from megarl.agent.rollout import LoopSet, build_agent_context, default_loop_name, tool_schemas_for
     from megarl.data import build_dataset
     from megarl.data.rows import DataFormatError
-    from megarl.tools.tiny_tokenizer import build_tokenizer
+    from megarl.devtools.tiny_tokenizer import build_tokenizer
 
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - class_name: calculator\n")

@@ -21,7 +21,7 @@ from tests.agent.fakes import (QUESTION, EchoTool, HangingTool, HugeTool, Raisin
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from megarl.tools.tiny_tokenizer import build_tokenizer
+    from megarl.devtools.tiny_tokenizer import build_tokenizer
 
     return build_tokenizer("qwen3")
 
@@ -186,7 +186,7 @@ QWEN3_STYLE = (  # drops the reasoning of earlier assistant turns, as Qwen3's te
 
 
 def test_drift_with_a_template_that_strips_think_from_history(tokenizer, caplog):
-    from megarl.tools.tiny_tokenizer import build_tokenizer
+    from megarl.devtools.tiny_tokenizer import build_tokenizer
 
     qwen3 = build_tokenizer("qwen3")
     qwen3.chat_template = QWEN3_STYLE

@@ -45,8 +45,8 @@ def test_a_verl_multi_turn_gsm8k_config_runs(tmp_path):
     data (agent_name=tool_agent, the ground truth in tools_kwargs), verl's keys and an old
     spelling. One step on the random tiny model; ``create`` fails without the tools_kwargs, so a
     finished run shows they arrived."""
-    from megarl.tools.tiny_model import make_tiny_model
-    from megarl.train import run
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.run.train import run
 
     files = tool_tasks.gsm8k_data(tmp_path / "data", num_train=8, num_test=4)
     model = make_tiny_model("qwen3", "tiny", tmp_path / "model", seed=0)
@@ -74,8 +74,8 @@ def test_a_tool_only_task_is_learned_and_the_gain_is_the_tools(tmp_path):
     near chance, so the gain is the tool's. Its rollouts call the tool every time, so the run also
     checks that every turn's tokens reach the trainer where the engine sampled them and that only
     the model's tokens count."""
-    from megarl.tools.chat_warmup import warmup_on_conversations
-    from megarl.train import run
+    from megarl.devtools.chat_warmup import warmup_on_conversations
+    from megarl.run.train import run
 
     files = tool_tasks.lookup_files(tmp_path / "data")
     model = warmup_on_conversations(tool_tasks.tiny_tool_model(tmp_path / "random"), tmp_path / "model",

@@ -71,7 +71,7 @@ def tiny_tool_model(out: Path, size: str = "tiny") -> Path:
     """A tiny Qwen3 model, its chat template without the tool schemas (``PLAIN_CHATML``)."""
     from transformers import AutoTokenizer
 
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     path = make_tiny_model("qwen3", size, out, seed=0, overwrite=True)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from megarl.checks import ConfigError, load_config
-from megarl.trainer.async_loop import AsyncSettings
-from megarl.trainer.placement import plan_from_config
+from megarl.trainer.asynchronous.batches import AsyncSettings
+from megarl.cluster.placement import plan_from_config
 
 VALID = ["data.train_files=/d/train.parquet", "actor_rollout_ref.model.path=/m", "algorithm.adv_estimator=grpo",
          "trainer.n_gpus_per_node=2", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",

@@ -185,7 +185,7 @@ def test_main_ppo_and_config_show_run_the_same_checks(tmp_path):
     model = write_model_config(tmp_path / "model")
     data = write_prompts(tmp_path / "train.parquet", rows=8, data_source="megarl/arithmetic")
     good = [f"data.train_files={data}", f"actor_rollout_ref.model.path={model}", *VALID[2:]]
-    show = subprocess.run([sys.executable, "-m", "megarl.cli", "config", "show", *good, "trainer.logger=console"],
+    show = subprocess.run([sys.executable, "-m", "megarl.run.cli", "config", "show", *good, "trainer.logger=console"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=180)
     assert show.returncode == 0, show.stderr
     assert "project_name: megarl" in show.stdout

@@ -168,7 +168,7 @@ def test_cli_config_show_prints_resolved_yaml_and_errors(tmp_path):
     model = write_model_config(tmp_path / "model")
     data = write_prompts(tmp_path / "train.parquet", rows=16, data_source="megarl/arithmetic")
     files = [f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={model}"]
-    cmd = [sys.executable, "-m", "megarl.cli", "config", "show", "quickstart", "actor_rollout_ref.rollout.n=4", *files]
+    cmd = [sys.executable, "-m", "megarl.run.cli", "config", "show", "quickstart", "actor_rollout_ref.rollout.n=4", *files]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "'n': 4" in out.stdout and "prompt_length: 48" in out.stdout

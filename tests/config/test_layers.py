@@ -12,7 +12,7 @@ from pathlib import Path
 import megarl
 
 ROOT = Path(megarl.__file__).parent
-COMPONENTS = ("agent", "algorithms", "config", "data", "engine", "logging", "models", "platform", "rewards",
+COMPONENTS = ("agent", "algorithms", "cluster", "config", "data", "engine", "logging", "models", "platform", "rewards",
               "rollout", "trainer", "weight_sync")
 
 
@@ -61,5 +61,5 @@ def test_no_component_imports_the_launch_checks():
 def test_the_reader_finds_lazy_imports(tmp_path):
     """The check must see an import inside a function, where the upward ones used to hide."""
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from megarl.trainer.placement import plan_from_config\n")
-    assert "megarl.trainer.placement" in imported_modules(source)
+    source.write_text("def f():\n    from megarl.cluster.placement import plan_from_config\n")
+    assert "megarl.cluster.placement" in imported_modules(source)

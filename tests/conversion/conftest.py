@@ -37,7 +37,7 @@ def assert_ok(done: subprocess.CompletedProcess) -> None:
 def tiny_models(tmp_path_factory) -> Path:
     """llama, qwen3, qwen3_moe, mixtral and deepseek_v3 tiny checkpoints (noisy norms/biases; DeepSeek-V3
     with a random router bias and an MTP layer)."""
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("tiny_models")
     for family in ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3"):

@@ -3,7 +3,7 @@ import pytest
 
 
 def test_megarl_convert_dispatches_to_the_conversion_cli(capsys):
-    from megarl.cli import main
+    from megarl.run.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["convert", "--help"])

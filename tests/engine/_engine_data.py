@@ -29,7 +29,7 @@ def make_checkpoints(root: Path) -> None:
     """Write the tiny HF checkpoints the engine tests use."""
     from transformers import AutoModelForTokenClassification
 
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     make_tiny_model("qwen2", "tiny", root / DENSE, seed=0, tie_word_embeddings=True)
     make_tiny_model("qwen2", "small", root / DENSE_SMALL, seed=0, tie_word_embeddings=True)

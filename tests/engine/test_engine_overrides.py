@@ -33,7 +33,7 @@ def problems(*overrides, model="/nonexistent") -> str:
 
 @pytest.fixture(scope="module")
 def four_layers(tmp_path_factory):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     return make_tiny_model("qwen2", "small", tmp_path_factory.mktemp("m") / "small", seed=0)  # 4 layers
 

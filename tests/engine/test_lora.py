@@ -28,7 +28,7 @@ SCALE = _worker.KAIMING_B.scale
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     work = tmp_path_factory.mktemp("lora")
     for family in (_worker.LLAMA, _worker.MOE, _worker.MLA):

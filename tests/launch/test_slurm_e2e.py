@@ -52,7 +52,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def tiny_inputs(tmp_path_factory):
     from megarl.data.prepare import prepare_arithmetic
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("slurm_job")
     model = make_tiny_model("llama", "tiny", root / "model", seed=0)

@@ -60,7 +60,7 @@ def with_rope(checkpoint: Path, rope_parameters: dict) -> Path:
 
 def build_zoo(root: Path) -> Path:
     """Write every checkpoint and reference.pt under ``root`` (see the module docstring)."""
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     for family in FAMILIES:
         make_tiny_model(family, "tiny", root / family, seed=0)

@@ -56,7 +56,7 @@ def make_fp8_checkpoint(root: Path, seed: int = 0) -> dict[str, torch.Tensor]:
     """Write root/fp8 and root/dequant (see the module docstring); return the reference tensors."""
     from transformers import AutoModelForCausalLM
 
-    from megarl.tools.tiny_model import build_config, build_tokenizer
+    from megarl.devtools.tiny_model import build_config, build_tokenizer
 
     tokenizer = build_tokenizer("llama", 512)
     config = build_config("llama", "tiny", special_token_ids={"bos": tokenizer.bos_token_id,

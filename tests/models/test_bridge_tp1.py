@@ -142,7 +142,7 @@ def test_critic_from_causal_lm_checkpoint_initialises_its_value_head(world, mode
 
 def test_build_from_a_config_initialises_randomly(world):
     from megarl.models import param_shards
-    from megarl.tools.tiny_model import build_config
+    from megarl.devtools.tiny_model import build_config
 
     config = build_config("qwen3_moe", "tiny")
     [model] = build_model(config, ParallelLayout())
@@ -255,7 +255,7 @@ def test_deepseek_variants_match_hugging_face(world, tmp_path, variant):
     kept whole (Moonlight: n_group = topk_group = 1, 6 of 64 experts): no group limit, any top-k."""
     from transformers import AutoModelForCausalLM
 
-    from megarl.tools.tiny_model import build_config
+    from megarl.devtools.tiny_model import build_config
 
     config = build_config("deepseek_v3", "tiny")
     if variant == "no_q_latent":

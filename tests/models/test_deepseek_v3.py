@@ -7,7 +7,7 @@ import pytest
 from megarl.models import ParallelLayout, model_dims, param_shards, rank_shards, vllm_splits
 from megarl.models.config import transformer_config_kwargs
 from megarl.models.families import family_for
-from megarl.tools.tiny_model import build_config
+from megarl.devtools.tiny_model import build_config
 from tests.models.test_shards import _box, check_layout_exact, deepseek_v3
 
 P = "model.layers.1.self_attn."

@@ -201,7 +201,7 @@ def test_loader_refuses_other_quantisations_before_reading(world, checkpoints, t
 
 def test_training_from_an_fp8_model_path_is_refused_before_any_process_starts(checkpoints):
     from megarl.checks import load_config
-    from megarl.train import run
+    from megarl.run.train import run
 
     root, _ = checkpoints
     cfg = load_config(None, ["data.train_files=unused.parquet", f"actor_rollout_ref.model.path={root / 'fp8'}",

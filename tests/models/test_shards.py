@@ -16,7 +16,7 @@ from transformers import LlamaConfig, MixtralConfig
 from megarl.models.published import published_config_dir
 from megarl.models import (FAMILIES, ParallelLayout, family_for, hf_tensor_shapes, load_hf_config, model_dims, param_shards,
                            rank_shards)
-from megarl.tools.tiny_model import build_config
+from megarl.devtools.tiny_model import build_config
 
 
 def _box(slices):

@@ -132,10 +132,10 @@ def test_validation_refuses_an_impossible_run_on_a_gpu_machine(monkeypatch):
 
 
 def test_the_command_prints_json_and_exits_by_fit(capsys):
-    from megarl.plan.command import main
+    from megarl.run.plan_command import main
 
     model = f"actor_rollout_ref.model.path={FIXTURES / 'llama-3.1-70b'}"
-    done = subprocess.run([sys.executable, "-m", "megarl.cli", "plan", "configs/grpo_70b.yaml", model, "--gpu", "h200",
+    done = subprocess.run([sys.executable, "-m", "megarl.run.cli", "plan", "configs/grpo_70b.yaml", model, "--gpu", "h200",
                            "--mfu", "0.4", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)

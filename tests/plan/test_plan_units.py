@@ -96,7 +96,7 @@ def test_a_model_path_that_is_not_here_plans_with_the_published_config(capsys):
     """The packaged configs name /models/... paths; on a machine without them the plan reads the
     published config.json of the model they name, and says so; an unknown model is an error."""
     from megarl.models.published import match_published
-    from megarl.plan.command import main
+    from megarl.run.plan_command import main
 
     assert match_published("/models/Llama-3.1-70B-Instruct").name == "llama-3.1-70b"
     assert match_published("deepseek-ai/DeepSeek-V3").name == "deepseek-v3"

@@ -27,7 +27,7 @@ FIXTURES = PUBLISHED
 
 @pytest.fixture(scope="module")
 def counts(tmp_path_factory):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     work = tmp_path_factory.mktemp("plan_engine")
     make_tiny_model("llama", "tiny", work / "llama_tied", seed=0, tie_word_embeddings=True)

@@ -216,7 +216,7 @@ def scenario_mla():
     which dynamo can trace only if torch.cuda.synchronize is a function of its own on CPU.
     """
     from megarl.models import ParallelLayout, build_model
-    from megarl.tools.tiny_model import build_config
+    from megarl.devtools.tiny_model import build_config
 
     _reset_parallel()
     config = build_config("deepseek_v3", "tiny")

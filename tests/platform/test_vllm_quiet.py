@@ -5,7 +5,7 @@ weight sync of ``tests/trainer/test_console_run.py``, which checks the message i
 replica's log."""
 import logging
 
-from megarl.platform.vllm_compat import ROTARY_RELOAD_MESSAGE, RotaryCacheReloadFilter
+from megarl.rollout.vllm.compat import ROTARY_RELOAD_MESSAGE, RotaryCacheReloadFilter
 
 
 def record(msg: str, *args) -> logging.LogRecord:

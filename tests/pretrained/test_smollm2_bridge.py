@@ -111,7 +111,7 @@ def test_training_at_tp2_is_refused_before_any_process_starts(smollm2):
     import ray
 
     from megarl.checks import load_config
-    from megarl.train import run
+    from megarl.run.train import run
 
     cfg = load_config(None, ["data.train_files=unused.parquet", f"actor_rollout_ref.model.path={smollm2}",
                              "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "trainer.n_gpus_per_node=2",

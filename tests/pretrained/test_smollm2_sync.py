@@ -72,8 +72,8 @@ def train_one_step(workers, prompt_ids, pad_token_id):
 def measured(smollm2, tmp_path_factory):
     from megarl.rollout import RolloutFleet
     from megarl.trainer.megatron_worker import MegatronWorker
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
-    from megarl.trainer.worker_group import WorkerGroup
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
+    from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
     from megarl.trainer.sync_verify import verify_sync
 

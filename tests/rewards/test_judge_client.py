@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 
 from megarl.rewards import RewardManager, RewardFunction
-from megarl.rewards.models import JudgeClient, JudgeError, JudgeRequestError, JudgeSettings, parse_score
-from megarl.rewards.models.router import ReplicaRouter
-from megarl.rewards.models.service import ModelScores
+from megarl.rewards.reward_models import JudgeClient, JudgeError, JudgeRequestError, JudgeSettings, parse_score
+from megarl.rewards.reward_models.router import ReplicaRouter
+from megarl.rewards.reward_models.service import ModelScores
 from megarl.rewards.rate_limit import LimitSettings
 
 
@@ -219,7 +219,7 @@ class FakeReward:
 
 JUDGED = textwrap.dedent('''
     import time
-    from megarl.rewards.models import JudgeError, parse_score
+    from megarl.rewards.reward_models import JudgeError, parse_score
 
     async def judged(data_source, solution_str, ground_truth, extra_info, judge):
         (answer,) = await judge.agenerate([[{"role": "user", "content": solution_str}]])
@@ -273,7 +273,7 @@ def test_the_rate_limited_manager_bounds_calls_and_times_them_out(judged):
 
 
 def test_a_discriminative_reward_model_is_the_reward_or_reaches_the_function(judged):
-    from megarl.rewards.models import ResponsesToScore
+    from megarl.rewards.reward_models import ResponsesToScore
 
     inputs = ResponsesToScore([[1]] * 3, [[2]] * 3, [[{"role": "user", "content": "q"}]] * 3, ["a", "b", "c"])
     model = FakeReward(scores=[0.5, -0.25, 2.0])

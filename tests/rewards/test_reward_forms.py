@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from megarl.rewards import RewardFunction, RewardFunctionError, RewardManager
-from megarl.rewards.managers import OverlongPenalty, overlong_penalty
+from megarl.rewards.manager_keys import OverlongPenalty, overlong_penalty
 
 FORMS = textwrap.dedent('''
     import asyncio

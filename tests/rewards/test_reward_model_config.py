@@ -9,7 +9,7 @@ import pytest
 
 from megarl.checks import ConfigError, load_config
 from megarl.rewards.custom import RewardFunction
-from megarl.trainer.placement import plan_from_config, plan_placement, plan_reward_pool, reward_pool_from_config, \
+from megarl.cluster.placement import plan_from_config, plan_placement, plan_reward_pool, reward_pool_from_config, \
     with_colocated_reward_model
 from tests.config._fixtures import write_model_config, write_prompts
 
@@ -21,7 +21,7 @@ BATCH = ["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=2", "data.trai
 
 @pytest.fixture()
 def files(tmp_path):
-    from megarl.tools.tiny_model import build_tokenizer
+    from megarl.devtools.tiny_model import build_tokenizer
 
     policy = write_model_config(tmp_path / "policy")
     rm = write_model_config(tmp_path / "rm", "Qwen2ForSequenceClassification", num_labels=1)

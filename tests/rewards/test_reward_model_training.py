@@ -22,7 +22,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from megarl.checks import load_config
-from megarl.quickstart import prepare
+from megarl.run.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -45,7 +45,7 @@ def train_parity_reward_model(policy: Path, train_file: Path, out: Path, steps: 
     import pyarrow.parquet as pq
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     make_tiny_model("llama", "tiny", out, seed=5, head="seq_cls")  # the quickstart policy's family and tokenizer
     tokenizer = AutoTokenizer.from_pretrained(policy)
@@ -95,7 +95,7 @@ PARITY = textwrap.dedent('''
 
 @pytest.mark.timeout(1200)
 def test_grpo_raises_what_a_trained_reward_model_prefers(inputs, tmp_path):
-    from megarl.train import run
+    from megarl.run.train import run
 
     rm = train_parity_reward_model(inputs["model"], inputs["data"] / "train.parquet", tmp_path / "rm")
     reward = tmp_path / "parity.py"
@@ -123,7 +123,7 @@ def test_grpo_raises_what_a_trained_reward_model_prefers(inputs, tmp_path):
 
 JUDGED = textwrap.dedent('''
     import json
-    from megarl.rewards.models import JudgeError, parse_score
+    from megarl.rewards.reward_models import JudgeError, parse_score
 
     async def judged(data_source, solution_str, ground_truth, extra_info, judge, reward_model_tokenizer, log_path):
         question = f"What is {solution_str.strip()} + 1? Answer with just the number."
@@ -144,7 +144,7 @@ JUDGED = textwrap.dedent('''
 def test_an_llm_judge_on_its_own_pool_scores_a_step(inputs, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from megarl.train import run
+    from megarl.run.train import run
 
     judge = inputs["model"]  # the warmed-up policy answers "What is a + 1?" with a digit: a (poor) judge
     reward, log = tmp_path / "judged.py", tmp_path / "judgements.jsonl"

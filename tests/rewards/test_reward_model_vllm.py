@@ -15,8 +15,8 @@ import torch
 
 from megarl.checks import load_config
 from megarl.rewards import RewardManager
-from megarl.rewards.models import ResponsesToScore
-from megarl.trainer import ray_cluster
+from megarl.rewards.reward_models import ResponsesToScore
+from megarl.cluster import ray_cluster
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -25,7 +25,7 @@ TOLERANCE = 1e-4  # fp32 engine vs fp32 transformers
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("reward_model")
     return {"rm": make_tiny_model("llama", "tiny", root / "rm", seed=3, head="seq_cls"),  # Llama-3 chat format
@@ -46,7 +46,7 @@ def cfg(models, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(cfg):
-    from megarl.trainer.startup import start_reward_model
+    from megarl.cluster.startup import start_reward_model
 
     os.environ["OMP_NUM_THREADS"] = "1"
     ray_cluster.init_ray(num_cpus=2)

@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from megarl.trainer.worker_group import DistributedWorker
+from megarl.cluster.worker_group import DistributedWorker
 
 
 class TensorSource(DistributedWorker):
@@ -58,7 +58,7 @@ class TensorSource(DistributedWorker):
 class WeightPusher:
     def __init__(self, fleet, model_dir, tensors: Mapping[str, torch.Tensor] | None = None):
         from megarl.models import hf_tensor_shapes
-        from megarl.trainer.worker_group import WorkerGroup
+        from megarl.cluster.worker_group import WorkerGroup
         from megarl.weight_sync.session import WeightSyncSession
 
         shapes = hf_tensor_shapes(str(model_dir))

@@ -13,7 +13,7 @@ import torch
 
 from megarl.config.schema import RolloutConfig
 from megarl.rollout import RolloutFleet, request_seed, resolve_sampling
-from megarl.trainer import ray_cluster
+from megarl.cluster import ray_cluster
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -23,7 +23,7 @@ TOLERANCE = 1e-4  # fp32 engine vs fp32 HF forward
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     return make_tiny_model("llama", "tiny", out_dir=tmp_path_factory.mktemp("rollout") / "llama", seed=0)
 
@@ -89,7 +89,7 @@ def test_local_cluster_is_private_and_joinable_by_address(fleet):
     assert ray.nodes()[0]["NodeManagerAddress"] == "127.0.0.1"
     assert ray_cluster._created_temp_dir and os.path.isdir(ray_cluster._created_temp_dir)
     address = ray.get_runtime_context().gcs_address
-    code = ("from megarl.trainer.ray_cluster import init_ray, shutdown_ray\n"
+    code = ("from megarl.cluster.ray_cluster import init_ray, shutdown_ray\n"
             f"print('CPUS', init_ray(address={address!r})['CPU']); shutdown_ray()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})

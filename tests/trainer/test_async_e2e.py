@@ -23,7 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from megarl.checks import load_config
-from megarl.quickstart import prepare
+from megarl.run.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -65,8 +65,8 @@ def config(inputs, out, *extra):
 def pools(inputs, tmp_path_factory):
     """Ray, the run's placement (1 trainer slot + 1 rollout slot) and the engine, for every run here."""
     from megarl.rollout import RolloutFleet
-    from megarl.trainer.placement import ClusterPlacement, plan_from_config
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.cluster.placement import ClusterPlacement, plan_from_config
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     cfg = config(inputs, tmp_path_factory.mktemp("unused"))
     init_ray(num_cpus=2)
@@ -87,7 +87,7 @@ def train(cfg, pools, record_batches: bool = False, record_correction: bool = Fa
     from megarl.data import build_dataset, build_train_loader
     from megarl.trainer.controller import RLTrainer, TrainingLoop
     from megarl.trainer.megatron_worker import MegatronWorker
-    from megarl.trainer.worker_group import WorkerGroup
+    from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
 
     placement, fleet = pools

@@ -88,7 +88,7 @@ class FakeSession:
 
 @pytest.fixture(scope="module")
 def cluster():
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     init_ray(num_cpus=2)
     yield
@@ -98,7 +98,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from megarl.checks import load_config
-    from megarl.tools.tiny_tokenizer import build_tokenizer
+    from megarl.devtools.tiny_tokenizer import build_tokenizer
     from tests.config._fixtures import write_prompts
 
     data = write_prompts(tmp_path_factory.mktemp("prompts") / "train.parquet", rows=200)
@@ -132,7 +132,7 @@ def test_admission_bounds_staleness_and_resume_neither_replays_nor_bursts(cluste
     from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
     from megarl.checks import load_config
     from megarl.data import build_train_loader
-    from megarl.trainer.async_loop import AsyncBatches, AsyncSettings
+    from megarl.trainer.asynchronous.batches import AsyncBatches, AsyncSettings
 
     tokenizer, data_file = setup
     cfg = load_config(None, [

@@ -43,14 +43,14 @@ TOTAL = 6
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     from megarl.data.prepare import prepare_arithmetic
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("console")
     model = make_tiny_model("llama", "tiny", root / "model", seed=0)
     prepare_arithmetic(root / "data", num_train=64, num_test=8, seed=0, max_operand=8, ops=["+"], second_operand=1)
     (root / "reward.py").write_text(BOXED_REWARD)
     (root / "tmp").mkdir()
-    command = [sys.executable, "-m", "megarl.train", "--config-name", "quickstart",
+    command = [sys.executable, "-m", "megarl.run.train", "--config-name", "quickstart",
                f"data.train_files={root / 'data' / 'train.parquet'}", f"data.val_files={root / 'data' / 'test.parquet'}",
                "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",

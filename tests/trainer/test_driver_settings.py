@@ -15,7 +15,7 @@ BASE = ["data.train_files=/d/train.parquet", "data.val_files=/d/val.parquet", "a
 def test_tokenizer_takes_data_trust_remote_code_and_the_custom_chat_template(monkeypatch):
     import transformers
 
-    from megarl.train import load_tokenizer
+    from megarl.run.train import load_tokenizer
 
     calls = []
 
@@ -35,7 +35,7 @@ def test_tokenizer_takes_data_trust_remote_code_and_the_custom_chat_template(mon
 def test_hub_ids_become_the_cache_snapshot_before_anything_starts(tmp_path, monkeypatch):
     import huggingface_hub.constants as hub
 
-    from megarl.train import local_model_paths
+    from megarl.run.train import local_model_paths
 
     snapshot = write_model_config(tmp_path / "hub" / "models--acme--m" / "snapshots" / ("1" * 40))
     (snapshot.parents[1] / "refs").mkdir()

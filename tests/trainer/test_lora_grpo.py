@@ -28,7 +28,7 @@ LORA = ["actor_rollout_ref.model.lora.rank=16", "actor_rollout_ref.model.lora.al
 def test_lora_grpo_learns_with_merged_syncs(quickstart_inputs, tmp_path, steps):  # noqa: F811
     """4 steps (make test): the fleet serves the merged weights after every sync and the adapters move
     the policy off the reference; 120 (make test-all): the adapters learn the task."""
-    from megarl.train import run
+    from megarl.run.train import run
 
     out = tmp_path / "run"
     short = ["trainer.test_freq=-1", "trainer.val_before_train=false"] if steps < CURVE_STEPS else []
@@ -48,9 +48,9 @@ def test_lora_grpo_learns_with_merged_syncs(quickstart_inputs, tmp_path, steps):
 
 @pytest.mark.timeout(900)
 def test_lora_grpo_with_adapter_only_updates(quickstart_inputs, tmp_path):  # noqa: F811
-    """verl's default ``lora.merge=False`` through ``megarl.train``: the fleet runs vLLM's LoRA and each
+    """verl's default ``lora.merge=False`` through ``megarl.run.train``: the fleet runs vLLM's LoRA and each
     step's sync sends only the adapter, which the fleet serves exactly (``rollout/logprob_diff``)."""
-    from megarl.train import run
+    from megarl.run.train import run
 
     out = tmp_path / "run"
     steps = 4

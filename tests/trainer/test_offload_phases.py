@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from megarl.checks import load_config
-from megarl.trainer.offload_phases import PHASES, offload_flags, rank_residency
+from megarl.engine.offload_phases import PHASES, offload_flags, rank_residency
 
 
 def engines():

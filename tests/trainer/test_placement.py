@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from megarl.checks import load_config
-from megarl.trainer.placement import ClusterPlacement, plan_from_config, plan_placement
+from megarl.cluster.placement import ClusterPlacement, plan_from_config, plan_placement
 from megarl.trainer.rollout_memory import RolloutMemory
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

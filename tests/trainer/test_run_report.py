@@ -15,11 +15,11 @@ import torch
 from omegaconf import OmegaConf
 
 from megarl.engine.batch import RLBatch
-from megarl.trainer.interrupts import (Interrupted, InterruptGuard, checkpoint_step, finished_run,
+from megarl.run.interrupts import (Interrupted, InterruptGuard, checkpoint_step, finished_run,
                                        interrupt_report)
 from megarl.trainer.rollout_batch import StepData
-from megarl.trainer.run_summary import RunSummary, places
-from megarl.trainer.samples import SampleReporter, dump_generations, first_samples
+from megarl.run.summary import RunSummary, places
+from megarl.run.samples import SampleReporter, dump_generations, first_samples
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,7 +106,7 @@ def test_first_signal_raises_in_the_main_thread():
 def test_second_signal_kills_the_processes_at_once(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, subprocess, sys, time
-        from megarl.trainer.interrupts import Interrupted, InterruptGuard
+        from megarl.run.interrupts import Interrupted, InterruptGuard
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         open({str(tmp_path / 'child')!r}, "w").write(str(child.pid))
         guard = InterruptGuard(on_kill=lambda: open({str(tmp_path / 'killed')!r}, "w").close()).install()
@@ -131,7 +131,7 @@ def test_second_signal_kills_the_processes_at_once(tmp_path):
 def test_what_the_interrupted_code_leaves_behind_stays_off_the_console(tmp_path):
     script = textwrap.dedent("""
         import os, signal
-        from megarl.trainer.interrupts import Interrupted, InterruptGuard
+        from megarl.run.interrupts import Interrupted, InterruptGuard
 
         class HalfBuilt:  # as asyncio's event loop, interrupted in __init__: its __del__ fails
             def __init__(self):

@@ -45,7 +45,7 @@ def test_start_checkpoints_follow_the_verl_keys():
 
 
 def test_a_checkpoint_of_another_model_is_refused_by_name(tmp_path):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     llama = make_tiny_model("llama", "tiny", tmp_path / "llama", seed=0)
     saved = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2}
@@ -93,10 +93,10 @@ def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_pa
 
     from megarl.engine import RLBatch
     from megarl.rollout import RolloutFleet
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
     from megarl.trainer.megatron_worker import MegatronWorker
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
-    from megarl.trainer.worker_group import WorkerGroup
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
+    from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
     from megarl.trainer.sync_verify import verify_sync
 

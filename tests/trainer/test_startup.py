@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from megarl.trainer.startup import start_together
+from megarl.cluster.startup import start_together
 
 
 class Started:

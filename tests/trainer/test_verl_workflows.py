@@ -81,7 +81,7 @@ WORKFLOW_2_YAML = textwrap.dedent('''
 def seed_project(tmp_path_factory):
     """A user's directory: seed-style parquet files (prompt + reward_model only), reward.py, config/."""
     from megarl.data.prepare import prepare_arithmetic
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("seed")
     model = make_tiny_model("llama", "tiny", root / "model", seed=0)
@@ -130,7 +130,7 @@ def test_both_workflows_pass_the_command_line_checks(seed_project, monkeypatch):
 def test_workflow_2_trains_two_steps_with_the_batch_reward_and_logs_samples(seed_project, monkeypatch, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from megarl.train import main
+    from megarl.run.train import main
 
     root, _ = seed_project
     monkeypatch.chdir(root)

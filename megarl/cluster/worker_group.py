@@ -8,7 +8,7 @@ Rank 0 reports its address and a free port; every actor then gets torchrun's var
 torch.distributed through ``megarl.platform`` (NCCL on GPU, gloo on CPU; ``dist_timeout_s``
 bounds its collectives, verl's ``actor_rollout_ref.nccl_timeout``), so code written for
 torchrun runs unchanged inside Ray. Actors are placed into a placement group's bundles, one
-rank per bundle (``megarl.trainer.placement``).
+rank per bundle (``megarl.cluster.placement``).
 """
 from __future__ import annotations
 

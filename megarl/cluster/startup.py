@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from megarl.rewards.models.service import RewardModelService
+    from megarl.rewards.reward_models.service import RewardModelService
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def start_together(timings: dict[str, float] | None = None, **starters: Callable
 def start_reward_model(cfg: Any, placement: Any, use_gpu: bool) -> tuple[RewardModelService | None, Any]:
     """The run's reward model (None without ``reward_model.enable``) and the placement of its own pool
     (None when colocated on the trainer's slots), both to close when the run ends."""
-    from megarl.rewards.models.service import RewardModelService
-    from megarl.trainer.placement import ClusterPlacement, reward_pool_from_config
+    from megarl.rewards.reward_models.service import RewardModelService
+    from megarl.cluster.placement import ClusterPlacement, reward_pool_from_config
 
     if not cfg.reward_model.enable:
         return None, None

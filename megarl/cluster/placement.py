@@ -16,7 +16,7 @@ placement group (``{"GPU": 1, "CPU": c}`` each, or ``{"CPU": c}`` without GPUs).
 * ``split``: the first ``world - trainer.rollout_gpus`` slots are the trainer's, the last
   ``trainer.rollout_gpus`` the fleet's, each with whole GPUs; nobody sleeps.
 
-A reward model or LLM judge (``reward_model.enable``, ``megarl.rewards.models``) runs on vLLM
+A reward model or LLM judge (``reward_model.enable``, ``megarl.rewards.reward_models``) runs on vLLM
 replicas too: on the trainer's slots (``reward_model.enable_resource_pool=False``, verl's colocated
 mode; its engines sleep outside the reward pass), or on a pool of its own
 (``reward_model.nnodes x reward_model.n_gpus_per_node`` devices, another placement group:

@@ -5,9 +5,9 @@
 calls, and a score parser), ``router`` (one address for several replicas). README: Rewards and
 custom reward functions -> Reward models and LLM judges.
 """
-from megarl.rewards.models.inputs import ResponsesToScore
-from megarl.rewards.models.judge import JudgeClient, JudgeError, JudgeRequestError, parse_score
-from megarl.rewards.models.settings import DISCRIMINATIVE, GENERATIVE, JudgeSettings
+from megarl.rewards.reward_models.inputs import ResponsesToScore
+from megarl.rewards.reward_models.judge import JudgeClient, JudgeError, JudgeRequestError, parse_score
+from megarl.rewards.reward_models.settings import DISCRIMINATIVE, GENERATIVE, JudgeSettings
 
 __all__ = ["DISCRIMINATIVE", "GENERATIVE", "JudgeClient", "JudgeError", "JudgeRequestError", "JudgeSettings",
            "ResponsesToScore", "parse_score"]

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from megarl.trainer.rollout_batch import StepData, concat_step_data
-from megarl.trainer.rollout_producer import RolloutProducer
-from megarl.trainer.sample_buffer import SampleBuffer
-from megarl.trainer.staleness import StalenessBound
+from megarl.trainer.asynchronous.producer import RolloutProducer
+from megarl.trainer.asynchronous.sample_buffer import SampleBuffer
+from megarl.trainer.asynchronous.staleness import StalenessBound
 
 MODES = ("sync", "one_step_off", "fully_async")
 

@@ -36,7 +36,7 @@ import weakref
 from collections import Counter
 from typing import Any, Sequence
 
-from megarl.rewards.models.settings import JudgeSettings
+from megarl.rewards.reward_models.settings import JudgeSettings
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The main job: ``python -m megarl.trainer.main_ppo`` (verl's entry point), ``megarl train`` or
-``python -m megarl.train``, all with verl's command line (``megarl.config.command_line``).
+``python -m megarl.run.train``, all with verl's command line (``megarl.config.command_line``).
 
 Order of events, each step logged:
   1. load and check the config and the files it names, reporting every problem at once (no
@@ -8,7 +8,7 @@ Order of events, each step logged:
   3. reserve the devices (one placement group per node, ``trainer/placement.py``), then start the
      Megatron workers (one Ray actor per rank) and the vLLM rollout fleet in them side by side
      (``trainer/startup.py``), the reward model or judge when one is configured
-     (``megarl.rewards.models``, on the trainer's devices or its own pool), and the agent loops'
+     (``megarl.rewards.reward_models``, on the trainer's devices or its own pool), and the agent loops'
      rollout seam on the fleet (tools are loaded and checked before any of it starts);
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
@@ -17,7 +17,7 @@ The console shows a few start-up lines, one line per step, validation and checkp
 summary (``megarl.logging.console``; ``--verbose`` shows everything); the workers' output goes
 to ``<trainer.default_local_dir>/logs/`` (``megarl.logging.worker_logs``). A run whose last
 step is checkpointed already says so before any process starts. Ctrl-C or SIGTERM stops the
-engines and workers and says how to resume (``megarl.trainer.interrupts``).
+engines and workers and says how to resume (``megarl.run.interrupts``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-logger = logging.getLogger("megarl.train")
+logger = logging.getLogger("megarl.run.train")
 
 
 def load_tokenizer(cfg):
@@ -118,18 +118,18 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.logging.console import adopt_library_loggers, console_state, say
     from megarl.logging.progress import Progress
     from megarl.logging.worker_logs import WorkerLogFollower, worker_log_env
-    from megarl.trainer.startup import start_reward_model
+    from megarl.cluster.startup import start_reward_model
     from megarl.rollout import RolloutFleet
-    from megarl.trainer import startup_lines
+    from megarl.run import startup_lines
     from megarl.trainer.controller import RLTrainer, TrainingLoop, total_training_steps
-    from megarl.trainer.interrupts import InterruptGuard, checkpoint_step, finished_run, latest_checkpoint_step
+    from megarl.run.interrupts import InterruptGuard, checkpoint_step, finished_run, latest_checkpoint_step
     from megarl.trainer.megatron_worker import MegatronWorker, initial_checkpoints
-    from megarl.trainer.placement import ClusterPlacement, plan_from_config, reward_pool_from_config
-    from megarl.trainer.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
-    from megarl.trainer.run_summary import RunSummary, places
-    from megarl.trainer.samples import SampleReporter
-    from megarl.trainer.startup import start_together
-    from megarl.trainer.worker_group import WorkerGroup
+    from megarl.cluster.placement import ClusterPlacement, plan_from_config, reward_pool_from_config
+    from megarl.cluster.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
+    from megarl.run.summary import RunSummary, places
+    from megarl.run.samples import SampleReporter
+    from megarl.cluster.startup import start_together
+    from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.adapter_updates import weight_updates
 
     adopt_library_loggers()  # Ray and transformers are imported by now
@@ -223,7 +223,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
         held_back = console_state().suppressed_line()
         say("%s", (held_back + "; " if held_back else "") + f"worker logs: {worker_logs}/")
         last = loop.run()
-        from megarl.trainer.plots import plot_reward_curve
+        from megarl.run.plots import plot_reward_curve
 
         plot = plot_reward_curve(trainer.history, log_dir / "reward_curve.png")
         follower.poll()
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     from megarl.config import to_yaml
     from megarl.config.command_line import USAGE, CommandLineError, parse_command_line
     from megarl.logging.console import say, set_level, setup_console
-    from megarl.trainer.interrupts import InterruptGuard, interrupt_report
+    from megarl.run.interrupts import InterruptGuard, interrupt_report
 
     setup_console("INFO")
     try:

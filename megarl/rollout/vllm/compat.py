@@ -51,7 +51,7 @@ def _cpu_moe_repack_on_reload() -> None:
         raise RuntimeError(
             "vllm_compat fix 'cpu_moe_repack_on_reload': UnquantizedFusedMoEMethod._setup_kernel or "
             "CPUUnquantizedExperts is gone in this vLLM version; check whether MoE weight reloads on CPU "
-            "still skip the expert prepack and update megarl/platform/vllm_compat.py")
+            "still skip the expert prepack and update megarl/rollout/vllm/compat.py")
     setup_kernel = method._setup_kernel
 
     @functools.wraps(setup_kernel)
@@ -76,7 +76,7 @@ def _cpu_tied_lm_head_repack_on_reload() -> None:
         raise RuntimeError(
             "vllm_compat fix 'cpu_tied_lm_head_repack_on_reload': reload.inplace.finalize_layerwise_reload or "
             "ParallelLMHead / UnquantizedEmbeddingMethod is gone in this vLLM version; check whether a reload on "
-            "CPU still leaves a tied LM head's prepacked weight stale and update megarl/platform/vllm_compat.py")
+            "CPU still leaves a tied LM head's prepacked weight stale and update megarl/rollout/vllm/compat.py")
 
     def tied_heads(model):
         embeddings = {m.weight.data_ptr() for m in model.modules()
@@ -112,7 +112,7 @@ def _quiet_rotary_cache_reload_warning() -> None:
         raise RuntimeError(
             "vllm_compat 'quiet_rotary_cache_reload_warning': vLLM's layerwise reload no longer logs "
             f"{ROTARY_RELOAD_MESSAGE!r} from finalize_layerwise_processing; check whether rotary embeddings still warn "
-            "on reload_weights and update megarl/platform/vllm_compat.py")
+            "on reload_weights and update megarl/rollout/vllm/compat.py")
     logging.getLogger(layerwise.__name__).addFilter(RotaryCacheReloadFilter())
 
 

@@ -21,7 +21,7 @@ import threading
 from typing import Any
 
 from megarl.trainer.rollout_batch import build_step_data
-from megarl.trainer.sample_buffer import SampleBuffer
+from megarl.trainer.asynchronous.sample_buffer import SampleBuffer
 
 logger = logging.getLogger(__name__)
 

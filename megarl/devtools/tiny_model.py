@@ -43,7 +43,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from megarl.tools.tiny_tokenizer import build_tokenizer
+from megarl.devtools.tiny_tokenizer import build_tokenizer
 
 __all__ = ["FAMILIES", "HEADS", "SIZES", "ModelSize", "make_tiny_model", "build_tokenizer", "build_config"]
 

@@ -8,7 +8,7 @@ every trajectory a request of its own) and vLLM's scheduler batches them continu
 core runs in a child process of the actor (vLLM's ``AsyncLLM`` always does); the TP workers, with
 megarl's worker extension, run in that process (TP=1) or in its children.
 
-A reward model's replica (``megarl.rewards.models``) runs vLLM's pooling runner instead and scores
+A reward model's replica (``megarl.rewards.reward_models``) runs vLLM's pooling runner instead and scores
 sequences (``classify``); reward-model and judge replicas also serve vLLM's OpenAI-compatible HTTP
 API on their engine (``serve_http``), which reward functions call.
 
@@ -29,7 +29,7 @@ import pickle
 import time
 from typing import Any, Sequence
 
-from megarl.rollout.engine_config import ReplicaSpec, llm_kwargs
+from megarl.rollout.vllm.engine_config import ReplicaSpec, llm_kwargs
 from megarl.rollout.gate import GenerationGate, Segment, generate_resumable
 from megarl.rollout.sample import Generation, RolloutSample
 from megarl.weight_sync.endpoints import ReceiverEndpoint
@@ -238,7 +238,7 @@ class EngineReplica:
         address as Ray knows it); return ``host:port``."""
         import ray
 
-        from megarl.rollout.http_server import serve_openai
+        from megarl.rollout.vllm.http_server import serve_openai
 
         if self.http is None:
             self.http = await serve_openai(self.engine, self.model_path, host or ray.util.get_node_ip_address())
@@ -253,7 +253,7 @@ class EngineReplica:
         previous one removed, and the prefix cache reset (its KV blocks were computed with the old
         adapter); the weights record is stale until that is done and names the failure if it fails.
         """
-        from megarl.rollout.adapters import AdapterStore
+        from megarl.rollout.vllm.adapters import AdapterStore
 
         if version <= self.weights.version:
             raise ValueError(f"replica {self.index}: adapter version {version} is not newer than the version it "

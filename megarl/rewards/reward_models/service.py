@@ -1,6 +1,6 @@
 """The run's reward model or LLM judge: vLLM replicas in their device slots, served over HTTP.
 
-    service, pool = start_reward_model(cfg, placement, use_gpu)  # megarl.trainer.startup, before training
+    service, pool = start_reward_model(cfg, placement, use_gpu)  # megarl.cluster.startup, before training
     manager = RewardManager.from_config(cfg, model_reward=service)
     with service.awake():                                        # the manager does this for a pass
         scores = service.score(ResponsesToScore(...))            # a discriminative model's scores
@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from megarl.rewards.models.inputs import ResponsesToScore, model_sequences
-from megarl.rewards.models.judge import JudgeClient
-from megarl.rewards.models.settings import DISCRIMINATIVE, GENERATIVE, settings_from_config
+from megarl.rewards.reward_models.inputs import ResponsesToScore, model_sequences
+from megarl.rewards.reward_models.judge import JudgeClient
+from megarl.rewards.reward_models.settings import DISCRIMINATIVE, GENERATIVE, settings_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class RewardModelService:
             backends = ray.get(self.fleet.call_async("serve_http"))
             self.address = backends[0]
             if len(backends) > 1:
-                from megarl.rewards.models.router import ReplicaRouter
+                from megarl.rewards.reward_models.router import ReplicaRouter
 
                 self.router = ray.remote(ReplicaRouter).options(num_cpus=0).remote(backends)
                 self.address = ray.get(self.router.start.remote(backends[0].rsplit(":", 1)[0]))

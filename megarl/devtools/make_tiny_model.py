@@ -1,8 +1,8 @@
 """Command line: write a tiny random-initialised Hugging Face checkpoint with its tokenizer.
 
-    python -m megarl.tools.make_tiny_model --family qwen3 --size small --out /tmp/qwen3-small
+    python -m megarl.devtools.make_tiny_model --family qwen3 --size small --out /tmp/qwen3-small
 
-No hub access is needed. See ``megarl.tools.tiny_model`` for what the checkpoint contains.
+No hub access is needed. See ``megarl.devtools.tiny_model`` for what the checkpoint contains.
 """
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from megarl.tools.tiny_model import FAMILIES, HEADS, SIZES, make_tiny_model, parameter_count
+from megarl.devtools.tiny_model import FAMILIES, HEADS, SIZES, make_tiny_model, parameter_count
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m megarl.tools.make_tiny_model",
+        prog="python -m megarl.devtools.make_tiny_model",
         description="Write a random-initialised HF checkpoint (safetensors, config, tokenizer).",
         epilog="families:\n"
         + "\n".join(f"  {name:10s} {family.description}" for name, family in FAMILIES.items())

@@ -1,6 +1,6 @@
 """``make quickstart``: a real GRPO run on CPU, from nothing but this repository.
 
-1. build a tiny Llama-style model and tokenizer locally (``megarl.tools.tiny_model``);
+1. build a tiny Llama-style model and tokenizer locally (``megarl.devtools.tiny_model``);
 2. write the built-in arithmetic task as verl-format parquet (``megarl.data.prepare``):
    "What is 6 + 1? Answer with just the number." -> 7 (a in 0..8, so every answer is one digit);
 3. format warm-up: a few seconds of supervised steps on answers that are *uniformly random
@@ -25,7 +25,7 @@ MAX_OPERAND, SECOND_OPERAND = 8, 1  # "a + 1" with a in 0..8: answers 1..9, one 
 
 
 def build_model(model_dir: Path, seed: int = 0) -> Path:
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     if not (model_dir / "config.json").is_file():
         make_tiny_model("llama", "tiny", model_dir, seed=seed, overwrite=True)
@@ -37,7 +37,7 @@ def format_warmup(model_dir: Path, out_dir: Path, train_file: Path, steps: int =
     """Teach the answer *format* (one digit, then end of turn) with random digits as targets."""
     import pyarrow.parquet as pq
 
-    from megarl.tools.chat_warmup import warmup_on_conversations
+    from megarl.devtools.chat_warmup import warmup_on_conversations
 
     prompts = [row["prompt"] for row in pq.read_table(train_file).to_pylist()]
     batch_size, queue = 16, []
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_console("DEBUG" if verbose else "INFO")  # before megatron-core's import-time warnings
 
     from megarl.checks import load_config
-    from megarl.train import run
-    from megarl.trainer.interrupts import InterruptGuard, interrupt_report
+    from megarl.run.train import run
+    from megarl.run.interrupts import InterruptGuard, interrupt_report
 
     guard = InterruptGuard().install()
     try:

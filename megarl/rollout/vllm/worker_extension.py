@@ -15,7 +15,7 @@ from __future__ import annotations
 import pickle
 import time
 
-from megarl.platform.vllm_compat import apply_vllm_fixes
+from megarl.rollout.vllm.compat import apply_vllm_fixes
 
 
 class MegaRLWorkerExtension:

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-WORKER_EXTENSION = "megarl.rollout.worker_extension.MegaRLWorkerExtension"
+WORKER_EXTENSION = "megarl.rollout.vllm.worker_extension.MegaRLWorkerExtension"
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")  # vLLM's; the logits modes would not be log-probs
 SCHEDULING_POLICIES = ("fcfs", "priority")
 

@@ -18,7 +18,7 @@ gets a new directory. It is written into a temporary sibling and renamed into pl
 lock, so concurrent callers convert once and nobody sees a half-written directory; later calls
 return the path at once.
 
-    python -m megarl.tools.pretrained smollm2            # = megarl make-pretrained smollm2
+    python -m megarl.devtools.pretrained smollm2            # = megarl make-pretrained smollm2
 """
 from __future__ import annotations
 
