@@ -93,7 +93,7 @@ def sync_llm_rates(model: Path, prompts: list, config, rounds: int) -> None:
 
     spec = replica_spec(config, str(model), use_gpu=False, cpus_per_replica=1)
     llm = LLM(**llm_kwargs(spec, on_gpu=False))
-    kwargs = resolve_sampling(config, {"ignore_eos": True}).vllm_kwargs()
+    kwargs = resolve_sampling(config, {"ignore_eos": True}).engine_kwargs()
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     rates = []
     for round_ in range(rounds + 1):  # round 0 warms up

@@ -125,7 +125,7 @@ def measure(args, model: Path, tokenizer, replicas: int, tokens: int) -> dict:
                         fleet, config)
     columns = {"prompt_ids": prompts, "raw_prompt": [[{"role": "user", "content": "q"}]] * len(prompts),
                "extra_info": [{}] * len(prompts)}
-    vllm_sampling = resolve_sampling(config, sampling).vllm_kwargs()
+    vllm_sampling = resolve_sampling(config, sampling).engine_kwargs()
     vllm_sampling["logprobs"] = 0  # the fleet always asks for the sampled tokens' log-probs
 
     def run_fleet(step):

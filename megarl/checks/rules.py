@@ -58,13 +58,14 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
                         "strategy=megatron and the layout in actor_rollout_ref.actor.megatron.*"))
         elif value != "megatron":
             add(f"{key}={value!r}: megarl's only training backend is 'megatron'", key)
+    from megarl.rollout.backend import REFUSED_BACKENDS, backend_names
+
     name = arr.rollout.name
-    if name in ("sglang", "hf", "trtllm"):
-        engine = {"sglang": "SGLang", "hf": "Hugging Face generate()", "trtllm": "TensorRT-LLM"}[name]
-        add(refusal(f"actor_rollout_ref.rollout.name={name}", f"{engine} as the rollout engine",
-                    "megarl's rollout fleet runs vLLM: set actor_rollout_ref.rollout.name=vllm"))
-    elif name != "vllm":
-        add(f"actor_rollout_ref.rollout.name={name!r}: megarl's rollout engine is 'vllm'")
+    if name in REFUSED_BACKENDS:
+        feature, instead = REFUSED_BACKENDS[name]
+        add(refusal(f"actor_rollout_ref.rollout.name={name}", feature, instead))
+    elif name not in backend_names():
+        add(f"actor_rollout_ref.rollout.name={name!r}: megarl's rollout backends are {backend_names()}")
     mode = arr.rollout.mode
     if mode not in ROLLOUT_MODES:
         add(f"actor_rollout_ref.rollout.mode={mode!r}: use one of {ROLLOUT_MODES}")

@@ -1,11 +1,16 @@
 """Name -> function registries, with errors that list the known names.
 
-The config picks algorithms by name (`algorithm.adv_estimator`, `policy_loss.loss_mode`, ...).
-A `Registry` maps those names to plain functions; a new entry is added with its decorator,
-without touching the trainer:
+Every named choice of the config is a registry entry: algorithms (`algorithm.adv_estimator`,
+`policy_loss.loss_mode`, ...), rollout backends (`rollout.name`), weight-sync transports, rule
+rewards, agent loops, tools, loggers. A `Registry` maps those names to plain functions (or
+objects); a new entry is added with its decorator, without touching the trainer:
 
-    @ADVANTAGE_ESTIMATORS.register("my_estimator")
+    @ADVANTAGE_ESTIMATORS.register("my_estimator", grouped=True)
     def my_estimator(token_level_rewards, response_mask, index): ...
+
+Traits (`grouped=True`, `needs_gpu=True`, ...) are facts about an entry that other code asks
+instead of comparing names (`registry.traits(name)["grouped"]`, `registry.having(grouped=True)`);
+a registry declares its traits and their defaults, so every entry answers every trait.
 
 `UniformCall` lets the trainer call whichever entry the config picked with one set of keyword
 arguments: it passes each function only the arguments it declares (see its docstring).
@@ -33,20 +38,26 @@ class Registry(Mapping[str, Callable[..., Any]]):
         config_key: the config key that selects an entry, for messages ("algorithm.adv_estimator").
     """
 
-    def __init__(self, kind: str, config_key: str) -> None:
+    def __init__(self, kind: str, config_key: str, traits: Mapping[str, Any] | None = None) -> None:
         self.kind = kind
         self.config_key = config_key
+        self.trait_defaults: dict[str, Any] = dict(traits or {})
         self._entries: dict[str, Callable[..., Any]] = {}
+        self._traits: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator that registers a function under `name` and returns it unchanged.
+    def register(self, name: str, **traits: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator that registers a function under `name` (with its traits) and returns it unchanged.
 
         Registering the same function twice is harmless (module reloads); registering a
         different function under a taken name is an error, so that one never silently
-        replaces another.
+        replaces another. A trait the registry does not declare is an error.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
+        unknown = sorted(set(traits) - set(self.trait_defaults))
+        if unknown:
+            raise ValueError(f"{self.kind} {name!r}: unknown traits {unknown}; "
+                             f"this registry has {sorted(self.trait_defaults) or 'none'}")
 
         def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
             existing = self._entries.get(name)
@@ -56,14 +67,26 @@ class Registry(Mapping[str, Callable[..., Any]]):
                     f"pick another name for {_qualname(fn)}."
                 )
             self._entries[name] = fn
+            self._traits[name] = {**self.trait_defaults, **traits}
             return fn
 
         return decorator
+
+    def traits(self, name: str) -> dict[str, Any]:
+        """The traits of entry `name` (every declared trait, defaults filled in)."""
+        self[name]  # raises the helpful error for an unknown name
+        return dict(self._traits[name])
+
+    def having(self, **traits: Any) -> frozenset[str]:
+        """The names whose traits have all the given values."""
+        return frozenset(name for name, held in self._traits.items()
+                         if all(held.get(key) == value for key, value in traits.items()))
 
     def unregister(self, name: str) -> None:
         """Remove `name` (for tests and plugins that register temporarily)."""
         self[name]  # raises the helpful error for an unknown name
         del self._entries[name]
+        del self._traits[name]
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
         try:

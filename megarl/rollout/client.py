@@ -41,5 +41,5 @@ class GenerateClient:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        kwargs = {**sampling.vllm_kwargs(), "n": 1, "max_tokens": limit}
+        kwargs = {**sampling.engine_kwargs(), "n": 1, "max_tokens": limit}
         return await self._handle.generate_tokens.remote(ids, kwargs, int(seed))

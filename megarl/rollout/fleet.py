@@ -1,4 +1,7 @@
-"""The rollout fleet: N vLLM engine replicas (each with its own TP size) as Ray actors.
+"""The rollout fleet: N engine replicas (each with its own TP size) as Ray actors.
+
+The engine is the backend ``actor_rollout_ref.rollout.name`` picks (``megarl.rollout.backend``:
+``vllm``, ``hf``); everything here is the same for every backend.
 
     fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, model_path, num_replicas=2)
     samples = fleet.generate(prompt_ids, step=3)          # n samples per prompt, rollout log-probs
@@ -32,9 +35,8 @@ import logging
 import time
 from typing import Any, Mapping, Sequence
 
+from megarl.rollout.backend import ReplicaRequest, rollout_backend
 from megarl.rollout.client import GenerateClient
-from megarl.rollout.vllm.engine_config import ReplicaSpec, replica_env, replica_spec
-from megarl.rollout.vllm.replica import EngineReplica
 from megarl.rollout.sample import RolloutSample
 from megarl.rollout.sampling import Sampling, request_seed, resolve_sampling
 
@@ -76,17 +78,17 @@ class RolloutFleet:
         self.config = config
         resources = ray.cluster_resources()
         self.use_gpu = resources.get("GPU", 0) > 0 if use_gpu is None else use_gpu
+        self.backend = rollout_backend(str(_name(config)))
+        if self.backend.traits()["needs_gpu"] and not self.use_gpu:
+            raise ValueError(f"rollout backend {self.backend.name!r} needs GPUs; this Ray cluster has none")
         tp = int(config.tensor_model_parallel_size)
         if cpus_per_replica is None:
             cpus_per_replica = 1 if self.use_gpu else tp
-        from megarl.models import uses_mla, vllm_hf_overrides
-
-        self.spec: ReplicaSpec = replica_spec(
-            config, model_path, use_gpu=self.use_gpu, tokenizer_path=tokenizer_path,
-            cpus_per_replica=cpus_per_replica, cpu_kv_cache_gib=cpu_kv_cache_gib,
-            trust_remote_code=trust_remote_code, logprobs_mode=logprobs_mode, sleep_mode=sleep_mode,
-            ray_executor=any(getattr(slot, "spans_nodes", False) for slot in slots or ()),
-            hf_overrides=vllm_hf_overrides(model_path), mla=uses_mla(model_path), lora_rank=lora_rank)
+        self.spec = self.backend.replica_spec(ReplicaRequest(
+            config, str(model_path), self.use_gpu, tokenizer_path=tokenizer_path, cpus_per_replica=cpus_per_replica,
+            cpu_kv_cache_gib=cpu_kv_cache_gib, trust_remote_code=trust_remote_code, logprobs_mode=logprobs_mode,
+            sleep_mode=sleep_mode, spans_nodes=any(getattr(slot, "spans_nodes", False) for slot in slots or ()),
+            lora_rank=lora_rank))
         self.slots = list(slots) if slots is not None else None
         if self.slots is not None:
             if num_replicas is not None and num_replicas != len(self.slots):
@@ -151,8 +153,8 @@ class RolloutFleet:
         else:
             placements = [(slot.options(), () if slot.spans_nodes else tuple(slot.device_ids), slot.vllm_env())
                           for slot in self.slots]
-        actor_class = ray.remote(EngineReplica)
-        env = replica_env(self.spec, self.use_gpu)
+        actor_class = ray.remote(self.backend.actor_class())
+        env = self.backend.replica_env(self.spec, self.use_gpu)
         for i, (options, device_ids, extra_env) in enumerate(placements):
             self._replicas.append(actor_class.options(**options, runtime_env={"env_vars": {**env, **extra_env}})
                                   .remote(i, self.spec, device_ids))
@@ -161,24 +163,24 @@ class RolloutFleet:
         refs = {replica.info.remote(): i for i, replica in enumerate(self._replicas)}  # engines start in parallel
         infos: list = [None] * len(refs)
         pending = list(refs)
-        with Progress(f"starting {len(refs)} vLLM engine(s)", total=len(refs), unit="engines") as progress:
+        with Progress(f"starting {len(refs)} {self.backend.name} engine(s)", total=len(refs), unit="engines") as progress:
             while pending:
                 done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, timeout_s - progress.elapsed))
                 if not done:
-                    raise RuntimeError(f"rollout replicas {sorted(refs[r] for r in pending)} did not start their vLLM "
+                    raise RuntimeError(f"rollout replicas {sorted(refs[r] for r in pending)} did not start their {self.backend.name} "
                                        f"engines for {self.spec.model_path} within {timeout_s:.0f} s")
                 i = refs[done[0]]
                 try:
                     infos[i] = ray.get(done[0])
                 except Exception as exc:
-                    raise RuntimeError(f"rollout replica {i} failed to start its vLLM engine for "
+                    raise RuntimeError(f"rollout replica {i} failed to start its {self.backend.name} engine for "
                                        f"{self.spec.model_path}: {exc}") from exc
                 progress.update()
         self.max_model_len = infos[0]["max_model_len"]
         self.vocab_size = infos[0]["vocab_size"]
         self.replica_infos = infos
-        logger.info("rollout fleet: %d replica(s) x TP=%d (%s, %s) ready in %.1f s; engine starts %s s",
-                    self.num_replicas, self.spec.tensor_parallel_size, "GPU" if self.use_gpu else "CPU",
+        logger.info("rollout fleet: %d %s replica(s) x TP=%d (%s, %s) ready in %.1f s; engine starts %s s",
+                    self.num_replicas, self.backend.name, self.spec.tensor_parallel_size, "GPU" if self.use_gpu else "CPU",
                     infos[0]["dtype"], time.perf_counter() - start,
                     [round(info["start_seconds"], 1) for info in infos])
 
@@ -198,7 +200,7 @@ class RolloutFleet:
         self._replicas, self._groups = [], []
 
     def call_async(self, method: str, *args, replicas: Sequence[int] | None = None) -> list:
-        """Start ``EngineReplica.method(*args)`` on every replica (or those listed); their Ray refs in order."""
+        """Start the replica actors' ``method(*args)`` on every replica (or those listed); their Ray refs in order."""
         handles = self._live_replicas()
         chosen = range(len(handles)) if replicas is None else replicas
         return [getattr(handles[i], method).remote(*args) for i in chosen]
@@ -233,7 +235,7 @@ class RolloutFleet:
         for replica, chunk in zip(self._live_replicas(), split_evenly(len(prompts), self.num_replicas)):
             if len(chunk):
                 requests = [(i, prompts[i], request_seed(self.spec.seed, step, i)) for i in chunk]
-                refs.append(replica.generate.remote(requests, params.vllm_kwargs()))
+                refs.append(replica.generate.remote(requests, params.engine_kwargs()))
         samples = [s for batch in ray.get(refs) for s in batch]
         samples.sort(key=lambda s: (s.prompt_index, s.sample_index))
         self._record_stats(samples, params, time.perf_counter() - start)
@@ -320,6 +322,18 @@ class RolloutFleet:
         return self._replicas
 
     # ------------------------------------------------------------------ weights
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Engine ranks per replica: each is one receiving rank of the weight sync."""
+        return int(self.spec.tensor_parallel_size)
+
+    def tensor_splits(self) -> dict | None:
+        """How the engines split each HF tensor over their TP ranks, where they take shards in place
+        (GPU); None: every engine rank receives full tensors (CPU, or a backend without TP splits)."""
+        if not self.use_gpu or self.backend.tensor_splits is None:
+            return None
+        return self.backend.tensor_splits(self.spec.model_path)
+
     def versions(self) -> list[int]:
         """The weights version each replica serves (0: the checkpoint it started from); raises while
         a replica's weights are stale (a sync in progress or failed)."""
@@ -402,3 +416,9 @@ class RolloutFleet:
             raise RuntimeError("rollout sleep/wake_up needs sleep mode, which is off: set "
                                "actor_rollout_ref.rollout.free_cache_engine=True (colocated placement)")
         return False
+
+
+def _name(config: Any) -> str:
+    """``rollout.name`` (``vllm`` for partial configs that lack it)."""
+    value = config.get("name", None) if hasattr(config, "get") else getattr(config, "name", None)
+    return value or "vllm"

@@ -51,10 +51,9 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def vllm_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``vllm.SamplingParams`` but the per-request ``seed``.
-
-        ``logprobs=0`` returns the log-prob of the sampled token only.
+    def engine_kwargs(self) -> dict[str, Any]:
+        """What a replica's ``generate`` takes, for every backend: ``vllm.SamplingParams``'s names
+        but the per-request ``seed``. ``logprobs=0`` returns the log-prob of the sampled token only.
         """
         return dict(
             n=self.n,

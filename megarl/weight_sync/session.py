@@ -5,11 +5,12 @@
     session.close()
 
 Set-up: every trainer rank reports the regions of HF tensors it holds (metadata only); the
-rollout side's needs come from vLLM's TP split of each tensor, which the model family declares
-(``megarl.models.vllm_splits``, applied in ``rollout_layout``); the planner computes
+rollout side's needs come from the engines' TP split of each tensor, which the fleet's backend
+gives (``RolloutFleet.tensor_splits``: full tensors where the engines cannot take shards in place),
+applied in ``rollout_layout``; the planner computes
 one plan, checked for exact coverage, which every participant receives. Trainer rank 0 hosts the
 rendezvous; trainer ranks are sync ranks ``0..T-1`` and the vLLM workers follow, replica by
-replica. ``sync`` starts the senders (every rank's ``SenderEndpoint``) and the receivers (every
+replica (each replica's engine ranks). ``sync`` starts the senders (every rank's ``SenderEndpoint``) and the receivers (every
 replica's ``ReceiverEndpoint``) together and waits for all of them: a failure anywhere raises
 ``SyncError`` (the replicas that did not finish refuse to generate until a later sync succeeds),
 and every wait is bounded by ``rollout.weight_sync.timeout_s``. It talks to the two sides through
@@ -40,14 +41,13 @@ def choose_transport(name: str, use_gpu: bool) -> str:
 
 class WeightSyncSession:
     """``workers``: the senders (a ``WorkerGroup`` whose ranks have ``sync_*`` methods, e.g. the
-    Megatron workers); ``fleet``: the receivers. ``model_path`` gives the HF tensor shapes and
-    vLLM's splits."""
+    Megatron workers); ``fleet``: the receivers. ``model_path`` gives the HF tensor shapes."""
 
     def __init__(self, workers, fleet, model_path: str, *, bucket_mb: int = 512, transport: str = "auto",
                  timeout_s: float = 600.0):
         import ray
 
-        from megarl.models import hf_tensor_shapes, vllm_splits
+        from megarl.models import hf_tensor_shapes
 
         self.timeout_s = float(timeout_s)
         self.workers, self.fleet = workers, fleet
@@ -59,10 +59,10 @@ class WeightSyncSession:
             dtypes.update(report["dtypes"])
             sources += [Piece(rank, name, region) for name, regions in report["regions"].items() for region in regions]
         shapes = {name: tuple(shape) for name, shape in hf_tensor_shapes(model_path).items()}
-        mode = "full" if not fleet.use_gpu else "shard"
-        layout = RolloutLayout(fleet.num_replicas, int(fleet.spec.tensor_parallel_size), mode=mode,
-                               first_rank=workers.world_size)
-        needs = rollout_needs(shapes, layout, vllm_splits(model_path))
+        splits = fleet.tensor_splits()
+        mode = "full" if splits is None else "shard"
+        layout = RolloutLayout(fleet.num_replicas, fleet.tensor_parallel_size, mode=mode, first_rank=workers.world_size)
+        needs = rollout_needs(shapes, layout, splits or {})
         meta = {name: TensorMeta(shape, _ITEMSIZE[dtypes.get(name, "float32")], dtypes.get(name, "float32"))
                 for name, shape in shapes.items()}
         self.plan = plan_sync(sources, needs, meta, bucket_bytes=int(bucket_mb) << 20)

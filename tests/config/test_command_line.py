@@ -93,7 +93,7 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     problems = problems_of("actor_rollout_ref.actor.lr=1e-6", "actor_rollout_ref.actor.max_grad_norm=1.0",
                            "trainer.nnodes=many", "actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.type=dora",
                            "actor_rollout_ref.actor.strategy=fsdp2",
-                           "actor_rollout_ref.rollout.name=hf", "reward_model.reward_manager=prime",
+                           "actor_rollout_ref.rollout.name=trtllm", "reward_model.reward_manager=prime",
                            "trainer.save_freq=0", "data.reward_fn_key=source")
     text = [p.message for p in problems]
     assert len(text) == 8 and all("\n" not in line for line in text), text
@@ -104,7 +104,7 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     refusals = {p.feature: p for p in problems if p.is_refusal}
     assert "use lora.type=lora" in refusals["DoRA (weight-decomposed adapters)"].message
     assert "set strategy=megatron" in refusals["the FSDP training backend"].message
-    assert "set actor_rollout_ref.rollout.name=vllm" in refusals["Hugging Face generate() as the rollout engine"].message
+    assert "megarl runs vLLM (rollout.name=vllm)" in refusals["TensorRT-LLM as the rollout engine"].message
     assert "megarl's reward managers are naive, dapo, batch" in refusals["verl's 'prime' reward manager"].message
 
 

@@ -137,7 +137,7 @@ def test_sampling_n_max_tokens_finish_reasons_and_seeds(fleet, prompts, tokenize
 
     params = resolve_sampling(fleet.config, n=3)
     [on_replica_1] = ray.get(fleet.call_async("generate", [(0, prompts[0], request_seed(fleet.spec.seed, 1, 0))],
-                                              params.vllm_kwargs(), replicas=[1]))
+                                              params.engine_kwargs(), replicas=[1]))
     assert samples[0].replica == 0
     assert [s.response_ids for s in on_replica_1] == groups[0]
     assert fleet.last_generate_stats["samples"] == 12 and fleet.last_generate_stats["tokens_per_s"] > 0

