@@ -72,15 +72,26 @@ class AgentContext:
 
 
 class AgentLoop:
-    """Base class of agent loops. One instance serves every sample of a rollout that picks it."""
+    """Base class of agent loops. One instance serves every sample of a rollout that picks it.
+
+    ``run_group`` rolls out the samples of one prompt together; the seam calls it (instead of
+    ``run`` per sample) for loops with ``groups_samples = True``, which must give each sample
+    exactly what ``run`` would (the single-turn loop sends the group as one engine request).
+    """
 
     uses_tools = False  # True: prompts are rendered with the tool schemas (the dataset does it)
+    groups_samples = False  # True: the seam hands ``run_group`` all samples of a prompt at once
 
     def __init__(self, context: AgentContext):
         self.context = context
 
     async def run(self, sample: AgentSample, client) -> Trajectory:
         raise NotImplementedError
+
+    async def run_group(self, samples: list[AgentSample], client) -> list[Trajectory]:
+        import asyncio
+
+        return list(await asyncio.gather(*[self.run(sample, client) for sample in samples]))
 
 
 def register_agent_loop(name: str) -> Callable[[type], type]:

@@ -107,14 +107,30 @@ class LoopSet:
         return self._loops[name]
 
     async def run(self, jobs: Sequence[tuple[str, AgentSample, Any]]) -> list[Trajectory]:
-        async def one(name: str, sample: AgentSample, client) -> Trajectory:
+        """Every job's trajectory, in job order; the samples of one prompt go to a grouping loop together."""
+        async def one(name: str, samples: list[AgentSample], client) -> list[Trajectory]:
+            loop = self.get(name)
             try:
-                return await self.get(name).run(sample, client)
+                if loop.groups_samples:
+                    return await loop.run_group(samples, client)
+                return [await loop.run(samples[0], client)]
             except Exception as exc:
-                raise RuntimeError(f"agent loop {name!r} failed on prompt {sample.prompt_index} sample "
-                                   f"{sample.sample_index} (step {sample.step}): {type(exc).__name__}: {exc}") from exc
+                sample = samples[0]
+                which = f"sample {sample.sample_index}" if len(samples) == 1 else f"samples {sample.sample_index}-{samples[-1].sample_index}"
+                raise RuntimeError(f"agent loop {name!r} failed on prompt {sample.prompt_index} {which} "
+                                   f"(step {sample.step}): {type(exc).__name__}: {exc}") from exc
 
-        return list(await asyncio.gather(*[one(*job) for job in jobs]))
+        groups: list[tuple[str, list[AgentSample], Any]] = []
+        for name, sample, client in jobs:
+            last = groups[-1] if groups else None
+            if (last is not None and last[0] == name and last[2] is client and self.get(name).groups_samples
+                    and last[1][-1].prompt_index == sample.prompt_index and last[1][-1].step == sample.step
+                    and last[1][-1].sample_index + 1 == sample.sample_index):
+                last[1].append(sample)
+            else:
+                groups.append((name, [sample], client))
+        results = await asyncio.gather(*[one(*group) for group in groups])
+        return [trajectory for group in results for trajectory in group]
 
 
 class AgentRollout:
