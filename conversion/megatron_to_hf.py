@@ -44,12 +44,8 @@ from conversion.common import (
     start_model_parallel,
     stop_model_parallel,
 )
+from megarl.models.export import copy_tokenizer_files
 
-# Files copied from --hf-config besides config.json (which is written from the loaded config).
-TOKENIZER_PATTERNS = (
-    "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
-    "vocab*", "merges.txt", "chat_template*", "preprocessor_config.json",
-)
 MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 
 
@@ -169,16 +165,6 @@ def checkpoint_dtype(stored: dict, checkpoint: Path) -> torch.dtype:
         if key.startswith("embedding.") or key.startswith("decoder."):
             return dtype
     raise ConversionError(f"{checkpoint} holds no model tensors; is it a megarl model checkpoint?")
-
-
-def copy_tokenizer_files(hf_config: Path, out: Path) -> list[str]:
-    copied = []
-    for pattern in TOKENIZER_PATTERNS:
-        for source in sorted(hf_config.glob(pattern)):
-            if source.is_file():
-                shutil.copy2(source, out / source.name)
-                copied.append(source.name)
-    return copied
 
 
 def lora_of(checkpoint: Path):

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from megarl.config.derived import critic_enabled
+from megarl.settings.derived import critic_enabled
 from megarl.config.errors import Problem, refusal
 from megarl.models.locate import model_problems, resolve_model_path
 
@@ -50,7 +50,7 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
 
 def _checkpoint_problems(cfg: DictConfig) -> list[Problem]:
     from megarl.engine.checkpoint import resolve_checkpoint
-    from megarl.trainer.megatron_worker import initial_checkpoints
+    from megarl.settings.engine import initial_checkpoints
 
     keys = {"actor": "actor_rollout_ref.actor.megatron.dist_checkpointing_path",
             "ref": "actor_rollout_ref.ref.megatron.dist_checkpointing_path",

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from megarl.config.derived import VALUE_ESTIMATORS, cluster_shape, critic_enabled, devices_for, old_log_prob_pass
+from megarl.config.derived import cluster_shape, devices_for, old_log_prob_pass
+from megarl.settings.derived import critic_enabled, greedy_baselines, grouped_estimator, needs_values
 from megarl.config.errors import Problem, refusal
 
 RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.checkpointing.find_resume_checkpoint
@@ -126,8 +127,8 @@ def _check_async(cfg, add) -> None:
         add(f"{p}.partial_rollout=True with adapter-only LoRA updates (actor_rollout_ref.model.lora.merge=False): "
             "vLLM swaps a LoRA adapter between requests, so a running generation cannot continue on the new one; "
             "set lora.merge=True (merged weights, synced sharded) or partial_rollout=False.", f"{p}.partial_rollout")
-    if cfg.algorithm.adv_estimator == "remax":
-        add(f"algorithm.adv_estimator=remax with {mode}: ReMax's greedy baselines are generated with the step's "
+    if greedy_baselines(cfg):
+        add(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} with {mode}: its baselines (ReMax's greedy baselines) are generated with the step's "
             f"weights, not with the ones that sampled the responses; use {p}.mode=sync or another estimator.",
             "algorithm.adv_estimator")
     off_policy = a.mode == "one_step_off" or a.staleness_threshold > 0 or a.trigger_parameter_sync_step > 1
@@ -177,7 +178,7 @@ def _check_layout_and_batches(cfg, add) -> None:
         add(refusal(f"actor_rollout_ref.actor.megatron.context_parallel_size={actor.megatron.context_parallel_size}",
                         "context parallelism", "set context_parallel_size=1; long sequences fit with "
                         "use_dynamic_bsz and activation recompute"))
-    if cfg.critic.enable is False and a.adv_estimator in VALUE_ESTIMATORS:
+    if cfg.critic.enable is False and needs_values(cfg):
         add(f"critic.enable=False but algorithm.adv_estimator={a.adv_estimator!r} needs values; "
             "enable the critic or pick a critic-free estimator such as 'grpo'.")
     ref = cfg.actor_rollout_ref.ref
@@ -279,7 +280,6 @@ def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_s
 
 # ------------------------------------------------------------------ rollout and weight sync
 def _check_rollout(cfg, add) -> None:
-    from megarl.algorithms import GROUP_ESTIMATORS
     from megarl.rollout.vllm.engine_config import LOGPROBS_MODES, SCHEDULING_POLICIES, engine_kwargs_problems
     from megarl.weight_sync.transport import TRANSPORTS
 
@@ -287,7 +287,7 @@ def _check_rollout(cfg, add) -> None:
 
     if rollout.n < 1:
         add(f"actor_rollout_ref.rollout.n={rollout.n}: must be >= 1.")
-    elif a.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2:
+    elif grouped_estimator(cfg) and rollout.n < 2:
         add(f"algorithm.adv_estimator={a.adv_estimator!r} compares responses within a group, so "
             f"actor_rollout_ref.rollout.n={rollout.n} gives all-zero advantages; set rollout.n >= 2.")
     if not 0 < rollout.gpu_memory_utilization <= 1:

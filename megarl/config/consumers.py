@@ -61,15 +61,15 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{ENGINE}:critic_settings", ("critic.ppo_*", "critic.use_dynamic_bsz", "critic.shuffle", "critic.cliprange_value",
                                    "critic.loss_agg_mode", "critic.grad_clip",
                                    "critic.megatron.seed")),
-    (f"{WORKER}:layout_from_config", tuple(f"actor_rollout_ref.actor.megatron.{k}" for k in LAYOUT
+    ("megarl.settings.engine:layout_from_config", tuple(f"actor_rollout_ref.actor.megatron.{k}" for k in LAYOUT
                                            if k != "context_parallel_size")),
     (f"{VALIDATE}:_check_layout_and_batches", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE[1:]
                                                     for k in LAYOUT) + ("actor_rollout_ref.actor.megatron.context_parallel_size",)),
     (f"{WORKER}:MegatronWorker.setup", ("actor_rollout_ref.actor.megatron.seed", "critic.model.path")),
-    (f"{WORKER}:initial_checkpoints", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE
+    ("megarl.settings.engine:initial_checkpoints", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE
                                             for k in ("use_dist_checkpointing", "dist_checkpointing_path"))),
     (f"{VALIDATE}:_check_backends", ("*.strategy", "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode")),
-    (f"{DERIVED}:critic_enabled", ("critic.enable",)),
+    ("megarl.settings.derived:critic_enabled", ("critic.enable",)),
     (f"{DERIVED}:old_log_prob_pass", ("actor_rollout_ref.actor.recompute_old_log_prob",)),
     (f"{VALIDATE}:_check_rewards", ("reward_model.enable",)),
     (f"{VALIDATE}:_check_algorithm", ("actor_rollout_ref.actor.optim.optimizer", "critic.optim.optimizer")),

@@ -44,6 +44,26 @@ class ExportedPiece:
     tensor: torch.Tensor
 
 
+# Files an HF export copies from the source checkpoint besides config.json (written from the loaded config).
+TOKENIZER_PATTERNS = (
+    "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+    "vocab*", "merges.txt", "chat_template*", "preprocessor_config.json",
+)
+
+
+def copy_tokenizer_files(hf_dir: Path, out: Path) -> list[str]:
+    """Copy the tokenizer, chat template and generation config of ``hf_dir`` into ``out``; their names."""
+    import shutil
+
+    copied = []
+    for pattern in TOKENIZER_PATTERNS:
+        for source in sorted(Path(hf_dir).glob(pattern)):
+            if source.is_file():
+                shutil.copy2(source, Path(out) / source.name)
+                copied.append(source.name)
+    return copied
+
+
 def _is_sender(spec: ShardSpec) -> bool:
     """Whether this rank's copy of ``spec`` is the one that sends (see module docstring)."""
     from megatron.core import parallel_state as ps

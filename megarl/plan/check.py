@@ -94,7 +94,9 @@ def candidates(cfg) -> list[Callable]:
         changes.append(_set(f"{M}.{key}", True))
     changes += [_set("actor_rollout_ref.ref.megatron.param_offload", True),
                 _set(f"{M}.use_distributed_optimizer", True), _set("actor_rollout_ref.model.enable_gradient_checkpointing", True)]
-    if cfg.critic.enable or cfg.algorithm.adv_estimator == "gae":
+    from megarl.settings.derived import critic_enabled
+
+    if critic_enabled(cfg):
         changes += [_set(f"critic.megatron.{k}", True) for k in ("param_offload", "grad_offload", "optimizer_offload")]
     dynamic = arr.actor.use_dynamic_bsz
     changes.append(_halve(f"{A}.ppo_max_token_len_per_gpu", 1) if dynamic else _halve(f"{A}.ppo_micro_batch_size_per_gpu"))

@@ -61,7 +61,7 @@ def check_model(cfg) -> None:
     fleet loads it itself) that the actor's megatron layout can split."""
     from megarl.models import check_layout, load_hf_config, model_dims
     from megarl.models.fp8 import block_fp8
-    from megarl.trainer.megatron_worker import layout_from_config
+    from megarl.settings.engine import layout_from_config
 
     model_path = cfg.actor_rollout_ref.model.path
     if not (Path(model_path) / "config.json").is_file():
@@ -123,7 +123,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.run import startup_lines
     from megarl.trainer.controller import RLTrainer, TrainingLoop, total_training_steps
     from megarl.run.interrupts import InterruptGuard, checkpoint_step, finished_run, latest_checkpoint_step
-    from megarl.trainer.megatron_worker import MegatronWorker, initial_checkpoints
+    from megarl.trainer.megatron_worker import MegatronWorker
+    from megarl.settings.engine import initial_checkpoints
     from megarl.cluster.placement import ClusterPlacement, plan_from_config, reward_pool_from_config
     from megarl.cluster.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
     from megarl.run.summary import RunSummary, places

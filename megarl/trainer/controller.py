@@ -48,12 +48,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_more_gen_batches, seq_metric_values
-from megarl.config.derived import critic_enabled, devices_for, old_log_prob_pass
+from megarl.config.derived import devices_for, old_log_prob_pass
+from megarl.settings.derived import critic_enabled, greedy_baselines
 from megarl.logging.console import say
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.rewards.reward_models import ResponsesToScore
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
-from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
+from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel
+from megarl.settings.engine import initial_checkpoints
 from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metrics, timing_metrics
 from megarl.trainer.off_policy import correct, staleness_metrics
 from megarl.engine.offload_phases import offload_flags
@@ -190,7 +192,7 @@ class RLTrainer:
         self.last_data = data
         will_sync = step > self.cfg.trainer.critic_warmup
         baselines = None
-        if self.cfg.algorithm.adv_estimator == "remax":  # greedy generations, while the engines are awake
+        if greedy_baselines(self.cfg):  # ReMax: greedy generations, while the engines are awake
             with timer(timings, "gen"):
                 baselines = self._greedy_baselines(data, step)
         self.rollout_memory.release(will_sync)

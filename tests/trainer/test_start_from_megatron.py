@@ -15,7 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from megarl.checks import load_config
-from megarl.trainer.megatron_worker import check_same_architecture, initial_checkpoints
+from megarl.trainer.megatron_worker import check_same_architecture
+from megarl.settings.engine import initial_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [[5, 17, 42, 9], [7, 7, 3, 100, 12]]
