@@ -310,7 +310,7 @@ def _check_rollout(cfg, add) -> None:
         add(message)
     sync = rollout.weight_sync
     if sync.transport != "auto" and sync.transport not in TRANSPORTS:
-        add(f"actor_rollout_ref.rollout.weight_sync.transport={sync.transport!r}: use auto or one of {TRANSPORTS}.")
+        add(f"actor_rollout_ref.rollout.weight_sync.transport={sync.transport!r}: use auto or one of {sorted(TRANSPORTS)}.")
     if sync.bucket_mb < 1:
         add(f"actor_rollout_ref.rollout.weight_sync.bucket_mb={sync.bucket_mb}: must be >= 1 (MiB).")
     _check_agent(add, rollout)
