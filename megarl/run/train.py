@@ -121,7 +121,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.cluster.startup import start_reward_model
     from megarl.rollout import RolloutFleet
     from megarl.run import startup_lines
-    from megarl.trainer.controller import RLTrainer, TrainingLoop, total_training_steps
+    from megarl.run.loop import TrainingLoop
+    from megarl.trainer.controller import RLTrainer, total_training_steps
     from megarl.run.interrupts import InterruptGuard, checkpoint_step, finished_run, latest_checkpoint_step
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.settings.engine import initial_checkpoints

@@ -85,7 +85,8 @@ def train(cfg, pools, record_batches: bool = False, record_correction: bool = Fa
     import megarl.trainer.controller as controller
     from megarl.agent import AgentRollout, build_agent_context
     from megarl.data import build_dataset, build_train_loader
-    from megarl.trainer.controller import RLTrainer, TrainingLoop
+    from megarl.run.loop import TrainingLoop
+    from megarl.trainer.controller import RLTrainer
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession
