@@ -165,6 +165,7 @@ def main() -> None:
     from megarl.rollout import fleet as fleet_module
     from megarl.cluster import placement, ray_cluster, worker_group
     from megarl.run import loop
+    from megarl.trainer import controller
     from megarl.weight_sync import session
 
     line.wrap(ray_cluster, "init_ray", "Ray: init (local cluster)")

@@ -52,7 +52,6 @@ from megarl.algorithms import (filter_groups_by_metric, get_kl_controller, maske
                                seq_metric_values)
 from megarl.config.derived import devices_for, old_log_prob_pass
 from megarl.engine.offload_phases import offload_flags
-from megarl.logging.console import say
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.rewards.reward_models import ResponsesToScore
 from megarl.settings.derived import critic_enabled, greedy_baselines

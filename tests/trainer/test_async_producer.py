@@ -113,7 +113,6 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from megarl.checks import load_config
     from megarl.devtools.tiny_tokenizer import build_tokenizer
     from tests.config._fixtures import write_prompts
 
