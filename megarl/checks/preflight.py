@@ -75,6 +75,7 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
     import pyarrow.parquet as pq
 
     from megarl.data import column_problems
+    from megarl.data.utf8 import InvalidUtf8, to_python_column
     from megarl.rewards.registry import VERL_ONLY_REWARDS, UnknownDataSourceError, find_rule_reward
 
     d = cfg.data
@@ -104,7 +105,11 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
             problems += [Problem(message, key=f"data.{split}_files") for message in found]
             rows += parquet.metadata.num_rows
             if not custom and not found:
-                column = parquet.read(columns=[d.reward_fn_key]).column(0).to_pylist()
+                try:
+                    column = to_python_column(parquet.read(columns=[d.reward_fn_key]).column(0), path, d.reward_fn_key)
+                except InvalidUtf8 as exc:
+                    problems.append(Problem(str(exc), key=f"data.{split}_files"))
+                    continue
                 sources.update(str(s) for s in column)
         limit = d[f"{split}_max_samples"]
         rows = min(rows, limit) if limit > 0 else rows

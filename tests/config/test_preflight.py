@@ -8,6 +8,7 @@ import pytest
 from megarl.checks import ConfigError, load_config
 from megarl.models.locate import resolve_model_path
 from tests.config._fixtures import write_model_config, write_prompts
+from tests.data.data_helpers import verl_row, write_with_latin1
 
 BATCH = ["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=1", "data.train_batch_size=4",
          "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -81,6 +82,11 @@ def test_data_files_columns_rows_and_sources(files):
     renamed = write_prompts(root / "renamed.parquet", rows=8, data_source=None,
                             extra_columns={"task": ["megarl/arithmetic"] * 8})
     assert check(f"actor_rollout_ref.model.path={model}", f"data.train_files={renamed}", "data.reward_fn_key=task") == []
+    # a data source that is not UTF-8 (Latin-1 bytes in the string column): named by file, row and key
+    latin1 = write_with_latin1([verl_row("q", "1", i, data_source="café/arith") for i in range(8)],
+                               root / "latin1.parquet", bad_row=5, column="data_source")
+    (problem,) = check(f"actor_rollout_ref.model.path={model}", f"data.train_files={latin1}")
+    assert problem.startswith(f"{latin1}: row 5: key 'data_source': the text is not valid UTF-8 (byte 0xe9"), problem
 
 
 REWARDS = textwrap.dedent('''
