@@ -72,7 +72,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{DERIVED}:critic_enabled", ("critic.enable",)),
     (f"{DERIVED}:old_log_prob_pass", ("actor_rollout_ref.actor.recompute_old_log_prob",)),
     (f"{VALIDATE}:_check_rewards", ("reward_model.enable",)),
-    (f"{VALIDATE}:_check_algorithm", ("actor_rollout_ref.actor.optim.optimizer", "critic.optim.optimizer")),
+    ("megarl.checks.optimizer:optimizer_problems", ("actor_rollout_ref.actor.optim.optimizer", "critic.optim.optimizer")),
     ("megarl.rollout.sampling:resolve_sampling", ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature",
                                                   "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k",
                                                   "actor_rollout_ref.rollout.do_sample", "actor_rollout_ref.rollout.stop",

@@ -1,6 +1,7 @@
 """The pre-flight checks: what a run will read (models, data, reward function), before anything starts."""
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -152,3 +153,29 @@ def test_overlong_penalty_settings_are_checked(files):
     assert "exceeds the max response length 512" in check(
         *base, "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
         "reward_model.overlong_buffer.len=1000")[0]
+
+
+@pytest.mark.parametrize("fields, override, message", [
+    ({}, "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+     "actor_rollout_ref.rollout.tensor_model_parallel_size=3: vLLM cannot split actor_rollout_ref.model.path=.* over 3 "
+     "ranks: num_attention_heads=4 is not divisible by tp=3"),
+    ({"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 384}, "actor_rollout_ref.rollout.tensor_model_parallel_size=6",
+     "tp=6 is not a multiple of num_key_value_heads=4"),
+    ({"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 384}, "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+     "num_key_value_heads=4 is not divisible by tp=3"),
+    ({"intermediate_size": 250}, "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "intermediate_size=250 is not divisible by tp=4"),
+    ({}, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",
+     r"actor_rollout_ref.actor.megatron.\* for actor_rollout_ref.model.path=.*num_attention_heads=4 is not divisible by tp=3"),
+])
+def test_tp_that_does_not_split_the_model_fails_before_start(tmp_path, fields, override, message):
+    """vLLM's and megatron's own splitting rules, checked against config.json before anything starts (they
+    used to fail 90-100 s into a launch, after Ray, with vLLM's or torch's raw error)."""
+    model = write_model_config(tmp_path / "model", **{"intermediate_size": 256, **fields})
+    data = write_prompts(tmp_path / "train.parquet", rows=24, data_source="megarl/arithmetic")
+    sizes = ["trainer.n_gpus_per_node=12", "data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=12"]
+    (problem,) = check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", *sizes, override)
+    assert re.search(message, problem), problem
+    # a TP that splits every count passes; fewer KV heads than ranks are replicated (tp=4, 2 KV heads)
+    assert check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", *sizes,
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size=4" if not fields else
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2") == []
