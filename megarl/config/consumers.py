@@ -121,6 +121,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.rewards.managers:overlong_penalty", ("reward_model.reward_kwargs", "reward_model.overlong_buffer.*")),
     ("megarl.rewards.custom:load_reward_function", ("custom_reward_function.*",)),
     ("megarl.rewards.manager:RewardManager.from_config", ("reward.*",)),
+    ("megarl.rewards.managers:compute_score_timeout", ("reward.compute_score_timeout",)),
     ("megarl.trainer.advantage_step:compute_advantages", ("algorithm.gamma", "algorithm.lam", "algorithm.adv_estimator",
                                                           "algorithm.norm_adv_by_std_in_grpo")),
     ("megarl.trainer.advantage_step:token_level_rewards", ("algorithm.use_kl_in_reward", "algorithm.kl_penalty")),

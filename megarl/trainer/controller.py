@@ -175,7 +175,8 @@ class RLTrainer:
             data, more = self.next_batch(step, timings, prompt_offset=offset, groups=want - have)
             offset += want
             for key, value in more.items():  # error counts add up; means are the last batch's
-                metrics[key] = metrics.get(key, 0) + value if key == "reward/num_errors" else value
+                metrics[key] = metrics.get(key, 0) + value if key in ("reward/num_errors", "reward/num_timeouts") \
+                    else value
         merged = concat_step_data(kept_parts)
         metrics["filter_groups/num_gen_batches"] = gen_batches
         return merged.select(list(range(want * n))), metrics
@@ -349,9 +350,10 @@ class RLTrainer:
                            len(drawn["untrained"]), state["config"]["async_training"]["mode"])
 
     def close(self) -> None:
-        """Stop the producer of the asynchronous modes (before the fleet goes)."""
+        """Stop the producer of the asynchronous modes (before the fleet goes) and the reward workers."""
         if self.batches is not None:
             self.batches.close()
+        self.reward.close()
 
 
 def total_training_steps(trainer_cfg, batches_per_epoch: int) -> int:
