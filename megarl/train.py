@@ -17,7 +17,8 @@ The console shows a few start-up lines, one line per step, validation and checkp
 summary (``megarl.logging.console``; ``--verbose`` shows everything); the workers' output goes
 to ``<trainer.default_local_dir>/logs/`` (``megarl.logging.worker_logs``). A run whose last
 step is checkpointed already says so before any process starts. Ctrl-C or SIGTERM stops the
-engines and workers and says how to resume (``megarl.trainer.interrupts``).
+engines and workers and says how to resume (``megarl.trainer.interrupts``). A run whose gradients
+or weights turn non-finite stops with status 1 and says why (``megarl.trainer.training_safety``).
 """
 from __future__ import annotations
 
@@ -129,6 +130,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.trainer.run_summary import RunSummary, places
     from megarl.trainer.samples import SampleReporter
     from megarl.trainer.startup import start_together
+    from megarl.trainer.training_safety import TrainingHalted
     from megarl.trainer.worker_group import WorkerGroup
     from megarl.weight_sync.adapter_updates import weight_updates
 
@@ -240,6 +242,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
         interrupted = guard.interrupted(exc)
         interrupted.step, interrupted.total_steps = (loop.step if loop is not None else 0), total
         raise interrupted from None
+    except TrainingHalted:  # the run stopped itself; its message says why (main prints it)
+        raise
     except Exception:
         logging.getLogger("megarl.console").error("the run failed (worker logs: %s/)", worker_logs)
         raise
@@ -303,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    from megarl.trainer.training_safety import TrainingHalted
+
     guard = InterruptGuard().install()
     try:
         run(cfg, guard)
@@ -310,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         interrupted = guard.interrupted(exc)
         say("%s", interrupt_report(cfg.trainer, interrupted))
         return interrupted.exit_code
+    except TrainingHalted as exc:  # non-finite gradients or weights: the cause, where to look, the last checkpoint
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         guard.restore()
     return 0

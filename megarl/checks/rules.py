@@ -432,6 +432,9 @@ def _check_trainer(cfg, add) -> None:
     for key in ("save_freq", "test_freq"):
         if t[key] == 0 or t[key] < -1:
             add(f"trainer.{key}={t[key]}: use -1 (never) or a positive step count.")
+    if t.max_consecutive_skipped_steps < 0:
+        add(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps}: use 0 (never stop) or a "
+            "positive step count.")
     unknown = sorted(set(t.logger) - set(SINKS))
     if unknown:
         add(f"trainer.logger has unknown entries {unknown}; known: {sorted(SINKS)}.")

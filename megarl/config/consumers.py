@@ -164,6 +164,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.agent.rollout:default_loop_name", ("actor_rollout_ref.rollout.agent.default_agent_loop",)),
     ("megarl.agent.rollout:build_agent_context", ("actor_rollout_ref.rollout.agent.agent_loop_config_path",)),
     ("megarl.plan.check:plan_problems", ("trainer.plan_check",)),
+    ("megarl.trainer.training_safety:SkippedSteps.from_config", ("trainer.max_consecutive_skipped_steps",)),
     (f"{ENGINE}:lora_settings", tuple(f"{section}.{k}" for section in ("actor_rollout_ref.model.lora", "critic.model.lora")
                                       for k in ("rank", "alpha", "dropout", "target_modules", "exclude_modules",
                                                 "lora_A_init_method", "lora_B_init_method"))),

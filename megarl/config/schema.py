@@ -515,6 +515,9 @@ class TrainerConfig:
     # megarl: before a launch on a machine with a GPU, refuse a run whose memory plan (megarl plan) does not
     # fit that GPU, naming the keys that would make it fit; skipped on machines without a GPU
     plan_check: bool = True
+    # megarl: stop the run (exit 1, naming the cause and the last checkpoint) after this many training steps in a row
+    # whose optimizer steps (actor's or critic's) were all skipped for non-finite gradients; 0: never stop
+    max_consecutive_skipped_steps: int = 3
 
 
 @dataclass

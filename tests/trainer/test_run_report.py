@@ -138,8 +138,8 @@ def test_sigterm_to_the_driver_then_to_its_group_is_one_interrupt(tmp_path):
         import sys, time
         from megarl.trainer.interrupts import Interrupted, InterruptGuard
         guard = InterruptGuard().install()
-        print("ready", flush=True)
         try:
+            print("ready", flush=True)
             time.sleep(60)
         except Interrupted as exc:
             time.sleep(0.5)  # the teardown, during which the group's copy of the signal arrives
