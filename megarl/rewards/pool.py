@@ -14,7 +14,6 @@ reward function once (``RewardFunction`` pickles as its path and name).
 """
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import multiprocessing.connection
 import signal
@@ -23,8 +22,6 @@ from collections import deque
 from typing import Any, Callable
 
 from megarl.rewards.scoring import score_batch, score_one, timeout_outcome
-
-logger = logging.getLogger(__name__)
 
 
 class RewardWorkerError(RuntimeError):
