@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any, Mapping, Sequence
 
-from megarl.agent.loop import AgentContext, AgentSample, resolve_agent_loop
+from megarl.agent.loop import AgentContext, AgentSample, check_loop_name, resolve_agent_loop
 from megarl.agent.settings import MultiTurnSettings
 from megarl.agent.trajectory import Trajectory
 from megarl.rollout.sampling import resolve_sampling
@@ -79,15 +79,18 @@ def build_agent_context(cfg: Any, tokenizer: Any) -> AgentContext:
     tools = build_tools(settings) if settings.enable else None
     return AgentContext(tokenizer=tokenizer, response_length=int(rollout.response_length), multi_turn=settings,
                         tools=tools, chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs or {}),
-                        loop_paths=load_agent_loop_config(rollout.agent.agent_loop_config_path))
+                        loop_paths=load_agent_loop_config(rollout.agent.agent_loop_config_path),
+                        default_loop=default_loop_name(rollout))
 
 
 def tool_schemas_for(loops: "LoopSet", default_loop: str):
     """For the dataset: the tool schemas to render into a row's prompt, given the row's ``agent_name``.
 
-    Building the loop here also checks, before any process starts, that the name is known and
-    that a tool loop has tools.
+    Building the loop here also checks, before any process starts, that the name is one the config
+    offers (``LoopSet.get``: nothing a row names is imported otherwise) and that a tool loop has tools.
     """
+    loops.get(default_loop)  # the config's loop first: a module it loads may register the names rows use
+
     def schemas(loop_name: str | None) -> list | None:
         loop = loops.get(loop_name or default_loop)
         return loops.context.tools.schemas if loop.uses_tools and loops.context.tools else None
@@ -95,7 +98,8 @@ def tool_schemas_for(loops: "LoopSet", default_loop: str):
 
 
 class LoopSet:
-    """One instance of each agent loop a run uses, built on first use."""
+    """One instance of each agent loop a run uses, built on first use; only loops the config offers
+    (``megarl.agent.loop.allowed_loop_names``), so a name from the data never imports anything."""
 
     def __init__(self, context: AgentContext):
         self.context = context
@@ -103,6 +107,7 @@ class LoopSet:
 
     def get(self, name: str):
         if name not in self._loops:
+            check_loop_name(name, self.context)
             self._loops[name] = resolve_agent_loop(self.context.loop_paths.get(name, name))(self.context)
         return self._loops[name]
 

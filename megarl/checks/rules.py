@@ -338,7 +338,6 @@ def _check_data(cfg, add, notes: list[str]) -> None:
 # ------------------------------------------------------------------ algorithm names and settings
 def _check_algorithm(cfg, add, notes: list[str]) -> None:
     from megarl import algorithms
-    from megarl.engine.settings import DECAY_STYLES
 
     a, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
     checks = [("algorithm.adv_estimator", a.adv_estimator, algorithms.ADVANTAGE_ESTIMATORS),
@@ -365,19 +364,10 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
             key="actor_rollout_ref.actor.recompute_old_log_prob")
     if a.filter_groups.enable and not a.filter_groups.metric:
         add("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward).")
-    for section in ("actor_rollout_ref.actor", "critic"):
-        if section == "critic" and not critic_enabled(cfg):
-            continue
-        optim = cfg.actor_rollout_ref.actor.optim if section != "critic" else cfg.critic.optim
-        style = optim.lr_decay_style or optim.warmup_style
-        key = f"{section}.optim.{'lr_decay_style' if optim.lr_decay_style else 'warmup_style'}"
-        if style not in DECAY_STYLES:
-            add(f"{key}={style!r}: LR schedules are {DECAY_STYLES}.")
-        if optim.optimizer != "adam":
-            add(refusal(f"{section}.optim.optimizer={optim.optimizer}", "optimizers other than Adam",
-                            "megarl trains with megatron's (distributed) Adam"))
-        if len(optim.betas) != 2:
-            add(f"{section}.optim.betas={list(optim.betas)}: give two values, e.g. [0.9, 0.999].")
+    from megarl.checks.optimizer import optimizer_problems
+
+    for problem in optimizer_problems(cfg, notes):  # each trained role's optim.*: schedule, Adam's values
+        add(problem)
 
 
 def _check_rollout_correction(cfg, add) -> None:
@@ -443,6 +433,9 @@ def _check_trainer(cfg, add) -> None:
     for key in ("save_freq", "test_freq"):
         if t[key] == 0 or t[key] < -1:
             add(f"trainer.{key}={t[key]}: use -1 (never) or a positive step count.")
+    if t.max_consecutive_skipped_steps < 0:
+        add(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps}: use 0 (never stop) or a "
+            "positive step count.")
     unknown = sorted(set(t.logger) - set(SINKS))
     if unknown:
         add(f"trainer.logger has unknown entries {unknown}; known: {sorted(SINKS)}.")

@@ -432,6 +432,9 @@ class RewardConfig:
     num_workers: int = 1  # 1: score in the controller process; N: a pool of N workers
     executor: str = "process"  # process | thread (for num_workers > 1)
     on_error: str = "zero"  # zero: score 0, count and log the error | raise: stop the run
+    # megarl (verl: the naive manager's reward_kwargs.compute_score_timeout): seconds one reward-function call may
+    # take; a call past it is stopped and scores 0 like an error (reward/num_timeouts); null or 0: no limit
+    compute_score_timeout: Optional[float] = 30.0
 
 
 # ------------------------------------------------------------------------ algorithm
@@ -512,6 +515,9 @@ class TrainerConfig:
     # megarl: before a launch on a machine with a GPU, refuse a run whose memory plan (megarl plan) does not
     # fit that GPU, naming the keys that would make it fit; skipped on machines without a GPU
     plan_check: bool = True
+    # megarl: stop the run (exit 1, naming the cause and the last checkpoint) after this many training steps in a row
+    # whose optimizer steps (actor's or critic's) were all skipped for non-finite gradients; 0: never stop
+    max_consecutive_skipped_steps: int = 3
 
 
 @dataclass

@@ -9,8 +9,8 @@ Metrics (verl's names), averaged over the mini-batches of one ``update_policy`` 
 ``actor/pg_loss``, ``actor/entropy`` and ``actor/kl_loss`` are the mini-batch losses
 (aggregated with ``loss_agg_mode``); ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower`` and
 ``actor/ppo_kl`` are means over the mini-batch's response tokens; ``actor/grad_norm`` is the mean
-pre-clip norm of the steps taken; ``actor/lr`` the learning rate used; ``actor/skipped_steps``
-counts optimizer steps skipped for a non-finite gradient norm. ``actor/kl_loss`` and
+pre-clip norm of the steps taken; ``actor/lr`` the learning rate used; ``actor/optimizer_steps``
+counts the optimizer steps tried, ``actor/skipped_steps`` those skipped for a non-finite gradient norm. ``actor/kl_loss`` and
 ``actor/kl_coef`` appear when ``use_kl_loss`` is on.
 
 Rollout correction (``algorithm.rollout_correction``, ``megarl.algorithms.rollout_correction``): in

@@ -16,6 +16,7 @@ from megarl.settings.engine import initial_checkpoints
 from megarl.trainer.checkpointing import find_resume_checkpoint, prune_checkpoints
 from megarl.trainer.controller import RLTrainer
 from megarl.trainer.lora_setup import starts_from_adapter
+from megarl.trainer.training_safety import SkippedSteps, refuse_nonfinite_weights
 
 
 class TrainingLoop:
@@ -31,6 +32,7 @@ class TrainingLoop:
         self.trainer, self.metrics_logger, self.root = trainer, metrics_logger, checkpoint_root
         self.summary = summary if summary is not None else RunSummary(trainer.total_steps)
         self.samples = samples
+        self.skips = SkippedSteps.from_config(trainer.cfg.trainer)  # non-finite gradients: stop a run that has diverged
         self.step = 0
         self._checkpoint_bytes: int | None = None  # the last checkpoint's size: the next save's progress total
 
@@ -41,30 +43,35 @@ class TrainingLoop:
         if found is None:
             start = initial_checkpoints(t.cfg)["actor"] or starts_from_adapter(t.cfg)
             if start:  # the actor starts from a megatron checkpoint or a LoRA adapter, the fleet from the HF one
-                self._sync_fleet(load=None)
+                self._sync_fleet(load=None, source=start)
                 say("actor started from %s; fleet synced to it", start)
             return 0
         actor_path, critic_path = found
         self._checkpoint_bytes = directory_bytes(*[p for p in found if p is not None])
         with Progress(f"loading {actor_path}", total=None) as progress:
-            self._sync_fleet(load=(str(actor_path), critic_path and str(critic_path)))
+            self._sync_fleet(load=(str(actor_path), critic_path and str(critic_path)), source=str(actor_path))
         say("resumed from %s (%s): step %d of %d, in %s", actor_path, human(self._checkpoint_bytes, "B"),
             t.global_step, t.total_steps, duration(progress.elapsed))
         self.summary.add_history(t.history)
         return t.global_step
 
-    def _sync_fleet(self, load: tuple | None) -> None:
-        """Outside a step: (load a checkpoint, then) sync the fleet, in a step's memory order."""
+    def _sync_fleet(self, load: tuple | None, source: str) -> None:
+        """Outside a step: (load a checkpoint, then) sync the fleet, in a step's memory order; ``source``
+        names where the weights come from."""
         t = self.trainer
         t.rollout_memory.release(will_sync=True)  # the fleet's weights are about to be rewritten
         if load is not None:
             t.load_state_dict(t.workers.call("load_checkpoint", *load)[0])
+        refuse_nonfinite_weights(t.workers, t.coords, ("actor",), f"sync the weights of {source} to the rollout fleet",
+                                 t.cfg)
         t.rollout_memory.wake_for_sync()
         t.weight_sync.sync()  # the fleet must serve the trainer's weights
         t.rollout_memory.wake_for_rollout()
 
     def save(self, step: int) -> None:
         t = self.trainer
+        refuse_nonfinite_weights(t.workers, t.coords, ("actor", "critic") if t.use_critic else ("actor",),
+                                 f"save the step-{step} checkpoint", t.cfg)
         staging = [f"{self.root}/{role}/step_{step}.tmp" for role in ("actor", "critic")]
         with Progress(f"checkpoint step {step}", total=self._checkpoint_bytes, unit="B",
                       poll=lambda: directory_bytes(*staging)) as progress:
@@ -118,6 +125,10 @@ class TrainingLoop:
             t.history.append({"step": step, **{k: v for k, v in metrics.items()
                                                if k in ("critic/score/mean", "val/score", "critic/vf_loss")}})
             self.metrics_logger.log(metrics, step=step)
+            diverged = self.skips.record(step, metrics)
+            summary.skipped_steps = self.skips.summary()
+            if diverged is not None:
+                raise self.skips.halt(diverged, t.cfg)
             if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or step == t.total_steps):
                 with summary.timed("checkpoints"):
                     self.save(step)

@@ -17,7 +17,8 @@ The console shows a few start-up lines, one line per step, validation and checkp
 summary (``megarl.logging.console``; ``--verbose`` shows everything); the workers' output goes
 to ``<trainer.default_local_dir>/logs/`` (``megarl.logging.worker_logs``). A run whose last
 step is checkpointed already says so before any process starts. Ctrl-C or SIGTERM stops the
-engines and workers and says how to resume (``megarl.run.interrupts``).
+engines and workers and says how to resume (``megarl.run.interrupts``). A run whose gradients
+or weights turn non-finite stops with status 1 and says why (``megarl.trainer.training_safety``).
 """
 from __future__ import annotations
 
@@ -123,14 +124,16 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.run import startup_lines
     from megarl.run.loop import TrainingLoop
     from megarl.trainer.controller import RLTrainer, total_training_steps
-    from megarl.run.interrupts import InterruptGuard, checkpoint_step, finished_run, latest_checkpoint_step
-    from megarl.trainer.megatron_worker import MegatronWorker
+    from megarl.run.interrupts import InterruptGuard, finished_run
+    from megarl.trainer.checkpointing import checkpoint_step, latest_checkpoint_step
     from megarl.settings.engine import initial_checkpoints
+    from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.placement import ClusterPlacement, plan_from_config, reward_pool_from_config
     from megarl.cluster.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
     from megarl.run.summary import RunSummary, places
     from megarl.run.samples import SampleReporter
     from megarl.cluster.startup import start_together
+    from megarl.trainer.training_safety import TrainingHalted
     from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.adapter_updates import weight_updates
 
@@ -242,6 +245,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
         interrupted = guard.interrupted(exc)
         interrupted.step, interrupted.total_steps = (loop.step if loop is not None else 0), total
         raise interrupted from None
+    except TrainingHalted:  # the run stopped itself; its message says why (main prints it)
+        raise
     except Exception:
         logging.getLogger("megarl.console").error("the run failed (worker logs: %s/)", worker_logs)
         raise
@@ -305,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    from megarl.trainer.training_safety import TrainingHalted
+
     guard = InterruptGuard().install()
     try:
         run(cfg, guard)
@@ -312,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         interrupted = guard.interrupted(exc)
         say("%s", interrupt_report(cfg.trainer, interrupted))
         return interrupted.exit_code
+    except TrainingHalted as exc:  # non-finite gradients or weights: the cause, where to look, the last checkpoint
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         guard.restore()
     return 0

@@ -158,3 +158,22 @@ def find_resume_checkpoint(trainer_cfg, root: str | Path) -> tuple[Path, Path | 
             return None
     critic = actor.parent.parent / "critic" / actor.name
     return actor, (critic if critic.is_dir() else None)
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a ``step_<N>`` checkpoint directory."""
+    name = Path(path).name
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
+
+
+def latest_checkpoint_step(root: str | Path) -> tuple[int, Path] | None:
+    """(step, directory) of ``<root>/actor/latest``, or None when the run has no checkpoint yet."""
+    from megarl.engine import latest_checkpoint
+
+    try:
+        path = latest_checkpoint(Path(root) / "actor")
+    except FileNotFoundError:
+        return None
+    if path is None or checkpoint_step(path) is None:
+        return None
+    return checkpoint_step(path), path

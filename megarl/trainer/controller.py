@@ -61,6 +61,7 @@ from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metri
 from megarl.trainer.off_policy import correct, staleness_metrics
 from megarl.trainer.rollout_batch import PROMPT_COLUMNS, StepData, build_step_data, concat_step_data, reward_extra_info
 from megarl.trainer.rollout_memory import RolloutMemory
+from megarl.trainer.training_safety import refuse_nonfinite_weights
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +178,8 @@ class RLTrainer:
             data, more = self.next_batch(step, timings, prompt_offset=offset, groups=want - have)
             offset += want
             for key, value in more.items():  # error counts add up; means are the last batch's
-                metrics[key] = metrics.get(key, 0) + value if key == "reward/num_errors" else value
+                metrics[key] = metrics.get(key, 0) + value if key in ("reward/num_errors", "reward/num_timeouts") \
+                    else value
         merged = concat_step_data(kept_parts)
         metrics["filter_groups/num_gen_batches"] = gen_batches
         return merged.select(list(range(want * n))), metrics
@@ -247,6 +249,8 @@ class RLTrainer:
             with timer(timings, "update_actor"):
                 metrics.update(self._update("update_actor", train_ref))
             if self.batches is None or self.batches.sync_due(step):
+                refuse_nonfinite_weights(self.workers, self.coords, ("actor",),
+                                         f"sync the weights to the rollout fleet after step {step}", self.cfg)
                 with timer(timings, "sync"):
                     self.rollout_memory.wake_for_sync()
                     metrics.update(self.weight_sync.sync(in_flight=self.in_flight))
@@ -351,9 +355,10 @@ class RLTrainer:
                            len(drawn["untrained"]), state["config"]["async_training"]["mode"])
 
     def close(self) -> None:
-        """Stop the producer of the asynchronous modes (before the fleet goes)."""
+        """Stop the producer of the asynchronous modes (before the fleet goes) and the reward workers."""
         if self.batches is not None:
             self.batches.close()
+        self.reward.close()
 
 
 def total_training_steps(trainer_cfg, batches_per_epoch: int) -> int:

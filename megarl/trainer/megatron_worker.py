@@ -238,6 +238,17 @@ class MegatronWorker(DistributedWorker):
                         "critic.checkpoint.load_contents", load_rng=False)
         return extra
 
+    def nonfinite_params(self, roles: list[str]) -> dict[str, dict]:
+        """Per role (``actor``, ``critic``): how many weight tensors hold inf/NaN on all ranks, and this
+        rank's first (collective: ``megarl.engine.finite``; the controller asks before a sync or a save)."""
+        from megarl.engine.finite import nonfinite_tensors
+
+        report = {}
+        for role in roles:
+            count, local = nonfinite_tensors(named_weights({"actor": self.actor, "critic": self.critic}[role].model))
+            report[role] = {"count": count, "first": local[0] if local else None}
+        return report
+
     # ------------------------------------------------------------------ weight sync (sender)
     def _local_shards(self):
         """This rank's HF-named pieces: views into the live parameters (no copy)."""
@@ -281,6 +292,21 @@ class MegatronWorker(DistributedWorker):
 
     def sync_close(self) -> None:
         self.sync.close()
+
+
+def named_weights(chunks) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter of a rank's model chunks, named as in the whole model: ``decoder.layers.<n>`` counts
+    the layers of all pipeline stages (megatron numbers them within a stage)."""
+    named = []
+    for chunk in chunks:
+        model = getattr(chunk, "module", chunk)
+        layers = getattr(getattr(model, "decoder", None), "layers", None)
+        for name, param in model.named_parameters():
+            parts = name.split(".")
+            if parts[:2] == ["decoder", "layers"] and layers is not None:
+                parts[2] = str(layers[int(parts[2])].layer_number - 1)
+            named.append((".".join(parts), param))
+    return named
 
 
 def dp_leaders(coords: list[dict[str, Any]]) -> list[int]:

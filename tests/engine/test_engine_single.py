@@ -110,7 +110,8 @@ def test_moe_log_probs_and_update_match_hugging_face(single, engine_work, data):
 
 def test_metrics_have_verl_names(single):
     metrics = single["update/mbs2"]["metrics"]
-    expected = {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss", "kl_coef", "grad_norm", "lr", "skipped_steps"}
+    expected = {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss", "kl_coef", "grad_norm", "lr", "skipped_steps",
+                "optimizer_steps"}
     assert {f"actor/{name}" for name in expected} <= set(metrics)
     assert metrics["actor/lr"] == _data.LR and metrics["actor/kl_coef"] == _data.LOSS.kl_loss_coef
     assert 0 < metrics["actor/pg_clipfrac"] < 1  # the noisy old log-probs make some ratios clip
@@ -118,7 +119,7 @@ def test_metrics_have_verl_names(single):
 
 def test_non_finite_grad_norm_skips_the_step(single):
     result = single["nonfinite"]
-    assert result["bad"]["actor/skipped_steps"] == 1.0
+    assert result["bad"]["actor/skipped_steps"] == result["bad"]["actor/optimizer_steps"] == 1.0
     assert math.isnan(result["bad"]["actor/grad_norm"])
     assert all(torch.equal(result["after_bad"][name], result["before"][name]) for name in result["before"])
     assert result["good"]["actor/skipped_steps"] == 0.0
