@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from megarl.config.derived import VALUE_ESTIMATORS, cluster_shape, critic_enabled, devices_for, old_log_prob_pass
 from megarl.config.errors import Problem, refusal
 
-RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.checkpointing.find_resume_checkpoint
+RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.resume.resume_plan
 ROLLOUT_MODES = ("sync", "async")
 
 

@@ -25,6 +25,7 @@ WORKER = "megarl.trainer.megatron_worker"
 VALIDATE = "megarl.checks.rules"
 DERIVED = "megarl.config.derived"
 CONTROLLER = "megarl.trainer.controller"
+LOOP = "megarl.trainer.training_loop"
 ROLES_WITH_ENGINE = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 LAYOUT = LAYOUT_KEYS
 
@@ -128,9 +129,9 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.algorithms.rollout_correction:RolloutCorrection.from_config", ("algorithm.rollout_correction.*",)),
     (f"{CONTROLLER}:RLTrainer.collect_batch", ("algorithm.filter_groups.*",)),
     (f"{CONTROLLER}:total_training_steps", ("trainer.total_epochs", "trainer.total_training_steps")),
-    (f"{CONTROLLER}:TrainingLoop.run", ("trainer.save_freq", "trainer.test_freq", "trainer.val_before_train",
+    (f"{LOOP}:TrainingLoop.run", ("trainer.save_freq", "trainer.test_freq", "trainer.val_before_train",
                                         "trainer.val_only")),
-    ("megarl.trainer.checkpointing:find_resume_checkpoint", ("trainer.resume_mode", "trainer.resume_from_path")),
+    ("megarl.trainer.resume:resume_plan", ("trainer.resume_mode", "trainer.resume_from_path")),
     (f"{CONTROLLER}:RLTrainer.validate", ("trainer.log_val_generations",)),
     ("megarl.trainer.samples:SampleReporter.on_train_step", ("trainer.rollout_data_dir", "trainer.log_train_generations",
                                                              "trainer.log_train_generations_freq")),
@@ -138,7 +139,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.train:main", ("trainer.log_level",)),
     (f"{WORKER}:MegatronWorker.setup", ("actor_rollout_ref.nccl_timeout",)),
     (f"{CONTROLLER}:RLTrainer.train_step", ("trainer.balance_batch",)),
-    (f"{CONTROLLER}:TrainingLoop.save", ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")),
+    (f"{LOOP}:TrainingLoop.save", ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")),
     (f"{WORKER}:MegatronWorker.save_checkpoint", ("actor_rollout_ref.actor.checkpoint.save_contents",
                                                   "critic.checkpoint.save_contents")),
     (f"{WORKER}:MegatronWorker.load_checkpoint", ("actor_rollout_ref.actor.checkpoint.load_contents",

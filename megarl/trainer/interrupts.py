@@ -159,25 +159,26 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 def latest_checkpoint_step(root: str | Path) -> tuple[int, Path] | None:
-    """(step, directory) of ``<root>/actor/latest``, or None when the run has no checkpoint yet."""
-    from megarl.engine import latest_checkpoint
+    """(step, directory) of ``<root>/actor/latest`` (the newest whole step when ``latest`` names an
+    interrupted save: what a resume would use), or None when the run has no checkpoint yet."""
+    from megarl.engine import checkpoint_problems, latest_checkpoint, step_directories
 
     try:
         path = latest_checkpoint(Path(root) / "actor")
     except FileNotFoundError:
-        return None
+        path = next((p for p in step_directories(Path(root) / "actor") if not checkpoint_problems(p)), None)
     if path is None or checkpoint_step(path) is None:
         return None
     return checkpoint_step(path), path
 
 
-def finished_run(trainer_cfg, root: str | Path, total_steps: int) -> tuple[int, Path] | None:
+def finished_run(trainer_cfg, root: str | Path, total_steps: int, critic: bool = False) -> tuple[int, Path] | None:
     """(step, checkpoint) when the checkpoint this run would resume from already holds its last step."""
-    from megarl.trainer.checkpointing import find_resume_checkpoint
+    from megarl.trainer.resume import find_resume_checkpoint
 
     if trainer_cfg.val_only:
         return None
-    found = find_resume_checkpoint(trainer_cfg, root)
+    found = find_resume_checkpoint(trainer_cfg, root, critic)
     if found is None:
         return None
     step = checkpoint_step(found[0])

@@ -62,7 +62,7 @@ def test_a_missing_start_checkpoint_fails_before_any_process_starts(tmp_path):
 
 
 def test_the_loop_syncs_the_fleet_to_a_megatron_start_checkpoint(tmp_path):
-    from megarl.trainer.controller import TrainingLoop
+    from megarl.trainer.training_loop import TrainingLoop
 
     from megarl.trainer.rollout_memory import RolloutMemory
 
