@@ -86,12 +86,12 @@ def _numpy_globals() -> list:
     return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
-def load_tensors_only(source, path: str | Path, numpy_arrays: bool = False):
+def load_tensors_only(source, path: str | Path, numpy_arrays: bool = False, map_location=None):
     """``torch.load(weights_only=True)`` (and NumPy arrays if asked), naming ``path`` when refused."""
     extra = _numpy_globals() if numpy_arrays else []
     try:
         with torch.serialization.safe_globals(extra):
-            return torch.load(source, map_location="cpu", weights_only=True)
+            return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         allowed = "tensors, plain Python data" + (" and NumPy arrays" if numpy_arrays else "")
         raise UnsafeCheckpointError(_refusal(path, exc, allowed)) from None
@@ -111,7 +111,8 @@ def _read_metadata(self, *args, **kwargs):
 
 
 def _load_bytes(self, read_item, value: io.BytesIO) -> None:
-    """``DefaultLoadPlanner.load_bytes`` (a ShardedObject) with ``weights_only`` and NumPy arrays."""
+    """``DefaultLoadPlanner.load_bytes`` (a ShardedObject) with ``weights_only`` and NumPy arrays (tensors
+    go back to the device they were saved from, as torch's own load does)."""
     from torch.distributed.checkpoint._traverse import set_element
 
     info = (self.metadata.storage_data or {}).get(read_item.storage_index) if self.metadata else None
@@ -131,7 +132,7 @@ def _load_common(self, checkpoint_dir):
     path = Path(checkpoint_dir) / COMMON_STATE_FNAME
     if not path.is_file():
         raise CheckpointingException(f"Common file {path} does not exist")
-    return load_tensors_only(path, path)
+    return load_tensors_only(path, path, map_location="cpu")  # as megatron loads it
 
 
 _CURRENT: dict = {"checkpoint": None, "depth": 0}
