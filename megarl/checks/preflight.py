@@ -2,8 +2,9 @@
 
 ``preflight_problems(cfg)`` only reads: a model's ``config.json`` (a local directory, or a hub id
 found in the Hugging Face cache), the schema and row count of each parquet file (and its data
-source column, to check that a rule reward exists for every source), a dist checkpoint's
-metadata, and the reward file, which it imports to check the function's signature. On a machine
+source column, to check that a rule reward exists for every source), the checkpoints a run
+starts or resumes from (complete, every file of the size its manifest records: a stat per file;
+the checksums are read at load), and the reward file, which it imports to check the function's signature. On a machine
 with a GPU it also plans the run's memory on that GPU (``megarl.plan.check``) and refuses a run
 that cannot fit (``trainer.plan_check``). No model is built, no process or Ray cluster starts.
 Each problem is one line naming the key and the fix.
@@ -11,7 +12,6 @@ Each problem is one line naming the key and the fix.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -42,10 +42,7 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
 
         problems += _layout_problems(cfg)
         problems += plan_problems(cfg)
-    if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path \
-            and not Path(cfg.trainer.resume_from_path).is_dir():
-        problems.append(Problem(f"trainer.resume_from_path={cfg.trainer.resume_from_path}: no such checkpoint "
-                                "directory (expected .../actor/step_<N>)"))
+    problems += _resume_problems(cfg)
     return problems
 
 
@@ -54,7 +51,7 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
     vLLM engines (the fleet's; a reward model's), which would otherwise fail 90 s into a launch with
     vLLM's or megatron's raw error."""
     from megarl.models import check_layout, model_dims, vllm_tp_problems
-    from megarl.trainer.megatron_worker import layout_from_config
+    from megarl.settings.engine import layout_from_config
 
     arr = cfg.actor_rollout_ref
     engines = [("actor_rollout_ref.rollout.tensor_model_parallel_size", arr.rollout.tensor_model_parallel_size,
@@ -85,21 +82,37 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
     return problems
 
 
+def _resume_problems(cfg: DictConfig) -> list[Problem]:
+    """The checkpoint a resume would load: present, complete and of the recorded sizes (``resume_plan``)."""
+    from megarl.trainer.resume import ResumeError, resume_plan
+
+    if not cfg.trainer.default_local_dir or (cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path):
+        return []  # the second is the config rules' problem
+    try:
+        resume_plan(cfg.trainer, cfg.trainer.default_local_dir, critic_enabled(cfg))
+    except (ResumeError, FileNotFoundError) as exc:
+        return [Problem(str(exc), key="trainer.resume_mode")]
+    return []
+
+
 def _checkpoint_problems(cfg: DictConfig) -> list[Problem]:
-    from megarl.engine.checkpoint import resolve_checkpoint
+    from megarl.engine.checkpoint import checkpoint_problems, resolve_checkpoint
     from megarl.settings.engine import initial_checkpoints
 
     keys = {"actor": "actor_rollout_ref.actor.megatron.dist_checkpointing_path",
             "ref": "actor_rollout_ref.ref.megatron.dist_checkpointing_path",
             "critic": "critic.megatron.dist_checkpointing_path"}
-    problems = []
+    problems, seen = [], set()
     for role, path in initial_checkpoints(cfg).items():
-        if path is None or (role == "critic" and not _critic_on(cfg)):
-            continue
+        if path is None or (role == "critic" and not _critic_on(cfg)) or path in seen:
+            continue  # the reference starts from the actor's checkpoint unless it names its own: said once
+        seen.add(path)
         try:
-            resolve_checkpoint(path)
+            found = checkpoint_problems(resolve_checkpoint(path))
         except (FileNotFoundError, OSError) as exc:
-            problems.append(Problem(f"{keys[role]}={path}: {exc}", key=keys[role]))
+            found = [str(exc)]
+        if found:
+            problems.append(Problem(f"{keys[role]}={path}: {'; '.join(found)}", key=keys[role]))
     return problems
 
 

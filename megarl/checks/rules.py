@@ -19,7 +19,7 @@ from megarl.config.derived import cluster_shape, devices_for, old_log_prob_pass
 from megarl.settings.derived import critic_enabled, greedy_baselines, grouped_estimator, needs_values
 from megarl.config.errors import Problem, refusal
 
-RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.checkpointing.find_resume_checkpoint
+RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.resume.resume_plan
 ROLLOUT_MODES = ("sync", "async")
 
 

@@ -25,6 +25,7 @@ WORKER = "megarl.trainer.megatron_worker"
 VALIDATE = "megarl.checks.rules"
 DERIVED = "megarl.config.derived"
 CONTROLLER = "megarl.trainer.controller"
+LOOP = "megarl.run.loop"
 ROLES_WITH_ENGINE = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 LAYOUT = LAYOUT_KEYS
 
@@ -131,7 +132,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{CONTROLLER}:total_training_steps", ("trainer.total_epochs", "trainer.total_training_steps")),
     ("megarl.run.loop:TrainingLoop.run", ("trainer.save_freq", "trainer.test_freq", "trainer.val_before_train",
                                         "trainer.val_only")),
-    ("megarl.trainer.checkpointing:find_resume_checkpoint", ("trainer.resume_mode", "trainer.resume_from_path")),
+    ("megarl.trainer.resume:resume_plan", ("trainer.resume_mode", "trainer.resume_from_path")),
     (f"{CONTROLLER}:RLTrainer.validate", ("trainer.log_val_generations",)),
     ("megarl.run.samples:SampleReporter.on_train_step", ("trainer.rollout_data_dir", "trainer.log_train_generations",
                                                              "trainer.log_train_generations_freq")),

@@ -161,13 +161,13 @@ def kill_descendants() -> None:
     psutil.wait_procs(children, timeout=5)
 
 
-def finished_run(trainer_cfg, root: str | Path, total_steps: int) -> tuple[int, Path] | None:
+def finished_run(trainer_cfg, root: str | Path, total_steps: int, critic: bool = False) -> tuple[int, Path] | None:
     """(step, checkpoint) when the checkpoint this run would resume from already holds its last step."""
-    from megarl.trainer.checkpointing import find_resume_checkpoint
+    from megarl.trainer.resume import find_resume_checkpoint
 
     if trainer_cfg.val_only:
         return None
-    found = find_resume_checkpoint(trainer_cfg, root)
+    found = find_resume_checkpoint(trainer_cfg, root, critic)
     if found is None:
         return None
     step = checkpoint_step(found[0])

@@ -1,9 +1,11 @@
-"""The training loop around the RL step: resume, validation, metrics and checkpoints.
+"""The loop around the RL steps: resume, validation, metrics, checkpoints.
 
-``TrainingLoop.run`` resumes (``trainer.resume_mode``), validates before training if asked, then
-runs ``RLTrainer.train_step`` for every step, validating every ``trainer.test_freq`` steps, logging
-the metrics and saving every ``trainer.save_freq`` steps. It says on the console what a person
-follows and feeds the end-of-run summary.
+``TrainingLoop.run`` resumes (``megarl.trainer.resume`` picks the checkpoint; the newest whole one is
+loaded and the fleet synced to it; what an earlier run logged after that step is dropped from the
+metrics), validates when asked, then runs ``RLTrainer.train_step`` step by step, logging each,
+stopping a run whose optimizer steps keep being skipped (``trainer.max_consecutive_skipped_steps``)
+and saving every ``trainer.save_freq`` steps (retention after each save; never non-finite weights).
+It says on the console what a person follows and feeds the end-of-run summary.
 """
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import time
 from megarl.logging.console import say
 from megarl.logging.progress import Progress, directory_bytes, duration, human
 from megarl.run.summary import RunSummary
+from megarl.settings.derived import critic_enabled
 from megarl.settings.engine import initial_checkpoints
-from megarl.trainer.checkpointing import find_resume_checkpoint, prune_checkpoints
+from megarl.trainer.checkpointing import prune_checkpoints
 from megarl.trainer.controller import RLTrainer
 from megarl.trainer.lora_setup import starts_from_adapter
+from megarl.trainer.resume import load_first_whole, resume_plan
 from megarl.trainer.training_safety import SkippedSteps, refuse_nonfinite_weights
 
 
@@ -28,8 +32,10 @@ class TrainingLoop:
     step in progress, for the interrupt report.
     """
 
-    def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str, summary=None, samples=None):
+    def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str, summary=None, samples=None,
+                 plan=None):
         self.trainer, self.metrics_logger, self.root = trainer, metrics_logger, checkpoint_root
+        self.plan = plan  # a ResumePlan decided (and said) before start-up; None: decided in resume()
         self.summary = summary if summary is not None else RunSummary(trainer.total_steps)
         self.samples = samples
         self.skips = SkippedSteps.from_config(trainer.cfg.trainer)  # non-finite gradients: stop a run that has diverged
@@ -37,36 +43,48 @@ class TrainingLoop:
         self._checkpoint_bytes: int | None = None  # the last checkpoint's size: the next save's progress total
 
     def resume(self) -> int:
-        """Load the checkpoint ``trainer.resume_mode`` asks for; return the step it holds (0: none)."""
+        """Load the checkpoint ``trainer.resume_mode`` asks for (``megarl.trainer.resume``); return the step
+        it holds (0: none). The metrics logged after that step by an earlier run are dropped."""
         t = self.trainer
-        found = find_resume_checkpoint(t.cfg.trainer, self.root)
-        if found is None:
+        plan = self.plan
+        if plan is None:
+            plan = resume_plan(t.cfg.trainer, self.root, critic_enabled(t.cfg))
+            for note in plan.notes:
+                say("%s", note)
+        if plan.first is None:
             start = initial_checkpoints(t.cfg)["actor"] or starts_from_adapter(t.cfg)
             if start:  # the actor starts from a megatron checkpoint or a LoRA adapter, the fleet from the HF one
-                self._sync_fleet(load=None, source=start)
+                self._sync_fleet(None, source=str(start))
                 say("actor started from %s; fleet synced to it", start)
             return 0
-        actor_path, critic_path = found
-        self._checkpoint_bytes = directory_bytes(*[p for p in found if p is not None])
-        with Progress(f"loading {actor_path}", total=None) as progress:
-            self._sync_fleet(load=(str(actor_path), critic_path and str(critic_path)), source=str(actor_path))
-        say("resumed from %s (%s): step %d of %d, in %s", actor_path, human(self._checkpoint_bytes, "B"),
+        with Progress(f"loading {plan.first[0]}", total=None) as progress:
+            loaded = self._sync_fleet(plan.candidates, source="the resumed checkpoint")
+        self._checkpoint_bytes = directory_bytes(*[p for p in loaded if p is not None])
+        say("resumed from %s (%s): step %d of %d, in %s", loaded[0], human(self._checkpoint_bytes, "B"),
             t.global_step, t.total_steps, duration(progress.elapsed))
         self.summary.add_history(t.history)
+        if self.metrics_logger is not None:
+            self.metrics_logger.rewind(t.global_step)
         return t.global_step
 
-    def _sync_fleet(self, load: tuple | None, source: str) -> None:
-        """Outside a step: (load a checkpoint, then) sync the fleet, in a step's memory order; ``source``
-        names where the weights come from."""
+    def _sync_fleet(self, candidates: list | None, source: str) -> tuple | None:
+        """Outside a step: (load the newest whole checkpoint of ``candidates``, then) sync the fleet, in a
+        step's memory order; returns the (actor, critic) loaded. ``source`` names where the weights come from."""
         t = self.trainer
         t.rollout_memory.release(will_sync=True)  # the fleet's weights are about to be rewritten
-        if load is not None:
-            t.load_state_dict(t.workers.call("load_checkpoint", *load)[0])
+        loaded = None
+        if candidates:
+            loaded, state = load_first_whole(
+                lambda actor, critic: t.workers.call("load_checkpoint", str(actor), critic and str(critic))[0],
+                candidates)
+            t.load_state_dict(state)
+            source = str(loaded[0])
         refuse_nonfinite_weights(t.workers, t.coords, ("actor",), f"sync the weights of {source} to the rollout fleet",
                                  t.cfg)
         t.rollout_memory.wake_for_sync()
         t.weight_sync.sync()  # the fleet must serve the trainer's weights
         t.rollout_memory.wake_for_rollout()
+        return loaded
 
     def save(self, step: int) -> None:
         t = self.trainer

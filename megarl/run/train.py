@@ -13,7 +13,9 @@ Order of events, each step logged:
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
 
-The console shows a few start-up lines, one line per step, validation and checkpoint, and a
+Which checkpoint a run resumes from is decided in step 1 (``megarl.trainer.resume``): checkpoints it
+passes over are named there, and a directory whose checkpoints cannot be resumed is refused rather
+than overwritten. The console shows a few start-up lines, one line per step, validation and checkpoint, and a
 summary (``megarl.logging.console``; ``--verbose`` shows everything); the workers' output goes
 to ``<trainer.default_local_dir>/logs/`` (``megarl.logging.worker_logs``). A run whose last
 step is checkpointed already says so before any process starts. Ctrl-C or SIGTERM stops the
@@ -163,16 +165,19 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools)
     val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools) if cfg.data.val_files else None
     total = total_training_steps(cfg.trainer, len(train_loader))
-    finished = finished_run(cfg.trainer, log_dir, total)
+    from megarl.settings.derived import critic_enabled
+    from megarl.trainer.resume import resume_plan
+
+    resume = resume_plan(cfg.trainer, log_dir, critic_enabled(cfg))  # refuses here, before any process starts
+    finished = finished_run(cfg.trainer, log_dir, total, critic_enabled(cfg))
     if finished is not None:  # before Ray: nothing would run
         say("%s has finished already: its checkpoint %s holds step %d of %d. Nothing to train: raise "
             "trainer.total_training_steps to continue it, or set trainer.resume_mode=disable (or another "
             "trainer.default_local_dir) to start over", log_dir, finished[1], finished[0], total)
         return {"_history": checkpoint_history(finished[1]), "_finished": True}
-    from megarl.trainer.checkpointing import find_resume_checkpoint
-
-    resume_from = find_resume_checkpoint(cfg.trainer, log_dir)
-    start_step = (checkpoint_step(resume_from[0]) or 0) if resume_from is not None else 0
+    for note in resume.notes:  # checkpoints passed over (which file, which step instead), or started over
+        say("%s", note)
+    start_step = (checkpoint_step(resume.first[0]) or 0) if resume.first is not None else 0
     say("%s", startup_lines.data_line(train_loader, val_dataset, start_step, total, cfg.data.train_batch_size))
 
     plan = plan_from_config(cfg)
@@ -223,7 +228,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
             trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset, rollout=agent_rollout,
                                 reward_model=reward_model)
             samples = SampleReporter(cfg, metrics_logger, trainer.reward)
-            loop = TrainingLoop(trainer, metrics_logger, str(log_dir), summary, samples)
+            loop = TrainingLoop(trainer, metrics_logger, str(log_dir), summary, samples, resume)
         follower.poll()
         held_back = console_state().suppressed_line()
         say("%s", (held_back + "; " if held_back else "") + f"worker logs: {worker_logs}/")

@@ -82,6 +82,7 @@ class RLTrainer:
         self.use_critic = critic_enabled(cfg)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.global_step = 0
+        self.weights_published = True  # the fleet serves the trainer's weights (no update since the last sync)
         self.history: list[dict[str, float]] = []
         self.val_generations: list[dict[str, Any]] = []  # the last validation's samples to log
         self.last_data: StepData | None = None  # the last training step's samples (SampleReporter)
@@ -248,12 +249,14 @@ class RLTrainer:
         if will_sync:
             with timer(timings, "update_actor"):
                 metrics.update(self._update("update_actor", train_ref))
+            self.weights_published = False
             if self.batches is None or self.batches.sync_due(step):
                 refuse_nonfinite_weights(self.workers, self.coords, ("actor",),
                                          f"sync the weights to the rollout fleet after step {step}", self.cfg)
                 with timer(timings, "sync"):
                     self.rollout_memory.wake_for_sync()
                     metrics.update(self.weight_sync.sync(in_flight=self.in_flight))
+                self.weights_published = True
                 if self.batches is not None:
                     self.batches.published(self.weight_sync.version)
         with timer(timings, "wake"):
@@ -334,6 +337,7 @@ class RLTrainer:
     # ------------------------------------------------------------------ state for checkpoints
     def state_dict(self) -> dict[str, Any]:
         state = {"global_step": self.global_step, "version": self.weight_sync.version,
+                 "weights_published": self.weights_published,
                  "data_loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                  "history": self.history, "config": OmegaConf.to_container(self.cfg, resolve=True)}
         if self.batches is not None:  # the prompts drawn ahead of the trainer, started again on resume
@@ -342,7 +346,12 @@ class RLTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.global_step = int(state["global_step"])
-        self.weight_sync.resume_at(int(state["version"]))
+        # The resume's sync publishes the loaded weights: as the checkpoint's own version when they are
+        # that version's (synced after the last update: always so in the synchronous loop), so that the
+        # count goes on as in an uninterrupted run; else as a new one.
+        version = int(state["version"])
+        republish = state.get("weights_published", "async" not in state) and version > 0
+        self.weight_sync.resume_at(version - 1 if republish else version)
         self.train_loader.load_state_dict(state["data_loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))

@@ -174,14 +174,15 @@ class MegatronWorker(DistributedWorker):
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, root: str, step: int, extra: dict | None) -> str:
-        """Save what ``<role>.checkpoint.save_contents`` asks for (the controller state ``extra`` always)."""
+        """Save what ``<role>.checkpoint.save_contents`` asks for (the controller state ``extra`` always).
+        The critic goes first: ``actor/latest`` moving is then the commit of the pair."""
         from megarl.trainer.checkpointing import save_engine
 
-        path = save_engine(self.actor, self.cfg.actor_rollout_ref.actor.checkpoint.save_contents, f"{root}/actor",
-                           step, extra, lambda out: self._export_hf("actor", self.actor, out), **self._lora_save("actor"))
         if self.critic is not None:
             save_engine(self.critic, self.cfg.critic.checkpoint.save_contents, f"{root}/critic", step, None,
                         lambda out: self._export_hf("critic", self.critic, out), **self._lora_save("critic"))
+        path = save_engine(self.actor, self.cfg.actor_rollout_ref.actor.checkpoint.save_contents, f"{root}/actor",
+                           step, extra, lambda out: self._export_hf("actor", self.actor, out), **self._lora_save("actor"))
         return str(path)
 
     def _lora_save(self, role: str) -> dict:
@@ -225,17 +226,23 @@ class MegatronWorker(DistributedWorker):
             copy_tokenizer_files(Path(hf_path), Path(out))
 
     def load_checkpoint(self, actor_path: str, critic_path: str | None) -> dict | None:
-        """Resume: load what ``<role>.checkpoint.load_contents`` asks for; returns the controller state."""
+        """Resume: load what ``<role>.checkpoint.load_contents`` asks for; returns the controller state.
+        Both checkpoints are checked against their manifests first (collective), so a damaged one
+        raises ``CheckpointIntegrityError`` before any state changes."""
+        from megarl.engine import verify_checkpoint
         from megarl.trainer.checkpointing import load_engine
 
         self.enter_phase("load")
-        actor = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
-        extra = load_engine(self.actor, actor_path, actor, "actor_rollout_ref.actor.checkpoint.load_contents")
+        if self.critic is not None and critic_path is None:
+            raise FileNotFoundError(f"{actor_path} has no matching critic checkpoint")
+        verify_checkpoint(actor_path)
         if self.critic is not None:
-            if critic_path is None:
-                raise FileNotFoundError(f"{actor_path} has no matching critic checkpoint")
+            verify_checkpoint(critic_path)
+        actor = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
+        extra = load_engine(self.actor, actor_path, actor, "actor_rollout_ref.actor.checkpoint.load_contents", verify=False)
+        if self.critic is not None:
             load_engine(self.critic, critic_path, self.cfg.critic.checkpoint.load_contents,
-                        "critic.checkpoint.load_contents", load_rng=False)
+                        "critic.checkpoint.load_contents", load_rng=False, verify=False)
         return extra
 
     def nonfinite_params(self, roles: list[str]) -> dict[str, dict]:

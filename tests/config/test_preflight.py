@@ -179,3 +179,26 @@ def test_tp_that_does_not_split_the_model_fails_before_start(tmp_path, fields, o
     assert check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", *sizes,
                  "actor_rollout_ref.rollout.tensor_model_parallel_size=4" if not fields else
                  "actor_rollout_ref.rollout.tensor_model_parallel_size=2") == []
+
+
+def test_checkpoints_to_start_or_resume_from_are_whole(files):
+    """A truncated file of the checkpoint a run starts from, and a run directory whose checkpoints
+    cannot be resumed, are named before anything starts."""
+    import os
+
+    from tests.config._fixtures import write_saved_checkpoint
+
+    root, model, data = files
+    base = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}"]
+    start = write_saved_checkpoint(root / "converted", "mcore", 0)
+    os.truncate(start / "__0_1.distcp", 100)
+    problems = check(*base, "actor_rollout_ref.actor.megatron.use_dist_checkpointing=true",
+                     f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={root / 'converted' / 'mcore'}")
+    assert problems == [f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={root / 'converted' / 'mcore'}: "
+                        "__0_1.distcp has 100 bytes, the manifest records 3000 (truncated or overwritten)"]
+    run = root / "run"
+    os.truncate(write_saved_checkpoint(run, "actor", 5) / "common.pt", 0)
+    problems = check(*base, f"trainer.default_local_dir={run}")
+    assert len(problems) == 1 and "holds checkpoints (actor/step_5) but none can be resumed" in problems[0]
+    assert "common.pt has 0 bytes" in problems[0] and "trainer.resume_mode=disable" in problems[0]
+    assert check(*base, f"trainer.default_local_dir={run}", "trainer.resume_mode=disable") == []

@@ -48,6 +48,9 @@ class Recorder:
     def log_generations(self, samples, step):
         pass
 
+    def rewind(self, step):
+        self.steps = {s: m for s, m in self.steps.items() if s <= step}
+
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):

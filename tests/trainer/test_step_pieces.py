@@ -9,8 +9,8 @@ import torch
 from megarl.agent.trajectory import Trajectory
 from megarl.checks import load_config
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
-from megarl.trainer.checkpointing import find_resume_checkpoint
 from megarl.algorithms import masked_mean
+from megarl.trainer.resume import find_resume_checkpoint
 from megarl.trainer.metrics import agent_metrics, data_metrics, timing_metrics
 from megarl.trainer.rollout_batch import build_step_data, concat_step_data
 

@@ -128,7 +128,7 @@ def _sync_after_load(cfg, tmp_path):
     trainer = _Trainer(cfg, [], Loading(bad={"actor": {0: "embedding.word_embeddings.weight"}}))
     trainer.rollout_memory, trainer.load_state_dict = RolloutMemory(None, False), lambda state: None
     trainer.weight_sync = None  # never reached
-    TrainingLoop(trainer, _Logger(), str(tmp_path))._sync_fleet(load=("/ck/step_2", None), source="/ck/step_2")
+    TrainingLoop(trainer, _Logger(), str(tmp_path))._sync_fleet([(Path("/ck/step_2"), None)], source="the checkpoint")
 
 
 def test_the_limit_is_a_checked_key():
