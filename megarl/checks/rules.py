@@ -442,6 +442,8 @@ def _check_trainer(cfg, add) -> None:
     for key in ("save_freq", "test_freq"):
         if t[key] == 0 or t[key] < -1:
             add(f"trainer.{key}={t[key]}: use -1 (never) or a positive step count.")
+    if not t.save_timeout_s > 0:
+        add(f"trainer.save_timeout_s={t.save_timeout_s}: must be > 0 (seconds a checkpoint save may take).")
     unknown = sorted(set(t.logger) - set(SINKS))
     if unknown:
         add(f"trainer.logger has unknown entries {unknown}; known: {sorted(SINKS)}.")

@@ -158,3 +158,15 @@ def find_resume_checkpoint(trainer_cfg, root: str | Path) -> tuple[Path, Path | 
             return None
     critic = actor.parent.parent / "critic" / actor.name
     return actor, (critic if critic.is_dir() else None)
+
+
+def save_on_workers(workers, root: str, step: int, state: dict, trainer_cfg) -> str:
+    """Every rank writes its part of ``<root>/*/step_<step>``; returns the actor's path. A rank that dies is
+    named at once (``WorkerGroup.wait``); a save longer than ``trainer.save_timeout_s`` fails the run."""
+    limit = trainer_cfg.save_timeout_s
+    refs = workers.call_async("save_checkpoint", root, step, state)
+    try:
+        return workers.wait(refs, f"save_checkpoint (step {step})", timeout_s=limit)[0]
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}: the checkpoint is incomplete ({root}/actor/step_{step}.tmp, never loaded); if "
+                           f"saves of this size take longer, raise trainer.save_timeout_s={limit:g}") from None

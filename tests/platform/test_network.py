@@ -1,0 +1,107 @@
+"""The run's stores listen on the cluster address only, never on every interface.
+
+The address check runs in a network namespace of the test's own (``unshare --net``, root), where
+loopback also holds a second, non-loopback address (10.77.0.1): a store listening on every
+interface answers there, one bound to 127.0.0.1 refuses. Outside such a namespace the tests
+assert the bound address of the listening socket. No packet leaves this machine.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from megarl.platform import network
+
+REPO = Path(__file__).resolve().parents[2]
+OTHER_ADDRESS = "10.77.0.1"  # exists only inside the test's own network namespace
+
+# The weight-sync store's host (megarl.weight_sync.transport.base.rendezvous) and the trainer ranks'
+# torch.distributed rendezvous (megarl.platform.init_distributed, rank 0 of 2) in one process.
+PROBE = textwrap.dedent(f'''
+    import os, socket, sys, threading
+    import torch.distributed as dist
+    from megarl.platform import init_distributed, network
+    from megarl.weight_sync.transport.base import rendezvous
+
+    def answers(address, port):
+        with socket.socket() as sock:
+            sock.settimeout(5)
+            return sock.connect_ex((address, port)) == 0
+
+    def serve_rendezvous(port):
+        os.environ.update(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        init_distributed(timeout_s=60)
+
+    store_port = network.reserve_port("127.0.0.1")
+    store = rendezvous(0, 2, "127.0.0.1", store_port, timeout_s=60)
+    dist_port = network.reserve_port("127.0.0.1")
+    network.release_port("127.0.0.1", dist_port)  # init_distributed binds the port itself
+    host = threading.Thread(target=serve_rendezvous, args=(dist_port,), daemon=True)
+    host.start()
+    rank1 = network.tcp_store("127.0.0.1", dist_port, 2, False, 60)  # wait until the rendezvous listens
+    for name, port in (("weight-sync store", store_port), ("rendezvous store", dist_port)):
+        print(name, "loopback", answers("127.0.0.1", port), "other", answers("{OTHER_ADDRESS}", port), flush=True)
+    os._exit(0)
+''')
+
+
+def in_own_namespace(script: str) -> subprocess.CompletedProcess | None:
+    """Run ``script`` in a fresh network namespace whose lo also holds OTHER_ADDRESS; None if not allowed here."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    setup = f"ip link set lo up && ip addr add {OTHER_ADDRESS}/32 dev lo && exec {sys.executable} -c \"$0\""
+    result = subprocess.run(["unshare", "--net", "sh", "-c", setup, script], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if result.returncode != 0 and "unshare" in result.stderr and "Operation not permitted" in result.stderr:
+        return None
+    return result
+
+
+def listening_addresses(process: psutil.Process) -> set[str]:
+    return {c.laddr.ip for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_stores_refuse_connections_on_other_addresses():
+    result = in_own_namespace(PROBE)
+    if result is None:
+        pytest.skip("no network namespace here (needs root and unshare); the bound address is checked below")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if " loopback " in line]
+    assert lines == ["weight-sync store loopback True other False", "rendezvous store loopback True other False"], \
+        result.stdout + result.stderr
+
+
+def test_store_host_binds_the_given_address():
+    port = network.reserve_port("127.0.0.1")
+    store = network.tcp_store("127.0.0.1", port, 2, True, timeout_s=30)
+    client = network.tcp_store("127.0.0.1", port, 2, False, timeout_s=30)
+    client.set("key", "value")
+    assert store.get("key") == b"value"
+    assert listening_addresses(psutil.Process()) == {"127.0.0.1"}
+    del store, client
+    assert listening_addresses(psutil.Process()) == set()  # the store owned the socket and closed it
+
+
+def test_every_interface_is_refused():
+    with pytest.raises(ValueError, match="refusing to listen on 0.0.0.0"):
+        network.listening_socket("0.0.0.0")
+    with pytest.raises(OSError, match="cannot listen on 192.0.2.254"):  # an address this machine does not hold
+        network.listening_socket("192.0.2.254")
+
+
+def test_gloo_and_nccl_interfaces_are_pinned_unless_set(monkeypatch):
+    for name in network.SOCKET_INTERFACE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert network.interface_of("127.0.0.1") == "lo"
+    assert network.pin_socket_interfaces("127.0.0.1") == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
+    assert network.pin_socket_interfaces("localhost") == {"NCCL_SOCKET_IFNAME": "lo"}
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"  # the user's choice stands
