@@ -12,10 +12,10 @@ is picked by the OS from the ephemeral range (32768-60999), clear of the 10002-1
 uses for worker ports. Never call ``ray stop``: it kills every Ray process on the machine; a
 cluster started here ends with ``shutdown_ray()``.
 
-A driver that dies without ``shutdown_ray`` (SIGKILL) leaves nothing behind for long: a local
-cluster carries the run's id in every process's environment and a reaper process beside it kills
-them and removes the temp dir as soon as the driver is gone; a new local cluster first removes
-the temp dirs of dead runs whose reaper died too (``run_reaper``).
+A driver that dies without ``shutdown_ray`` (SIGKILL) leaves nothing behind for long: a reaper
+process beside a local cluster kills the cluster's processes and removes its temp dir as soon as
+the driver is gone; a new local cluster first removes the temp dirs of dead runs whose reaper died
+too (``run_reaper``).
 """
 from __future__ import annotations
 
@@ -78,10 +78,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
         temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
         _created_temp_dir = temp_dir
         atexit.register(shutdown_ray)  # also when the driver dies of an exception
-        run_id = run_reaper.new_run_id()
-        run_reaper.write_marker(temp_dir, run_id)
-        os.environ[run_reaper.RUN_ID_VARIABLE] = run_id  # inherited by every process the cluster starts
-        _start_reaper(temp_dir, run_id)
+        run_reaper.write_marker(temp_dir)
+        _start_reaper(temp_dir)
     if private_tmp:
         env["TMPDIR"] = os.path.join(temp_dir, "tmp")
         os.makedirs(env["TMPDIR"], exist_ok=True)
@@ -99,11 +97,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
     return resources
 
 
-def _start_reaper(temp_dir: str, run_id: str) -> None:
+def _start_reaper(temp_dir: str) -> None:
     global _reaper
     from megarl.trainer.run_reaper import start_reaper
 
-    _reaper = start_reaper(temp_dir, run_id)
+    _reaper = start_reaper(temp_dir)
 
 
 def local_temp_dir() -> str | None:
@@ -164,9 +162,6 @@ def shutdown_ray() -> None:
 def _stop_reaper() -> None:
     """After the cluster is down: the reaper finds nothing left and ends."""
     global _reaper
-    from megarl.trainer.run_reaper import RUN_ID_VARIABLE
-
-    os.environ.pop(RUN_ID_VARIABLE, None)
     if _reaper is not None:
         _reaper.stop()
         _reaper = None

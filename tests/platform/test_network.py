@@ -1,9 +1,12 @@
 """The run's stores listen on the cluster address only, never on every interface.
 
-The address check runs in a network namespace of the test's own (``unshare --net``, root), where
+The address checks run in a network namespace of the test's own (``unshare --net``, root), where
 loopback also holds a second, non-loopback address (10.77.0.1): a store listening on every
-interface answers there, one bound to 127.0.0.1 refuses. Outside such a namespace the tests
-assert the bound address of the listening socket. No packet leaves this machine.
+interface answers there, one bound to 127.0.0.1 refuses. The gloo check also gives the namespace a
+host name that resolves to 10.77.0.1 (its own /etc/hosts, bind-mounted in a private mount
+namespace), as on a machine whose name resolves to its external address: gloo, left alone, listens
+there. Outside such a namespace the tests assert the bound address of the listening socket. No
+packet leaves this machine.
 """
 from __future__ import annotations
 
@@ -52,13 +55,44 @@ PROBE = textwrap.dedent(f'''
 ''')
 
 
-def in_own_namespace(script: str) -> subprocess.CompletedProcess | None:
-    """Run ``script`` in a fresh network namespace whose lo also holds OTHER_ADDRESS; None if not allowed here."""
+# Two ranks of megarl.platform.init_distributed (MASTER_ADDR=127.0.0.1) and one all-reduce over gloo; each
+# prints the addresses it listens on.
+GLOO_PROBE = textwrap.dedent('''
+    import os, socket
+    import psutil, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from megarl.platform import init_distributed
+
+    def rank(r, port):
+        os.environ.update(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        init_distributed(timeout_s=60)
+        dist.all_reduce(torch.ones(1))
+        ips = sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"})
+        print("rank", r, socket.gethostbyname(socket.gethostname()), ips, flush=True)
+        dist.barrier()
+
+    if __name__ == "__main__":
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        mp.spawn(rank, args=(port,), nprocs=2)
+''')
+
+
+def in_own_namespace(script: str, workdir: Path, own_hostname: bool = False) -> subprocess.CompletedProcess | None:
+    """Run ``script`` in a fresh network namespace whose lo also holds OTHER_ADDRESS (and, with ``own_hostname``,
+    whose host name ``megarl-node`` resolves to it); None if not allowed here."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return None
-    setup = f"ip link set lo up && ip addr add {OTHER_ADDRESS}/32 dev lo && exec {sys.executable} -c \"$0\""
-    result = subprocess.run(["unshare", "--net", "sh", "-c", setup, script], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    (workdir / "probe.py").write_text(script)
+    setup = f"ip link set lo up && ip addr add {OTHER_ADDRESS}/32 dev lo"
+    flags = ["--net"]
+    if own_hostname:
+        (workdir / "hosts").write_text(f"127.0.0.1 localhost\n{OTHER_ADDRESS} megarl-node\n")
+        setup += f" && hostname megarl-node && mount --bind {workdir / 'hosts'} /etc/hosts"
+        flags += ["--uts", "--mount"]
+    setup += f" && exec {sys.executable} {workdir / 'probe.py'}"
+    result = subprocess.run(["unshare", *flags, "sh", "-c", setup], capture_output=True, text=True,
+                            timeout=180, env={**os.environ, "PYTHONPATH": str(REPO)})
     if result.returncode != 0 and "unshare" in result.stderr and "Operation not permitted" in result.stderr:
         return None
     return result
@@ -68,13 +102,24 @@ def listening_addresses(process: psutil.Process) -> set[str]:
     return {c.laddr.ip for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
-def test_stores_refuse_connections_on_other_addresses():
-    result = in_own_namespace(PROBE)
+def test_stores_refuse_connections_on_other_addresses(tmp_path):
+    result = in_own_namespace(PROBE, tmp_path)
     if result is None:
         pytest.skip("no network namespace here (needs root and unshare); the bound address is checked below")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if " loopback " in line]
     assert lines == ["weight-sync store loopback True other False", "rendezvous store loopback True other False"], \
+        result.stdout + result.stderr
+
+
+def test_gloo_listens_on_the_cluster_interface_not_the_host_names_address(tmp_path):
+    result = in_own_namespace(GLOO_PROBE, tmp_path, own_hostname=True)
+    if result is None:
+        pytest.skip("no network namespace here (needs root and unshare)")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank"))
+    # the host name resolves to 10.77.0.1, yet the store and gloo's pairs listen on 127.0.0.1 only
+    assert lines == [f"rank 0 {OTHER_ADDRESS} ['127.0.0.1']", f"rank 1 {OTHER_ADDRESS} ['127.0.0.1']"], \
         result.stdout + result.stderr
 
 

@@ -18,56 +18,60 @@ import psutil
 from megarl.trainer import run_reaper
 
 REPO = Path(__file__).resolve().parents[2]
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
 
 
-def run_process(run_id: str) -> subprocess.Popen:
-    """A process of the run: it carries the run's id, as everything a local cluster starts does."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
-                            env={**os.environ, run_reaper.RUN_ID_VARIABLE: run_id})
-
-
-def marker(directory: Path, pid: int, create_time: float, run_id: str) -> Path:
+def stale_dir(directory: Path, driver: tuple[int, float], processes: list[subprocess.Popen]) -> Path:
+    """A temp dir as a cluster leaves it: the driver's marker and the reaper's last record."""
     directory.mkdir()
-    (directory / run_reaper.MARKER).write_text(json.dumps({"pid": pid, "create_time": create_time, "run_id": run_id}))
+    (directory / run_reaper.MARKER).write_text(json.dumps({"pid": driver[0], "create_time": driver[1]}))
+    record = [run_reaper.identity(psutil.Process(p.pid)) for p in processes]
+    (directory / run_reaper.RECORD).write_text(json.dumps(record))
     return directory
 
 
 def test_the_next_run_removes_only_dead_runs_temp_dirs(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone_identity = (gone.pid, psutil.Process(gone.pid).create_time())
+    gone_driver = run_reaper.identity(psutil.Process(gone.pid))
     gone.wait()
     me = psutil.Process()
-    dead_id, live_id = run_reaper.new_run_id(), run_reaper.new_run_id()
-    leftover = run_process(dead_id)
-    untouched = run_process(live_id)
+    leftover, untouched, recycled = (subprocess.Popen(SLEEPER) for _ in range(3))
     try:
-        dead = marker(tmp_path / "ray_dead", *gone_identity, dead_id)
-        reused = marker(tmp_path / "ray_reused", me.pid, me.create_time() - 100, run_reaper.new_run_id())  # pid reused
-        live = marker(tmp_path / "ray_live", me.pid, me.create_time(), live_id)
+        dead = stale_dir(tmp_path / "ray_dead", gone_driver, [leftover])
+        reused = stale_dir(tmp_path / "ray_reused", (me.pid, me.create_time() - 100), [])  # the pid is another's now
+        live = stale_dir(tmp_path / "ray_live", run_reaper.identity(me), [untouched])
+        other = stale_dir(tmp_path / "ray_other", gone_driver, [])
+        record = json.loads((other / run_reaper.RECORD).read_text())
+        (other / run_reaper.RECORD).write_text(json.dumps(record + [[recycled.pid, 1.0]]))  # same pid, other start
         foreign = tmp_path / "ray_foreign"
         foreign.mkdir()  # no marker: not a megarl cluster's
         removed = run_reaper.remove_stale_temp_dirs(str(tmp_path))
-        assert sorted(removed) == sorted([str(dead), str(reused)])
-        assert not dead.exists() and not reused.exists() and live.exists() and foreign.exists()
-        leftover.wait(timeout=10)  # the dead run's leftover went with its dir (psutil reaped it: no exit code here)
-        assert untouched.poll() is None  # a live run's process is not touched
+        assert sorted(removed) == sorted(map(str, [dead, reused, other]))
+        assert live.exists() and foreign.exists()
+        leftover.wait(timeout=10)  # the dead run's leftover went with its dir (psutil reaped it: no exit code)
+        assert untouched.poll() is None and recycled.poll() is None  # a live run's, and a reused pid's, untouched
     finally:
-        for process in (leftover, untouched):
+        for process in (leftover, untouched, recycled):
             process.kill()
             process.wait()
 
 
 DRIVER = textwrap.dedent('''
-    import os, subprocess, sys, tempfile, time
+    import subprocess, sys, tempfile, time
+    import psutil
     from megarl.trainer import run_reaper
 
     temp_dir = tempfile.mkdtemp(prefix="ray_", dir=sys.argv[1])
-    run_id = run_reaper.new_run_id()
-    run_reaper.write_marker(temp_dir, run_id)
-    os.environ[run_reaper.RUN_ID_VARIABLE] = run_id
-    reaper = run_reaper.start_reaper(temp_dir, run_id)
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
-    print(temp_dir, reaper.process.pid, worker.pid, flush=True)
+    run_reaper.write_marker(temp_dir)
+    reaper = run_reaper.start_reaper(temp_dir)
+    # a raylet stand-in that dies with the driver, and its agent, which then leaves the driver's tree
+    raylet = subprocess.Popen([sys.executable, "-c", "import ctypes, signal, subprocess, sys, time; "
+                               "ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+                               "time.sleep(300)"])
+    time.sleep(2.5)  # the reaper records the tree every second
+    agent = psutil.Process(raylet.pid).children()[0]
+    print(temp_dir, reaper.process.pid, raylet.pid, agent.pid, flush=True)
     time.sleep(300)
 ''')
 
@@ -75,8 +79,8 @@ DRIVER = textwrap.dedent('''
 def test_the_reaper_cleans_up_after_a_killed_driver(tmp_path):
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
-    temp_dir, reaper_pid, worker_pid = driver.stdout.readline().split()
-    processes = [psutil.Process(int(reaper_pid)), psutil.Process(int(worker_pid))]
+    temp_dir, *pids = driver.stdout.readline().split()
+    processes = [psutil.Process(int(pid)) for pid in pids]  # the reaper, the raylet and its agent
     try:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
@@ -90,18 +94,18 @@ def test_the_reaper_cleans_up_after_a_killed_driver(tmp_path):
                 process.kill()
 
 
-def test_a_normal_stop_ends_the_reaper_and_touches_nothing_alive(tmp_path):
+def test_a_normal_stop_ends_the_reaper_and_touches_nothing(tmp_path):
     temp_dir = tmp_path / "ray_x"
     temp_dir.mkdir()
-    run_id = run_reaper.new_run_id()
-    other = run_process(run_reaper.new_run_id())
+    child = subprocess.Popen(SLEEPER)  # a child of this "driver", recorded by the reaper
     try:
-        reaper = run_reaper.start_reaper(str(temp_dir), run_id)
-        time.sleep(0.5)
+        reaper = run_reaper.start_reaper(str(temp_dir))
+        time.sleep(2.5)
         assert reaper.process.poll() is None  # it waits while the driver lives
+        assert child.pid in dict(run_reaper.read_record(temp_dir))
         reaper.stop()
         assert reaper.process.returncode == 0
-        assert other.poll() is None
+        assert child.poll() is None and temp_dir.exists()  # the driver's own shutdown does the rest
     finally:
-        other.kill()
-        other.wait()
+        child.kill()
+        child.wait()
