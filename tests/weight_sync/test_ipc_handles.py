@@ -96,3 +96,29 @@ def test_cuda_handles_are_plain_checked_fields():
     if not torch.cuda.is_available():
         with pytest.raises(ipc_handles.HandleError, match="this process sees 0"):
             ipc_handles.open_cuda(found)
+
+
+def _consume(handle: bytes, results) -> None:
+    view = _CudaIpcBuffers().open(handle)
+    total = int(view.sum())
+    view[0] = 77
+    torch.cuda.synchronize()
+    results.put(total)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU (the CPU variant is tested above)")
+def test_a_cuda_handle_maps_the_same_memory_in_another_process():
+    import multiprocessing as mp
+
+    buffer, handle = _CudaIpcBuffers().allocate(1024)
+    buffer.copy_(torch.arange(1024, device=buffer.device) % 251)
+    torch.cuda.synchronize()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    consumer = ctx.Process(target=_consume, args=(handle, results))
+    consumer.start()
+    total = results.get(timeout=120)
+    consumer.join(60)
+    assert consumer.exitcode == 0
+    assert total == int((torch.arange(1024) % 251).sum())
+    assert int(buffer[0]) == 77  # the other process wrote into this buffer
