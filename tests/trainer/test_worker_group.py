@@ -40,6 +40,9 @@ class SumWorker(DistributedWorker):
     def process(self):
         return os.getpid(), os.environ.get("GLOO_SOCKET_IFNAME"), os.environ.get("NCCL_SOCKET_IFNAME")
 
+    def nap(self, seconds):
+        time.sleep(seconds)
+
     def fork_and_block(self):
         """Fork a child that holds this process's connections (as megatron's checkpoint writers do); block."""
         import multiprocessing as mp
@@ -123,3 +126,32 @@ def test_a_killed_rank_is_named_within_seconds(cluster):
     finally:
         killer.join()
         group.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(240)
+def test_a_wait_is_bounded_and_names_the_late_ranks(cluster):
+    group = WorkerGroup(SumWorker, world_size=2, init_args=(1,))
+    try:
+        refs = [group.call_async("nap", 0)[0], group.call_async("nap", 60)[1]]
+        with pytest.raises(TimeoutError, match=r"a nap: trainer rank\(s\) \[1\] did not finish within 3 s"):
+            group.wait(refs, "a nap", timeout_s=3)
+    finally:
+        group.shutdown()
+
+
+def test_a_save_past_its_bound_names_the_key():
+    from types import SimpleNamespace
+
+    from megarl.trainer.checkpointing import save_on_workers
+
+    class LateWorkers:
+        def call_async(self, method, *args):
+            return [method]
+
+        def wait(self, refs, what, timeout_s=None):
+            raise TimeoutError(f"{what}: trainer rank(s) [0] did not finish within {timeout_s:g} s")
+
+    with pytest.raises(TimeoutError, match=r"save_checkpoint \(step 7\): trainer rank\(s\) \[0\] did not finish "
+                                           r"within 5 s: .*raise trainer.save_timeout_s=5"):
+        save_on_workers(LateWorkers(), "/ckpt", 7, {}, SimpleNamespace(save_timeout_s=5))
