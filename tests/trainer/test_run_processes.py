@@ -136,11 +136,16 @@ def is_loopback(ip: str) -> bool:
 
 @pytest.mark.timeout(900)
 def test_sockets_a_killed_driver_a_stale_run_and_a_rank_killed_while_saving(launch):
-    # 1. sockets, then the driver SIGKILLed
-    run = launch("a", "trainer.save_freq=-1", own_network=namespaces_allowed())
+    sockets_then_killed_driver(launch("a", "trainer.save_freq=-1", own_network=namespaces_allowed()))
+    stale, left_behind = driver_and_reaper_killed(launch("b", "trainer.save_freq=-1"))
+    cleaned_then_rank_killed_while_saving(launch("c", "trainer.save_freq=1"), stale, left_behind)
+
+
+def sockets_then_killed_driver(run: Run) -> None:
+    """1. Every listening socket on loopback; the driver SIGKILLed takes every process and the temp dir."""
     try:
         run.wait_for(r"^step 2 \|", timeout_s=420)
-        processes = [psutil.Process(run.proc.pid)] + run.processes()
+        processes = run.processes()
         sockets = listening(run)
         print(f"own network namespace: {run.own_network}\n" +
               "\n".join(f"LISTEN {name} {ip}:{port}" for name, ip, port in sorted(sockets)))
@@ -152,15 +157,16 @@ def test_sockets_a_killed_driver_a_stale_run_and_a_rank_killed_while_saving(laun
         os.kill(run.proc.pid, signal.SIGKILL)
         run.proc.wait()
         began = time.monotonic()
-        left = running(processes[1:], timeout_s=20)
+        left = running(processes, timeout_s=20)
         assert not left, f"left running 20 s after the driver was killed: {[(p.pid, p.name()) for p in left]}"
         print(f"every process of the run gone {time.monotonic() - began:.1f} s after the driver's SIGKILL")
         assert not temp_dir.exists(), f"Ray's temp dir {temp_dir} is left"
     finally:
         run.stop()
 
-    # 2. driver and reaper SIGKILLed while the engines start: the temp dir (and Ray's agents) stay behind
-    run = launch("b", "trainer.save_freq=-1")
+
+def driver_and_reaper_killed(run: Run) -> tuple[Path, list[psutil.Process]]:
+    """2. Driver and reaper SIGKILLed while the engines start: the temp dir (and Ray's agents) stay behind."""
     try:
         run.wait_for(r"^Ray cluster: ", timeout_s=300)
         time.sleep(3)  # the reaper records the cluster's processes every second
@@ -174,13 +180,15 @@ def test_sockets_a_killed_driver_a_stale_run_and_a_rank_killed_while_saving(laun
     finally:
         run.stop()
     assert stale.exists()
+    return stale, processes
 
-    # 3. the next run removes them first; its rank is killed while megatron's writers run
-    run = launch("c", "trainer.save_freq=1")
+
+def cleaned_then_rank_killed_while_saving(run: Run, stale: Path, left_behind: list[psutil.Process]) -> None:
+    """3. The next run removes what the dead one left, first; its rank is killed while megatron's writers run."""
     try:
         run.wait_for(r"^Ray cluster: ", timeout_s=300)
         assert not stale.exists(), f"the dead run's temp dir {stale} is left"
-        left = running(processes, timeout_s=0)
+        left = running(left_behind, timeout_s=0)
         assert not left, f"the dead run's processes are left: {[(p.pid, p.name()) for p in left]}"
         run.wait_for(r"^checkpoint step 1: ", timeout_s=420)
         rank = next(p for p in run.processes() if p.name().startswith("ray::MegatronWo"))
