@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from megarl.platform.hardware import device_count
+
 FORMAT = "megarl-ipc-1"
 HOST_PREFIX = "/dev/shm/megarl-sync-"
 _HOST_PATH = re.compile(r"/dev/shm/megarl-sync-\d+-[0-9a-f]{32}")
@@ -113,8 +115,8 @@ def open_cuda(h: CudaHandle) -> torch.Tensor:
     """Map a CUDA handle's buffer into this process (torch's own rebuild, explicit arguments)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    if h.device >= torch.cuda.device_count():
-        raise HandleError(f"cuda handle names device {h.device}; this process sees {torch.cuda.device_count()}")
+    if h.device >= device_count():
+        raise HandleError(f"cuda handle names device {h.device}; this process sees {device_count()}")
     if h.nbytes == 0 or h.nbytes > h.storage_size:
         raise HandleError(f"cuda handle: a buffer of {h.nbytes} bytes in a storage of {h.storage_size}")
     return rebuild_cuda_tensor(torch.Tensor, torch.Size([h.nbytes]), (1,), 0, torch.UntypedStorage, torch.uint8,
