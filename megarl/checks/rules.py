@@ -436,6 +436,8 @@ def _check_trainer(cfg, add) -> None:
     if t.max_consecutive_skipped_steps < 0:
         add(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps}: use 0 (never stop) or a "
             "positive step count.")
+    if not t.save_timeout_s > 0:
+        add(f"trainer.save_timeout_s={t.save_timeout_s}: must be > 0 (seconds a checkpoint save may take).")
     unknown = sorted(set(t.logger) - set(SINKS))
     if unknown:
         add(f"trainer.logger has unknown entries {unknown}; known: {sorted(SINKS)}.")

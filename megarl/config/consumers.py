@@ -141,6 +141,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{WORKER}:MegatronWorker.setup", ("actor_rollout_ref.nccl_timeout",)),
     (f"{CONTROLLER}:RLTrainer.train_step", ("trainer.balance_batch",)),
     ("megarl.run.loop:TrainingLoop.save", ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")),
+    ("megarl.trainer.checkpointing:save_on_workers", ("trainer.save_timeout_s",)),
     (f"{WORKER}:MegatronWorker.save_checkpoint", ("actor_rollout_ref.actor.checkpoint.save_contents",
                                                   "critic.checkpoint.save_contents")),
     (f"{WORKER}:MegatronWorker.load_checkpoint", ("actor_rollout_ref.actor.checkpoint.load_contents",

@@ -512,6 +512,7 @@ class TrainerConfig:
     validation_data_dir: Optional[str] = None  # every validation's samples as <dir>/<step>.jsonl
     log_level: str = "INFO"  # megarl: the console; INFO (a few lines), DEBUG (everything, as --verbose), WARNING
     ray_address: Optional[str] = None  # megarl: None = $RAY_ADDRESS or a local cluster
+    save_timeout_s: float = 3600.0  # megarl: the longest a checkpoint save may take before the run fails
     # megarl: before a launch on a machine with a GPU, refuse a run whose memory plan (megarl plan) does not
     # fit that GPU, naming the keys that would make it fit; skipped on machines without a GPU
     plan_check: bool = True

@@ -16,7 +16,7 @@ from megarl.logging.progress import Progress, directory_bytes, duration, human
 from megarl.run.summary import RunSummary
 from megarl.settings.derived import critic_enabled
 from megarl.settings.engine import initial_checkpoints
-from megarl.trainer.checkpointing import prune_checkpoints
+from megarl.trainer.checkpointing import prune_checkpoints, save_on_workers
 from megarl.trainer.controller import RLTrainer
 from megarl.trainer.lora_setup import starts_from_adapter
 from megarl.trainer.resume import load_first_whole, resume_plan
@@ -93,7 +93,7 @@ class TrainingLoop:
         staging = [f"{self.root}/{role}/step_{step}.tmp" for role in ("actor", "critic")]
         with Progress(f"checkpoint step {step}", total=self._checkpoint_bytes, unit="B",
                       poll=lambda: directory_bytes(*staging)) as progress:
-            path = t.workers.call("save_checkpoint", self.root, step, t.state_dict())[0]
+            path = save_on_workers(t.workers, self.root, step, t.state_dict(), t.cfg.trainer)
         self._checkpoint_bytes = directory_bytes(path, f"{self.root}/critic/step_{step}")
         seconds = progress.elapsed
         say("checkpoint step %d: %s (%s in %s, %s/s)", step, path, human(self._checkpoint_bytes, "B"),

@@ -162,3 +162,15 @@ def latest_checkpoint_step(root: str | Path) -> tuple[int, Path] | None:
     if path is None or checkpoint_step(path) is None:
         return None
     return checkpoint_step(path), path
+
+
+def save_on_workers(workers, root: str, step: int, state: dict, trainer_cfg) -> str:
+    """Every rank writes its part of ``<root>/*/step_<step>``; returns the actor's path. A rank that dies is
+    named at once (``WorkerGroup.wait``); a save longer than ``trainer.save_timeout_s`` fails the run."""
+    limit = trainer_cfg.save_timeout_s
+    refs = workers.call_async("save_checkpoint", root, step, state)
+    try:
+        return workers.wait(refs, f"save_checkpoint (step {step})", timeout_s=limit)[0]
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}: the checkpoint is incomplete ({root}/actor/step_{step}.tmp, never loaded); if "
+                           f"saves of this size take longer, raise trainer.save_timeout_s={limit:g}") from None

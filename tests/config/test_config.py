@@ -150,6 +150,11 @@ def test_several_problems_are_reported_together():
     assert "tensor_model_parallel_size=3" in msg and "trainer.save_freq=0" in msg
 
 
+def test_a_save_needs_a_positive_time_bound():
+    assert load().trainer.save_timeout_s == 3600
+    assert "trainer.save_timeout_s=0.0: must be > 0" in error_of("trainer.save_timeout_s=0")
+
+
 def test_malformed_override():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["trainer.nnodes"])

@@ -56,7 +56,14 @@ class EngineReplica:
                 raise ValueError(f"replica {index}: {len(device_ids)} GPUs {list(device_ids)} for "
                                  f"TP={spec.tensor_parallel_size}")
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, device_ids))
+        import ray
+
         from megarl.platform import has_cuda
+        from megarl.platform.network import pin_socket_interfaces
+
+        # vLLM's gloo groups (TP on CPU), NCCL and the weight-sync receivers listen on this node's cluster
+        # interface only (lo on one node); its TP workers inherit the environment
+        pin_socket_interfaces(ray.util.get_node_ip_address())
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -66,8 +73,6 @@ class EngineReplica:
         args = AsyncEngineArgs(**llm_kwargs(spec, self.on_gpu))
         vllm_config = args.create_engine_config()
         if spec.ray_executor:  # the engine core process is not this actor: hand it the actor's placement group
-            import ray
-
             vllm_config.parallel_config.placement_group = ray.util.get_current_placement_group()
         self.engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=spec.disable_log_stats)
         self.model_config = vllm_config.model_config
