@@ -12,7 +12,6 @@ Modules, one concept each:
   batching       mini-batches, fixed and token-budget micro-batches, restoring the order
   packing        left-aligning real tokens for the model; picking the response positions
   vocab_parallel log-probs and entropy over a TP-split vocabulary
-  attention      torch's fused causal SDPA in place of megatron's unfused local-spec attention
   schedule       megatron's pipeline schedule (forward_backward_func) and stage-to-stage sharing
   runner         ModelRunner: micro-batching + packing + schedule, results on every rank
   settings       the engine's settings and how verl's config keys map onto them

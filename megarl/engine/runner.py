@@ -17,7 +17,6 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from megarl.engine.attention import use_sdpa_attention
 from megarl.engine.batch import RLBatch
 from megarl.engine.batching import fixed_micro_batches, restore_order, token_budget_micro_batches
 from megarl.engine.packing import PackedInputs, gather_response, pack, pad_to
@@ -45,7 +44,6 @@ class ModelRunner:
         if parallel_state.get_context_parallel_world_size() > 1:
             raise ValueError("context parallelism (megatron.context_parallel_size > 1) is not supported by the engine; set it to 1")
         self.chunks = list(model_chunks)
-        use_sdpa_attention(self.chunks)
         self.config = get_model_config(self.chunks[0])
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
