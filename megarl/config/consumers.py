@@ -52,15 +52,16 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                   "actor_rollout_ref.actor.entropy_coeff", "actor_rollout_ref.actor.use_kl_loss",
                                   "actor_rollout_ref.actor.kl_loss_*", "actor_rollout_ref.actor.grad_clip",
                                   "actor_rollout_ref.actor.policy_loss.loss_mode",
+                                  "actor_rollout_ref.actor.megatron.use_remove_padding",
                                   "actor_rollout_ref.rollout.log_prob_*")),
     (f"{ENGINE}:optimizer_settings", ("actor_rollout_ref.actor.optim.*", "critic.optim.*",
                                       "actor_rollout_ref.actor.megatron.use_distributed_optimizer",
                                       "actor_rollout_ref.actor.megatron.optimizer_offload",
                                       "critic.megatron.use_distributed_optimizer", "critic.megatron.optimizer_offload")),
-    (f"{ENGINE}:reference_settings", ("actor_rollout_ref.ref.log_prob_*",)),
+    (f"{ENGINE}:reference_settings", ("actor_rollout_ref.ref.log_prob_*", "actor_rollout_ref.ref.megatron.use_remove_padding")),
     (f"{ENGINE}:critic_settings", ("critic.ppo_*", "critic.use_dynamic_bsz", "critic.shuffle", "critic.cliprange_value",
                                    "critic.loss_agg_mode", "critic.grad_clip",
-                                   "critic.megatron.seed")),
+                                   "critic.megatron.seed", "critic.megatron.use_remove_padding")),
     (f"{WORKER}:layout_from_config", tuple(f"actor_rollout_ref.actor.megatron.{k}" for k in LAYOUT
                                            if k != "context_parallel_size")),
     (f"{VALIDATE}:_check_layout_and_batches", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE[1:]
