@@ -62,8 +62,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (f"{ENGINE}:critic_settings", ("critic.ppo_*", "critic.use_dynamic_bsz", "critic.shuffle", "critic.cliprange_value",
                                    "critic.loss_agg_mode", "critic.grad_clip",
                                    "critic.megatron.seed", "critic.megatron.use_remove_padding")),
-    (f"{WORKER}:layout_from_config", tuple(f"actor_rollout_ref.actor.megatron.{k}" for k in LAYOUT
-                                           if k != "context_parallel_size")),
+    (f"{WORKER}:layout_from_config", tuple(f"actor_rollout_ref.actor.megatron.{k}" for k in LAYOUT)),
     (f"{VALIDATE}:_check_layout_and_batches", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE[1:]
                                                     for k in LAYOUT) + ("actor_rollout_ref.actor.megatron.context_parallel_size",)),
     (f"{WORKER}:MegatronWorker.setup", ("actor_rollout_ref.actor.megatron.seed", "critic.model.path")),

@@ -147,7 +147,7 @@ def run_inputs(cfg) -> RunInputs:
     megatron = arr.actor.megatron
     layout = layout_from_config(megatron, actor_model.dims.num_layers)
     placement = plan_from_config(cfg)
-    world, cp = placement.trainer_world, megatron.context_parallel_size
+    world, cp = placement.trainer_world, layout.cp
     if world % (layout.tp * layout.pp * cp) or (world // layout.pp) % (layout.ep * layout.etp):
         raise ValueError(f"{world} trainer GPUs do not split into TP{layout.tp} x PP{layout.pp} x CP{cp} "
                          f"(and EP{layout.ep} x ETP{layout.etp} per stage)")

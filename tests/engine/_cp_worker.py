@@ -1,6 +1,6 @@
 """Context parallelism in worker processes (torchrun, gloo); run by tests/engine/test_context_parallel.py.
 
-    torchrun --nproc-per-node 2 _cp_worker.py cp2 WORK_DIR      # CP2 against CP1 x DP2: dense, MoE x EP2, critic, ...
+    torchrun --nproc-per-node 2 _cp_worker.py cp2 WORK_DIR      # CP2 against CP1 x DP2: dense, LoRA, MoE x EP2, ...
     torchrun --nproc-per-node 4 _cp_worker.py cp2_mp WORK_DIR   # CP2 x TP2 (+SP), CP2 x PP2, CP2 x PP2 x VPP2
 
 Each comparison runs one layout at CP=1 (its other ranks as data parallelism) and the same layout
@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _engine_data as _data  # noqa: E402
 from _engine_worker import actor_for, dp_coords, gather_dp, weights  # noqa: E402
 
-from megarl.engine import (BatchSettings, CriticSettings, MegatronCritic, MegatronReference,  # noqa: E402
-                           data_parallel_shard, load_checkpoint, save_checkpoint)
+from megarl.engine import (BatchSettings, CriticSettings, MegatronActor, MegatronCritic,  # noqa: E402
+                           MegatronReference, data_parallel_shard, load_checkpoint, save_checkpoint)
 from megarl.models import ParallelLayout, build_model, export_hf_pieces  # noqa: E402
+from megarl.models.lora import LoRASettings, LoRATransform  # noqa: E402
 from megarl.platform import init_distributed, initialize_model_parallel  # noqa: E402
 
 OPTIM = dataclasses.replace(_data.OPTIM, use_distributed_optimizer=False)
@@ -49,15 +50,17 @@ def loss_gradients(actor, batch, settings) -> dict[str, torch.Tensor]:
         chunk.zero_grad_buffer()
     loss = actor._loss_fn(global_batch_info(actor.runner, batch))
     actor.runner.run(batch, actor.runner.split(batch, settings.train), loss, forward_only=False)
-    return {name: p.main_grad.clone() for chunk in actor.runner.chunks for name, p in chunk.named_parameters()}
+    return {name: p.main_grad.clone() for chunk in actor.runner.chunks for name, p in chunk.named_parameters()
+            if p.requires_grad}
 
 
-def measure(work: Path, model: str, layout: ParallelLayout, batch, **settings_kw) -> tuple[dict, dict]:
-    """(rank-0 results, this rank's gradients) of one layout."""
+def measure(work: Path, model: str, layout: ParallelLayout, batch, lora=None, **settings_kw) -> tuple[dict, dict]:
+    """(rank-0 results, this rank's gradients) of one layout (with LoRA adapters when ``lora``)."""
     setup(layout)
     settings = _data.actor_settings(optim=OPTIM, **settings_kw)
     local = data_parallel_shard(batch, *dp_coords())
-    actor = actor_for(work, model, layout, settings)
+    transforms = [LoRATransform(lora)] if lora is not None else []
+    actor = MegatronActor(build_model(work / model, layout, "actor", transforms=transforms), settings)
     log_probs, entropy = actor.compute_log_prob(local, with_entropy=True)
     grads = loss_gradients(actor, local, settings)
     metrics = actor.update_policy(local)
@@ -84,6 +87,8 @@ def cp2(work: Path, data: dict) -> dict:
     results["dense"] = compare(work, _data.DENSE, ParallelLayout(), ParallelLayout(cp=2), batch)
     results["dynamic"] = compare(work, _data.DENSE, ParallelLayout(), ParallelLayout(cp=2), batch,
                                  micro_batch_size=None, use_dynamic_bsz=True, max_token_len=24)
+    results["lora"] = compare(work, _data.DENSE, ParallelLayout(), ParallelLayout(cp=2), batch,
+                              lora=LoRASettings(rank=4, alpha=8.0, lora_B_init_method="kaiming", seed=3))
     results["moe_ep2"] = compare(work, _data.MOE, ParallelLayout(ep=2), ParallelLayout(cp=2, ep=2),
                                  data["batches"][_data.MOE])
     results["roles"] = other_roles(work, batch)

@@ -1,8 +1,8 @@
 """Context parallelism (CP=2) against CP=1 on the same ranks (torchrun, gloo): every sequence split
 into 2 x CP chunks over the CP ranks, megarl's core attention all-gathering keys and values.
 
-Two launches (``_cp_worker.py``): ``cp2`` on 2 ranks (dense, a token budget, MoE with EP2, the critic
-and the reference, replicas in export and checkpoints) and ``cp2_mp`` on 4 ranks (CP2 with TP2 and
+Two launches (``_cp_worker.py``): ``cp2`` on 2 ranks (dense, a token budget, LoRA adapters, MoE with
+EP2, the critic and the reference, replicas in export and checkpoints) and ``cp2_mp`` on 4 ranks (CP2 with TP2 and
 sequence parallelism, with PP2, and with PP2 x VPP2). The batches' samples have 3 to 12 tokens, most
 of them not a multiple of 2 x CP. Everything must equal the CP=1 run within 1e-5 (fp32).
 """
@@ -16,7 +16,7 @@ from _engine_launch import run_worker
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 TOLERANCE = 1e-5
-CP2 = ["dense", "dynamic", "moe_ep2"]
+CP2 = ["dense", "dynamic", "lora", "moe_ep2"]
 CP2_MP = ["tp2", "pp2", "pp2_vpp2"]
 WORKER = __import__("pathlib").Path(__file__).with_name("_cp_worker.py")
 
