@@ -91,8 +91,8 @@ class RunInputs:
     def micro_batch(self, settings: BatchSettings) -> MicroBatch:
         """The largest micro-batch ``settings`` makes of full-length samples."""
         seq = self.sequence_length
-        if settings.use_dynamic_bsz:
-            rows = max(1, settings.max_token_len // seq)
+        if settings.use_dynamic_bsz:  # the budget is per device: a CP group's micro-batch holds CP x it
+            rows = max(1, settings.max_token_len * self.cp // seq)
         else:
             rows = settings.micro_batch_size
         return MicroBatch(rows, seq, min(self.rollout.response_length, seq))
