@@ -10,7 +10,8 @@ On the local layer spec (``megarl.models.attention.core``) a rank all-gathers th
 its CP group, puts them back in sequence order and attends its own queries to them exactly. The
 gather's backward is the matching reduce-scatter: each rank's gradients for the keys it did not
 compute go back to the rank that holds them, summed over the ranks that used them (gloo and NCCL
-both have ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` in torch 2.13).
+both have them in torch 2.13, which names them ``all_gather_single`` / ``reduce_scatter_single`` and
+deprecates the older ``*_into_tensor`` / ``*_tensor`` spellings; older torch has only those).
 """
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from functools import cached_property, lru_cache
 
 import torch
 import torch.distributed as dist
+
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass(frozen=True)
@@ -109,14 +113,14 @@ class _GatherTokens(torch.autograd.Function):
         ctx.group = group
         size = dist.get_world_size(group)
         out = tensor.new_empty((size * tensor.shape[0], *tensor.shape[1:]))
-        dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
+        _all_gather(out, tensor.contiguous(), group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         size = dist.get_world_size(ctx.group)
         out = grad.new_empty((grad.shape[0] // size, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
+        _reduce_scatter(out, grad.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
         return out, None
 
 
