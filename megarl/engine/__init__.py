@@ -10,7 +10,7 @@ wraps them here:
 Modules, one concept each:
   batch          RLBatch: the padded RL batch (left-padded prompt + right-padded response)
   batching       mini-batches, fixed and token-budget micro-batches, restoring the order
-  packing        left-aligning real tokens for the model; picking the response positions
+  packing        model inputs: packed rows (THD, CP chunks) or padded rows; the response positions
   vocab_parallel log-probs and entropy over a TP-split vocabulary
   schedule       megatron's pipeline schedule (forward_backward_func) and stage-to-stage sharing
   runner         ModelRunner: micro-batching + packing + schedule, results on every rank

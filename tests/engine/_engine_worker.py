@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _engine_data as _data  # noqa: E402
+import _padded_scenario as _padded  # noqa: E402
 
 from megarl.engine import (  # noqa: E402
     BatchSettings,
@@ -151,62 +152,8 @@ def single(work: Path, data: dict) -> dict:
     results["nonfinite"] = nonfinite(work, layout, batch)
     results["learning"] = learning(work, layout)
     results["critic"] = critic(work, layout, batch)
-    results["padded"] = padded(work, layout, batch)
+    results["padded"] = _padded.padded(work, layout, batch)
     return results
-
-
-def padded(work: Path, layout: ParallelLayout, batch) -> dict:
-    """The padded layout (use_remove_padding=False): log-probs, entropy, the reference, values and
-    updates (fixed micro-batches of 2 and a padded token budget); and a loss evaluation with the
-    logits at every padding position replaced by noise, against the same without."""
-    from megarl.engine.update import global_batch_info
-
-    dense, result = work / _data.DENSE, {}
-    for name, settings in (("mbs2", _data.actor_settings(packed=False)),
-                           ("dynamic", _data.actor_settings(micro_batch_size=None, use_dynamic_bsz=True, packed=False))):
-        actor = actor_for(work, _data.DENSE, layout, settings)
-        if name == "mbs2":
-            result["log_probs"], result["entropy"] = actor.compute_log_prob(batch, with_entropy=True)
-        result[f"update/{name}"] = {"metrics": actor.update_policy(batch), "weights": weights(actor.model, dense, layout)}
-    reference = MegatronReference(build_model(dense, layout, "ref"), BatchSettings(micro_batch_size=5, use_remove_padding=False))
-    result["reference"] = reference.compute_ref_log_prob(batch)
-    settings = CriticSettings(train=BatchSettings(micro_batch_size=4), values=BatchSettings(micro_batch_size=3, use_remove_padding=False))
-    result["values"] = MegatronCritic(build_model(work / _data.CRITIC, layout, "critic"), settings).compute_values(batch)
-
-    settings = _data.actor_settings(micro_batch_size=4, packed=False)
-    actor = actor_for(work, _data.DENSE, layout, settings)
-    forward = actor.runner.forward
-
-    touched = []
-
-    def measure(noisy: bool) -> dict:
-        def noisy_forward(model, micro_batch):
-            """Other token ids at every padding position of the rows, and noise on their logits."""
-            inputs = micro_batch.inputs
-            lengths = micro_batch.batch.sequence_lengths()
-            padding = torch.arange(inputs.tokens.shape[1]).unsqueeze(0) >= lengths.unsqueeze(1)  # [rows, S]
-            if noisy:
-                touched.append(int(padding.sum()))
-                other = torch.randint(3, 500, inputs.tokens.shape, generator=torch.Generator().manual_seed(5))
-                micro_batch.inputs = dataclasses.replace(inputs, tokens=torch.where(padding, other, inputs.tokens))
-            out = forward(model, micro_batch)
-            noise = 50.0 * torch.randn(out.shape, generator=torch.Generator().manual_seed(4))
-            return torch.where(padding.unsqueeze(-1), out + noise, out) if noisy else out
-
-        actor.runner.forward = noisy_forward
-        try:
-            for chunk in actor.runner.chunks:
-                chunk.zero_grad_buffer()
-            loss = actor._loss_fn(global_batch_info(actor.runner, batch))
-            collected = actor.runner.run(batch, actor.runner.split(batch, settings.train), loss, forward_only=False,
-                                         packed=False)
-        finally:
-            actor.runner.forward = forward
-        grads = {name: p.main_grad.clone() for chunk in actor.runner.chunks for name, p in chunk.named_parameters()}
-        return {"loss": {n: float(sum(c[n] for c in collected)) for n in ("pg_loss", "entropy", "kl_loss")}, "grads": grads}
-
-    result["isolation"] = {"clean": measure(False), "noisy": measure(True), "padding_positions": sum(touched)}
-    return result
 
 
 def loss_isolation(work: Path, layout: ParallelLayout, batch) -> dict:

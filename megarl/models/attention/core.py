@@ -79,7 +79,9 @@ class CoreAttention(MegatronModule):
         elif softmax_type == "off-by-one":
             self.register_buffer("softmax_offset", torch.zeros(heads, dtype=config.params_dtype), persistent=False)
         elif softmax_type == "learnable":
-            device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+            from megarl.platform import device as platform_device
+
+            device = "cpu" if config.use_cpu_initialization else platform_device()
             self.softmax_offset = torch.nn.Parameter(torch.empty(heads, device=device, dtype=config.params_dtype))
             if config.perform_initialization:
                 config.init_method(self.softmax_offset)
