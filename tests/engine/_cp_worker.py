@@ -97,7 +97,7 @@ def cp2(work: Path, data: dict) -> dict:
 
 
 def other_roles(work: Path, batch) -> dict:
-    """The critic's values and the reference's log-probs at CP2 and at CP1 x DP2."""
+    """The critic's values and update and the reference's log-probs at CP2 and at CP1 x DP2."""
     out = {}
     for name, layout in (("cp", ParallelLayout(cp=2)), ("cp1", ParallelLayout())):
         setup(layout)
@@ -106,7 +106,8 @@ def other_roles(work: Path, batch) -> dict:
         critic = MegatronCritic(build_model(work / _data.CRITIC, layout, "critic"), settings)
         reference = MegatronReference(build_model(work / _data.DENSE, layout, "ref"), BatchSettings(micro_batch_size=3))
         out[name] = {"values": gather_dp(critic.compute_values(local)),
-                     "ref": gather_dp(reference.compute_ref_log_prob(local))}
+                     "ref": gather_dp(reference.compute_ref_log_prob(local)),
+                     "critic_update": critic.update_critic(local)}
     return out
 
 

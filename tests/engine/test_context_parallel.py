@@ -69,11 +69,14 @@ def test_cp2_log_probs_match_hugging_face(cp2, engine_work, data):
     assert (cp2["dense"]["cp"]["entropy"] - entropy).abs().max() <= TOLERANCE
 
 
-def test_critic_values_and_reference_log_probs_at_cp2(cp2):
+def test_critic_values_and_update_and_reference_log_probs_at_cp2(cp2):
     roles = cp2["roles"]
     assert roles["cp"]["values"].abs().sum() > 0
     assert (roles["cp"]["values"] - roles["cp1"]["values"]).abs().max() <= TOLERANCE
     assert (roles["cp"]["ref"] - roles["cp1"]["ref"]).abs().max() <= TOLERANCE
+    ours, theirs = roles["cp"]["critic_update"], roles["cp1"]["critic_update"]
+    for metric in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):
+        assert ours[metric] == pytest.approx(theirs[metric], rel=1e-5, abs=1e-7), metric
 
 
 def test_cp_ranks_hold_replicas_for_export_and_checkpoints(cp2, engine_work):
