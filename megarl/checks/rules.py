@@ -174,10 +174,7 @@ def _check_layout_and_batches(cfg, add) -> None:
             diff = ", ".join(f"{k}: {other[k]} vs {actor_layout[k]}" for k in layout_keys if other[k] != actor_layout[k])
             add(f"{section}.megatron must use the actor's parallel layout (they share one megatron parallel "
                 f"state on the same ranks); differs in {diff}. Set the same sizes as actor_rollout_ref.actor.megatron.")
-    if actor.megatron.context_parallel_size > 1:
-        add(refusal(f"actor_rollout_ref.actor.megatron.context_parallel_size={actor.megatron.context_parallel_size}",
-                        "context parallelism", "set context_parallel_size=1; long sequences fit with "
-                        "use_dynamic_bsz and activation recompute"))
+    _check_context_parallel(cfg, add)
     if cfg.critic.enable is False and needs_values(cfg):
         add(f"critic.enable=False but algorithm.adv_estimator={a.adv_estimator!r} needs values; "
             "enable the critic or pick a critic-free estimator such as 'grpo'.")
@@ -192,6 +189,22 @@ def _check_layout_and_batches(cfg, add) -> None:
                         rollout.log_prob_micro_batch_size_per_gpu)):
         if value is not None and value < 1:
             add(f"{key}={value}: must be >= 1.")
+
+
+def _check_context_parallel(cfg, add) -> None:
+    """Context parallelism splits packed sequences: every Megatron role must pack them."""
+    cp = cfg.actor_rollout_ref.actor.megatron.context_parallel_size
+    if cp <= 1:
+        return
+    roles = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.megatron),
+             ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref.megatron)]
+    if critic_enabled(cfg):
+        roles.append(("critic", cfg.critic.megatron))
+    for section, megatron in roles:
+        if not megatron.use_remove_padding:
+            add(f"{section}.megatron.use_remove_padding=False, but context_parallel_size={cp} splits packed "
+                f"sequences over the CP ranks; set {section}.megatron.use_remove_padding=True (verl's default).",
+                f"{section}.megatron.use_remove_padding")
 
 
 def _check_agent(add, rollout) -> None:

@@ -51,6 +51,9 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: Optional[int] = None
     use_distributed_optimizer: bool = True
+    # verl's Megatron key: packed micro-batches (megatron's THD format, no padding token computed) instead of
+    # padded rows; context parallelism needs it (README "Megatron engine": long sequences)
+    use_remove_padding: bool = True
     # Between phases, keep the model's weights / gradients / optimizer state in host memory
     # (README "Megatron engine": the offload timeline). The reference has weights only.
     param_offload: bool = False
@@ -80,9 +83,9 @@ def shared_layout(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronC
 
 
 def reference_megatron(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronConfig:
-    """The reference: the actor's layout, and (as in verl) the actor's param_offload and
-    override_transformer_config unless set."""
-    keys = LAYOUT_KEYS + ("param_offload", "override_transformer_config")
+    """The reference: the actor's layout, and (as in verl) the actor's param_offload,
+    override_transformer_config and use_remove_padding unless set."""
+    keys = LAYOUT_KEYS + ("param_offload", "override_transformer_config", "use_remove_padding")
     return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in keys})
 
 

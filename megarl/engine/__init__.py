@@ -10,9 +10,8 @@ wraps them here:
 Modules, one concept each:
   batch          RLBatch: the padded RL batch (left-padded prompt + right-padded response)
   batching       mini-batches, fixed and token-budget micro-batches, restoring the order
-  packing        left-aligning real tokens for the model; picking the response positions
+  packing        model inputs: packed rows (THD, CP chunks) or padded rows; the response positions
   vocab_parallel log-probs and entropy over a TP-split vocabulary
-  attention      torch's fused causal SDPA in place of megatron's unfused local-spec attention
   schedule       megatron's pipeline schedule (forward_backward_func) and stage-to-stage sharing
   runner         ModelRunner: micro-batching + packing + schedule, results on every rank
   settings       the engine's settings and how verl's config keys map onto them

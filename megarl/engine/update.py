@@ -74,7 +74,8 @@ def run_update(
         for chunk in runner.chunks:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
-        collected = runner.run(mini_batch, runner.split(mini_batch, train), loss, forward_only=False)
+        collected = runner.run(mini_batch, runner.split(mini_batch, train), loss, forward_only=False,
+                               packed=train.use_remove_padding)
         stepped, grad_norm = guarded_step(optimizer)
         if stepped:
             grad_norms.append(grad_norm)

@@ -88,6 +88,8 @@ def candidates(cfg) -> list[Callable]:
     arr = cfg.actor_rollout_ref
     changes = [_layout_change(f"{M}.tensor_model_parallel_size", 2, within_node=True),
                _layout_change(f"{M}.pipeline_model_parallel_size", 2)]
+    if arr.actor.megatron.use_remove_padding:  # context parallelism splits packed sequences: activations / CP
+        changes.append(_layout_change(f"{M}.context_parallel_size", 2))
     if arr.actor.megatron.expert_model_parallel_size > 1 or _is_moe(cfg):
         changes.append(_layout_change(f"{M}.expert_model_parallel_size", 2))
     for key in ("param_offload", "grad_offload", "optimizer_offload"):

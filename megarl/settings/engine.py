@@ -23,7 +23,7 @@ def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayo
     first, last = pipeline_stage_layers(overrides, num_layers or 0, pp, vpp)
     return ParallelLayout(
         tp=tp, pp=pp, ep=megatron.expert_model_parallel_size, etp=megatron.expert_tensor_parallel_size or 1,
-        vpp=vpp, sequence_parallel=bool(megatron.sequence_parallel and tp > 1),
+        vpp=vpp, cp=megatron.context_parallel_size, sequence_parallel=bool(megatron.sequence_parallel and tp > 1),
         first_stage_layers=first, last_stage_layers=last,
         make_vocab_size_divisible_by=megatron.make_vocab_size_divisible_by)
 

@@ -6,8 +6,9 @@ model-parallel group return the same tensors, so the controller keeps one result
 (``dp_leaders``) and concatenates them in DP order.
 
 Actor, reference and critic share one megatron parallel state, so they share one layout
-(``actor_rollout_ref.actor.megatron``, uneven pipeline stages included); the config validation
-rejects a different critic layout.
+(``actor_rollout_ref.actor.megatron``, uneven pipeline stages and context parallelism included); the
+config validation rejects a different critic layout. The CP ranks of one data-parallel replica work
+on the same samples (each on its share of every sequence) and return the same results.
 
 Offload (``megatron.*_offload``): every method enters its phase (``offload_phases.PHASES``), so
 what it does not use is in host memory while it runs; the controller enters ``sync`` and
@@ -69,7 +70,7 @@ class MegatronWorker(DistributedWorker):
         path = cfg.actor_rollout_ref.model.path
         self.layout = layout_from_config(megatron, model_dims(path).num_layers)
         platform.initialize_model_parallel(
-            tp=self.layout.tp, pp=self.layout.pp, ep=self.layout.ep, etp=self.layout.etp,
+            tp=self.layout.tp, pp=self.layout.pp, cp=self.layout.cp, ep=self.layout.ep, etp=self.layout.etp,
             vpp=megatron.virtual_pipeline_model_parallel_size, seed=megatron.seed,
             timeout_s=cfg.actor_rollout_ref.nccl_timeout)
         from megatron.core import parallel_state

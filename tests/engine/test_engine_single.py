@@ -175,3 +175,29 @@ def assert_on_policy_pair_identical(result: dict) -> None:
 
 def test_on_policy_update_without_the_old_log_prob_pass_is_identical(single):
     assert_on_policy_pair_identical(single["on_policy"])
+
+
+def test_packed_and_padded_micro_batches_give_the_same_results(single):
+    """use_remove_padding on (the default, every test above) and off: the same log-probs, entropy,
+    reference log-probs, values, losses, gradient norms and weights after the step, for fixed
+    micro-batches and token budgets (which cost real tokens packed, samples x longest padded)."""
+    padded = single["padded"]
+    assert (padded["log_probs"] - single["log_probs"]["log_probs"]).abs().max() <= TOLERANCE
+    assert (padded["entropy"] - single["log_probs"]["entropy"]).abs().max() <= TOLERANCE
+    assert (padded["reference"] - single["reference"]["log_probs"]).abs().max() <= TOLERANCE
+    assert (padded["values"] - single["critic"]["values"]).abs().max() <= TOLERANCE
+    for name in ("mbs2", "dynamic"):
+        ours, packed = padded[f"update/{name}"], single[f"update/{name}"]
+        for metric in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+            assert ours["metrics"][metric] == pytest.approx(packed["metrics"][metric], rel=1e-5, abs=1e-7), (name, metric)
+        assert max_weight_diff(ours["weights"], packed["weights"]) <= TOLERANCE
+
+
+def test_padding_never_enters_the_loss(single):
+    """Padded rows with other token ids at every padding position and noise on those positions' logits:
+    the loss pieces and every gradient are bit for bit those of the clean rows."""
+    isolation = single["padded"]["isolation"]
+    clean, noisy = isolation["clean"], isolation["noisy"]
+    assert isolation["padding_positions"] >= 8
+    assert noisy["loss"] == clean["loss"]
+    assert all(torch.equal(noisy["grads"][name], clean["grads"][name]) for name in clean["grads"])

@@ -254,3 +254,30 @@ def test_grpo_trains_deepseek_v3_with_expert_parallelism(quickstart_inputs, tmp_
     assert all(v > 0 for _, v in logged["actor/grad_norm"])
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
     assert len(diffs) == 3 and max(diffs) < 1e-4, diffs
+
+
+@pytest.mark.timeout(1500)
+def test_grpo_at_context_parallel_2_with_packing_takes_the_steps_of_cp1_padded(quickstart_inputs, tmp_path):
+    """Two trainer ranks as CP=2 with packed sequences (the actor and the reference) against one rank with
+    padded rows (CP=1, the same single data-parallel replica, so the same mini-batches): from the same
+    seeds the first three steps score the same samples and take the same steps (losses, KL, entropy,
+    gradient norms), and the fleet follows the CP=2 trainer."""
+    from megarl.train import run
+
+    common = ["actor_rollout_ref.rollout.num_replicas=1", "actor_rollout_ref.actor.use_kl_loss=true",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.total_training_steps=3",
+              "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
+    runs = {}
+    for name, layout in (("cp2", ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.context_parallel_size=2"]),
+                         ("cp1", ["trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.megatron.use_remove_padding=false"])):
+        out = tmp_path / name
+        run(load_config("quickstart", overrides(quickstart_inputs, out, *common, *layout)))
+        runs[name] = scalars(out)
+    cp2, cp1 = runs["cp2"], runs["cp1"]
+    for tag in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+                "actor/grad_norm"):
+        ours, theirs = dict(cp2[tag]), dict(cp1[tag])
+        assert sorted(ours) == sorted(theirs) == [1, 2, 3], tag
+        for step in ours:
+            assert math.isclose(ours[step], theirs[step], rel_tol=1e-4, abs_tol=1e-6), (tag, step, ours, theirs)
+    assert max(v for _, v in cp2["rollout/logprob_diff"]) < 1e-4
