@@ -56,25 +56,28 @@ class Recorder:
 
 
 def run_mode(cfg, placement, fleet) -> dict[int, dict]:
-    from omegaconf import OmegaConf
+    from megarl.settings.worker import worker_settings
+    from megarl.settings.agent import agent_settings
+    from megarl.settings import typed_config
     from transformers import AutoTokenizer
 
     from megarl.agent import AgentRollout, build_agent_context
-    from megarl.data import build_train_loader
+    from megarl.settings.data import build_train_loader
     from megarl.run.loop import TrainingLoop
     from megarl.trainer.controller import RLTrainer
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.worker_group import WorkerGroup
-    from megarl.weight_sync.session import WeightSyncSession
+    from megarl.settings.sync import weight_updates
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
-    workers = WorkerGroup(MegatronWorker, 1, init_args=(OmegaConf.to_container(cfg, resolve=True),),
+    workers = WorkerGroup(MegatronWorker, 1, init_args=(worker_settings(cfg, 1),),
                           slots=placement.trainer_slots())
     session = trainer = None
     try:
-        session = WeightSyncSession.from_config(cfg, workers, fleet)
+        session = weight_updates(cfg, workers, fleet)
         session.sync()
-        rollout = AgentRollout(build_agent_context(cfg, tokenizer), fleet, cfg.actor_rollout_ref.rollout)
+        rollout = AgentRollout(build_agent_context(agent_settings(cfg), tokenizer), fleet,
+                               typed_config(cfg).actor_rollout_ref.rollout)
         trainer = RLTrainer(cfg, workers, fleet, session, tokenizer, build_train_loader(cfg.data, tokenizer), None,
                             rollout=rollout)
         recorder = Recorder()
@@ -102,7 +105,8 @@ def main() -> None:
     from megarl.data.prepare import prepare_arithmetic
     from megarl.rollout import RolloutFleet
     from megarl.devtools.tiny_model import make_tiny_model
-    from megarl.cluster.placement import ClusterPlacement, plan_from_config
+    from megarl.cluster.placement import ClusterPlacement
+    from megarl.settings.cluster import plan_from_config
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     work = Path(tempfile.mkdtemp(prefix="megarl-bench-async-"))

@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--budget-gb", type=float, default=1.0)
     args = parser.parse_args()
 
-    from megarl.tools.tiny_model import make_tiny_model
+    from megarl.devtools.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as directory:
         checkpoint = make_tiny_model("qwen2", "small", Path(directory) / "model", seed=0)

@@ -1,7 +1,8 @@
 """The rollout seam the controller calls: prompts in, one ``Trajectory`` per sample out.
 
-    context = build_agent_context(cfg, tokenizer)        # tools loaded and checked: before any process starts
-    rollout = AgentRollout(context, fleet, cfg.actor_rollout_ref.rollout)
+    settings = agent_settings(cfg)                         # megarl.settings.agent, at the door
+    context = build_agent_context(settings, tokenizer)    # tools loaded and checked: before any process starts
+    rollout = AgentRollout(context, fleet, sampling)      # sampling: the rollout's SamplingDefaults
     trajectories = rollout.generate(prompt_columns, step=3)   # n per prompt, in prompt then sample order
 
 Every sample runs the agent loop its row names (``agent_name``) or ``agent.default_agent_loop``;
@@ -22,14 +23,11 @@ import time
 from typing import Any, Mapping, Sequence
 
 from megarl.agent.loop import AgentContext, AgentSample, check_loop_name, resolve_agent_loop
-from megarl.agent.settings import MultiTurnSettings
+from megarl.agent.settings import AgentSettings, MultiTurnSettings
 from megarl.agent.trajectory import Trajectory
 from megarl.rollout.sampling import resolve_sampling
 
 logger = logging.getLogger(__name__)
-
-SINGLE_TURN_NAMES = ("single_turn_agent", "single_turn")
-
 
 def build_tools(settings: MultiTurnSettings):
     """The ``ToolSet`` of ``multi_turn.tool_config_path`` + ``function_tool_path`` (None without either)."""
@@ -51,36 +49,12 @@ def build_tools(settings: MultiTurnSettings):
     return ToolSet({t.name: t for t in tools}, settings.tool_timeout_s)
 
 
-def default_loop_name(rollout_cfg: Any) -> str:
-    """``agent.default_agent_loop``; with ``multi_turn.enable`` a single-turn default becomes ``tool_agent``."""
-    name = rollout_cfg.agent.default_agent_loop
-    if rollout_cfg.multi_turn.enable and name in SINGLE_TURN_NAMES:
-        return "tool_agent"
-    return name
-
-
-def load_agent_loop_config(path: str | None) -> dict[str, str]:
-    """verl's ``agent.agent_loop_config_path``: a YAML list of ``{name, _target_}`` -> name -> class path."""
-    if not path:
-        return {}
-    import yaml
-
-    entries = yaml.safe_load(open(path)) or []
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and "name" in e and "_target_" in e
-                                                for e in entries):
-        raise ValueError(f"agent.agent_loop_config_path={path}: expected a list of {{name, _target_: module.Class}}")
-    return {str(e["name"]): str(e["_target_"]) for e in entries}
-
-
-def build_agent_context(cfg: Any, tokenizer: Any) -> AgentContext:
+def build_agent_context(settings: AgentSettings, tokenizer: Any) -> AgentContext:
     """The loops' shared context; the tools are built (and checked) here."""
-    rollout = cfg.actor_rollout_ref.rollout
-    settings = MultiTurnSettings.from_config(rollout.multi_turn)
-    tools = build_tools(settings) if settings.enable else None
-    return AgentContext(tokenizer=tokenizer, response_length=int(rollout.response_length), multi_turn=settings,
-                        tools=tools, chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs or {}),
-                        loop_paths=load_agent_loop_config(rollout.agent.agent_loop_config_path),
-                        default_loop=default_loop_name(rollout))
+    tools = build_tools(settings.multi_turn) if settings.multi_turn.enable else None
+    return AgentContext(tokenizer=tokenizer, response_length=settings.response_length, multi_turn=settings.multi_turn,
+                        tools=tools, chat_template_kwargs=dict(settings.chat_template_kwargs),
+                        loop_paths=dict(settings.loop_paths), default_loop=settings.default_loop)
 
 
 def tool_schemas_for(loops: "LoopSet", default_loop: str):
@@ -139,13 +113,16 @@ class LoopSet:
 
 
 class AgentRollout:
-    def __init__(self, context: AgentContext, fleet, rollout_cfg: Any, num_workers: int | None = None,
+    """``rollout`` is the typed ``actor_rollout_ref.rollout`` section (``megarl.config.schema.RolloutConfig``):
+    its sampling (``val_kwargs`` for validation), ``seed`` and ``agent.num_workers``."""
+
+    def __init__(self, context: AgentContext, fleet, rollout: Any, num_workers: int | None = None,
                  worker_factory=None, loops: LoopSet | None = None):
-        self.context, self.fleet, self.config = context, fleet, rollout_cfg
-        self.default_loop = default_loop_name(rollout_cfg)
+        self.context, self.fleet, self.config = context, fleet, rollout
+        self.default_loop = context.default_loop or "single_turn_agent"
         self.loops = loops or LoopSet(context)
         self.loops.get(self.default_loop)  # an unknown default or a tool loop without tools fails here
-        self.num_workers = int(rollout_cfg.agent.num_workers if num_workers is None else num_workers)
+        self.num_workers = int(rollout.agent.num_workers if num_workers is None else num_workers)
         self.workers = worker_factory(self.num_workers) if self.num_workers > 0 and worker_factory else []
         if self.num_workers > 0 and not self.workers:
             raise ValueError("agent.num_workers > 0 needs a worker factory (megarl.agent.workers.start_workers)")

@@ -1,4 +1,5 @@
-"""``actor_rollout_ref.rollout.multi_turn.*`` read once into a checked, frozen settings object."""
+"""The agent seam's settings: ``multi_turn.*`` checked and frozen, and what every loop of a run shares
+(``AgentSettings``). ``megarl.settings.agent`` builds them from the config."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,12 +48,19 @@ class MultiTurnSettings:
         if problems:
             raise ValueError("; ".join(problems))
 
-    @classmethod
-    def from_config(cls, multi_turn: Any) -> "MultiTurnSettings":
-        if multi_turn is None:
-            return cls()
-        names = cls.__dataclass_fields__
-        return cls(**{k: multi_turn[k] for k in names if k in multi_turn})
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the loops of a run share, but the tokenizer and the tools (built from it in each process)."""
+
+    response_length: int  # the response budget: model and tool tokens together
+    multi_turn: MultiTurnSettings = MultiTurnSettings()
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()  # data.apply_chat_template_kwargs
+    loop_paths: tuple[tuple[str, str], ...] = ()  # agent.agent_loop_config_path: name -> class path
+    default_loop: str = "single_turn_agent"  # agent.default_agent_loop (tool_agent with multi_turn.enable)
+    num_workers: int = 0  # agent.num_workers: 0 runs the loops in the controller process
+    seed: int = 0  # rollout.seed: the turns' seeds derive from it
 
 
 def truncate_text(text: str, limit: int, side: str) -> tuple[str, bool]:

@@ -1,6 +1,6 @@
 """``agent.num_workers > 0``: agent loops run in Ray actors instead of the controller process.
 
-Each ``AgentLoopWorker`` builds its own tokenizer, tools and loops from the config (so a tool's
+Each ``AgentLoopWorker`` builds its own tokenizer, tools and loops from the run's ``AgentSettings`` (so a tool's
 processes and a loop's tokenisation load that actor, not the controller) and runs the trajectories
 it is given concurrently, calling the engine replicas directly through the ``GenerateClient`` of
 each job. The actors take no CPU from the placement (``num_cpus=0``): their work is light next to
@@ -10,31 +10,29 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from megarl.agent.settings import AgentSettings
+
 
 class AgentLoopWorker:
-    def __init__(self, cfg_container: dict, tokenizer_path: str, index: int = 0):
+    def __init__(self, settings: AgentSettings, tokenizer_path: str, index: int = 0):
         from megarl.logging.worker_logs import capture_worker_output
 
         capture_worker_output(f"agent_worker{index}")
-        from omegaconf import OmegaConf
         from transformers import AutoTokenizer
 
         from megarl.agent.rollout import LoopSet, build_agent_context
 
-        cfg = OmegaConf.create(cfg_container)
-        self.loops = LoopSet(build_agent_context(cfg, AutoTokenizer.from_pretrained(tokenizer_path)))
+        self.loops = LoopSet(build_agent_context(settings, AutoTokenizer.from_pretrained(tokenizer_path)))
 
     async def run(self, jobs: Sequence[tuple[str, Any, Any]]) -> list:
         return await self.loops.run(jobs)
 
 
-def start_workers(cfg: Any, tokenizer_path: str, count: int) -> list:
+def start_workers(settings: AgentSettings, tokenizer_path: str, count: int) -> list:
     import ray
-    from omegaconf import OmegaConf
 
-    container = OmegaConf.to_container(cfg, resolve=True)
     actor = ray.remote(AgentLoopWorker)
-    return [actor.options(num_cpus=0).remote(container, tokenizer_path, index) for index in range(count)]
+    return [actor.options(num_cpus=0).remote(settings, tokenizer_path, index) for index in range(count)]
 
 
 def run_on_workers(workers: list, jobs: list) -> list:

@@ -143,23 +143,19 @@ KLController = FixedKLController | AdaptiveKLController
 KL_CONTROLLERS = ("fixed", "adaptive")  # algorithm.kl_ctrl.type
 
 
-def get_kl_controller(kl_ctrl: Any) -> KLController:
-    """Build the controller described by `algorithm.kl_ctrl` (a dict, DictConfig or dataclass
-    with `type`, `kl_coef`, and for adaptive `target_kl` and `horizon`)."""
-    kind = _option(kl_ctrl, "type")
-    if kind == "fixed":
-        return FixedKLController(kl_coef=_option(kl_ctrl, "kl_coef"))
-    if kind == "adaptive":
-        return AdaptiveKLController(
-            init_kl_coef=_option(kl_ctrl, "kl_coef"),
-            target_kl=_option(kl_ctrl, "target_kl"),
-            horizon=_option(kl_ctrl, "horizon"),
-        )
-    raise ValueError(f"unknown algorithm.kl_ctrl.type {kind!r}. Known names: adaptive, fixed.")
+def get_kl_controller(type: str, kl_coef: float | None, target_kl: float | None = None,
+                      horizon: int | None = None) -> KLController:
+    """The controller ``algorithm.kl_ctrl`` describes: ``type`` fixed (``kl_coef``) or adaptive (``kl_coef``,
+    ``target_kl``, ``horizon``)."""
+    if type == "fixed":
+        return FixedKLController(kl_coef=_required("kl_coef", kl_coef))
+    if type == "adaptive":
+        return AdaptiveKLController(init_kl_coef=_required("kl_coef", kl_coef),
+                                    target_kl=_required("target_kl", target_kl), horizon=_required("horizon", horizon))
+    raise ValueError(f"unknown algorithm.kl_ctrl.type {type!r}. Known names: adaptive, fixed.")
 
 
-def _option(cfg: Any, key: str) -> Any:
-    value = cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, key, None)
+def _required(key: str, value: Any) -> Any:
     if value is None:
         raise ValueError(f"algorithm.kl_ctrl.{key} is not set")
     return value

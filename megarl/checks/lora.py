@@ -31,7 +31,7 @@ def _sections(cfg):
 
 def lora_problems(cfg) -> list[Problem]:
     """Value problems of the LoRA sections (no file is read)."""
-    from megarl.engine.settings import lora_settings
+    from megarl.settings.engine import lora_settings
 
     problems: list[Problem] = []
     for prefix, role, lora in _sections(cfg):
@@ -77,7 +77,7 @@ def _update_mode_problems(cfg, lora) -> list[Problem]:
 def lora_preflight_problems(cfg) -> list[Problem]:
     """The LoRA sections against the model: target names, expert-TP, adapter_path."""
     from megarl.models.locate import resolve_model_path
-    from megarl.engine.settings import lora_settings
+    from megarl.settings.engine import lora_settings
     from megarl.models.lora import selection
 
     problems: list[Problem] = []

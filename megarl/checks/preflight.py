@@ -185,10 +185,11 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
 
 # ------------------------------------------------------------------ reward function
 def _reward_problems(cfg: DictConfig) -> list[Problem]:
-    from megarl.rewards.custom import SAMPLE, RewardFunctionLoadError, load_reward_function
-    from megarl.rewards.manager_keys import function_kwargs, manager_name
+    from megarl.rewards.custom import SAMPLE, RewardFunctionLoadError
+    from megarl.settings.rewards import load_reward_function
+    from megarl.settings.rewards import function_kwargs, manager_name
 
-    from megarl.rewards.reward_models.settings import reward_model_file_problems
+    from megarl.settings.reward_models import reward_model_file_problems
 
     key = "custom_reward_function.path"
     problems = reward_model_file_problems(cfg)  # reward_model.model.path, when a reward model is on

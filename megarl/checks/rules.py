@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from megarl.config.derived import cluster_shape, devices_for, old_log_prob_pass
+from megarl.config.derived import adapter_only, cluster_shape, devices_for, old_log_prob_pass
 from megarl.settings.derived import critic_enabled, greedy_baselines, grouped_estimator, needs_values
 from megarl.config.errors import Problem, refusal
 
@@ -81,7 +81,7 @@ def _check_async(cfg, add) -> None:
     """``async_training.*`` (``megarl.trainer.asynchronous.batches``): values, and the combinations that cannot work."""
     from megarl.config.schema import AsyncTrainingConfig
     from megarl.trainer.asynchronous.batches import MODES
-    from megarl.trainer.asynchronous.staleness import STRATEGIES
+    from megarl.algorithms.staleness import STRATEGIES
 
     a, p = cfg.async_training, "async_training"
     defaults = AsyncTrainingConfig()
@@ -122,8 +122,7 @@ def _check_async(cfg, add) -> None:
         add(f"trainer.critic_warmup={cfg.trainer.critic_warmup} with {mode}: the warm-up steps keep the actor (and "
             "the fleet's version) still, which the staleness bound counts on; set critic_warmup=0 or use "
             f"{p}.mode=sync.", "trainer.critic_warmup")
-    lora = cfg.actor_rollout_ref.model.lora
-    if a.partial_rollout and lora.rank > 0 and not lora.merge:
+    if a.partial_rollout and adapter_only(cfg):
         add(f"{p}.partial_rollout=True with adapter-only LoRA updates (actor_rollout_ref.model.lora.merge=False): "
             "vLLM swaps a LoRA adapter between requests, so a running generation cannot continue on the new one; "
             "set lora.merge=True (merged weights, synced sharded) or partial_rollout=False.", f"{p}.partial_rollout")
@@ -148,7 +147,7 @@ def _check_async(cfg, add) -> None:
 
 # ------------------------------------------------------------------ layout and batch arithmetic
 def _check_layout_and_batches(cfg, add) -> None:
-    from megarl.cluster.placement import plan_from_config
+    from megarl.settings.cluster import plan_from_config
 
     d, a = cfg.data, cfg.algorithm
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
@@ -163,8 +162,7 @@ def _check_layout_and_batches(cfg, add) -> None:
         _check_batches(add, "critic", cfg.critic, cfg.critic.megatron, trainer_devices, d.train_batch_size, rollout.n)
     layout_keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                    "expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
-                   "sequence_parallel", "make_vocab_size_divisible_by")  # schema.LAYOUT_KEYS, spelled out for
-    # megarl.config.consumers, which finds the keys a function reads in its source
+                   "sequence_parallel", "make_vocab_size_divisible_by")  # schema.LAYOUT_KEYS
     actor_layout = {k: actor.megatron[k] for k in layout_keys}
     for section, megatron in (("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref.megatron), ("critic", cfg.critic.megatron)):
         if section == "critic" and not critic_enabled(cfg):
@@ -211,12 +209,12 @@ def _check_agent(add, rollout) -> None:
     """``rollout.multi_turn.*`` and ``rollout.agent.*`` (the agent loops, megarl.agent)."""
     import os
 
-    from megarl.agent.settings import MultiTurnSettings
+    from megarl.settings.agent import multi_turn_settings
 
     prefix = "actor_rollout_ref.rollout"
     mt, agent = rollout.multi_turn, rollout.agent
     try:
-        MultiTurnSettings.from_config(mt)
+        multi_turn_settings(mt)
     except ValueError as exc:
         add(f"{prefix}.{exc}.")
     if mt.enable and not (mt.tool_config_path or mt.function_tool_path):
@@ -410,19 +408,19 @@ def _check_rollout_correction(cfg, add) -> None:
 # ------------------------------------------------------------------ rewards
 def _check_rewards(cfg, add) -> None:
     from megarl.rewards.manager import EXECUTORS, ON_ERROR_MODES
-    from megarl.rewards.manager_keys import reward_manager_problems
+    from megarl.settings.rewards import reward_manager_problems
     if cfg.reward.executor not in EXECUTORS:
         add(f"reward.executor={cfg.reward.executor!r}: use one of {EXECUTORS}.")
     if cfg.reward.num_workers < 1:
         add(f"reward.num_workers={cfg.reward.num_workers}: must be >= 1.")
     if cfg.reward.on_error not in ON_ERROR_MODES:
         add(f"reward.on_error={cfg.reward.on_error!r}: use one of {ON_ERROR_MODES}.")
-    from megarl.rewards.reward_models.settings import reward_model_problems
+    from megarl.settings.reward_models import reward_model_problems
 
     for problem in reward_model_problems(cfg):  # reward_model.enable: a reward model or LLM judge
         add(problem)
     if cfg.reward_model.enable:
-        from megarl.cluster.placement import plan_from_config, reward_pool_from_config
+        from megarl.settings.cluster import plan_from_config, reward_pool_from_config
 
         try:
             plan_from_config(cfg)  # a colocated reward model's TP must fit the trainer's devices

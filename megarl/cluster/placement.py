@@ -3,7 +3,7 @@
     plan = plan_from_config(cfg)                    # pure: which device slots each process uses
     placement = ClusterPlacement(plan, use_gpu)     # Ray: the devices reserved, slots mapped to nodes
     workers = WorkerGroup(MegatronWorker, plan.trainer_world, slots=placement.trainer_slots(), ...)
-    fleet = RolloutFleet(rollout_cfg, model, slots=placement.replica_slots(), ...)
+    fleet = RolloutFleet(rollout_settings, model, slots=placement.replica_slots(), ...)
 
 The cluster is ``trainer.nnodes`` nodes of ``trainer.n_gpus_per_node`` device slots (GPUs; on a
 CPU machine, worker processes), numbered node-major. All slots are the bundles of one Ray
@@ -33,7 +33,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from megarl.config.derived import cluster_shape
 
 
 @dataclass(frozen=True)
@@ -142,24 +141,6 @@ def plan_reward_pool(nnodes: int, per_node: int, tp: int) -> PlacementPlan:
     groups = _replica_groups(list(range(nnodes * per_node)), tp, per_node, "reward model's pool",
                              "reward_model.rollout.tensor_model_parallel_size")
     return PlacementPlan(nnodes, per_node, "pool", (), groups)
-
-
-def plan_from_config(cfg) -> PlacementPlan:
-    rollout, rm = cfg.actor_rollout_ref.rollout, cfg.reward_model
-    nnodes, per_node, mode, rollout_devices = cluster_shape(cfg)
-    plan = plan_placement(nnodes, per_node, mode, rollout.tensor_model_parallel_size, rollout_devices,
-                          rollout.num_replicas)
-    if rm.enable and not rm.enable_resource_pool:
-        plan = with_colocated_reward_model(plan, rm.rollout.tensor_model_parallel_size)
-    return plan
-
-
-def reward_pool_from_config(cfg) -> PlacementPlan | None:
-    """The reward model's own pool, when ``reward_model.enable_resource_pool`` asks for one."""
-    rm = cfg.reward_model
-    if not (rm.enable and rm.enable_resource_pool):
-        return None
-    return plan_reward_pool(rm.nnodes, rm.n_gpus_per_node, rm.rollout.tensor_model_parallel_size)
 
 
 @dataclass(frozen=True)

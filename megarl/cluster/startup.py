@@ -57,19 +57,20 @@ def start_together(timings: dict[str, float] | None = None, **starters: Callable
     return results
 
 
-def start_reward_model(cfg: Any, placement: Any, use_gpu: bool) -> tuple[RewardModelService | None, Any]:
-    """The run's reward model (None without ``reward_model.enable``) and the placement of its own pool
-    (None when colocated on the trainer's slots), both to close when the run ends."""
+def start_reward_model(settings: Any, engine: Any, pool_plan: Any, placement: Any, use_gpu: bool
+                       ) -> tuple[RewardModelService | None, Any]:
+    """The run's reward model (None when ``settings`` is None: no ``reward_model.enable``) and the placement
+    of its own pool (None when colocated on the trainer's slots), both to close when the run ends.
+    ``engine`` is its fleet's typed ``reward_model.rollout`` section; ``pool_plan`` its own devices, or None."""
+    from megarl.cluster.placement import ClusterPlacement
     from megarl.rewards.reward_models.service import RewardModelService
-    from megarl.cluster.placement import ClusterPlacement, reward_pool_from_config
 
-    if not cfg.reward_model.enable:
+    if settings is None:
         return None, None
-    pool_plan = reward_pool_from_config(cfg)
     pool = ClusterPlacement(pool_plan, use_gpu) if pool_plan is not None else None
     try:
-        service = RewardModelService(cfg, (pool or placement).reward_slots(), use_gpu=use_gpu,
-                                     sleep_mode=pool is None and bool(cfg.reward_model.rollout.free_cache_engine))
+        service = RewardModelService(settings, engine, (pool or placement).reward_slots(), use_gpu=use_gpu,
+                                     sleep_mode=pool is None and bool(engine.free_cache_engine))
     except BaseException:
         if pool is not None:
             pool.close()

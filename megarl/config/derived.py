@@ -17,6 +17,13 @@ def devices_for(cfg: DictConfig) -> tuple[int, int]:
     return world, world
 
 
+def adapter_only(cfg: DictConfig) -> bool:
+    """LoRA with ``model.lora.merge=False`` (verl's default): the fleet keeps its base model and every
+    sync sends the actor's adapter alone, served through the engine's LoRA support."""
+    lora = cfg.actor_rollout_ref.model.lora
+    return bool(lora.rank > 0 and not lora.merge)
+
+
 def old_log_prob_pass(cfg: DictConfig) -> str | None:
     """Why a step runs the separate old-log-prob pass, or None when the update's own forward gives them.
 

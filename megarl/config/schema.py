@@ -4,8 +4,8 @@ Every YAML and every ``a.b.c=value`` override is checked against these dataclass
 type-checked by OmegaConf, and a key that is not here is either one of verl's keys that
 ``megarl.config.verl_keys`` decides (another spelling, refused, or without effect) or unknown.
 Keys that verl has keep verl's names and defaults, so a verl config carries over; keys that
-megarl adds are marked "megarl:" in their comment. ``megarl.config.consumers`` names the code
-that reads each key.
+megarl adds are marked "megarl:" in their comment. Every key is read by a check (``megarl.checks``) or a
+settings constructor (``megarl.settings``): ``tests/config/test_key_readers.py`` records the reads.
 
 On machines without GPUs, ``trainer.n_gpus_per_node`` counts worker processes (ranks)
 per node, one CPU "device" each.

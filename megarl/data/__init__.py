@@ -3,8 +3,6 @@ from megarl.data.dataset import TRUNCATION_MODES, PromptDataset, PromptItem, tru
 from megarl.data.loader import (
     PromptBatch,
     PromptDataLoader,
-    build_dataset,
-    build_train_loader,
     collate,
     iterate_in_order,
 )
@@ -21,8 +19,6 @@ __all__ = [
     "PromptItem",
     "PromptRow",
     "ResumableBatchSampler",
-    "build_dataset",
-    "build_train_loader",
     "collate",
     "column_problems",
     "iterate_in_order",

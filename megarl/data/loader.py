@@ -1,11 +1,6 @@
-"""Batches of prompts for the trainer, built from the ``data.*`` config section.
+"""Batches of prompts for the trainer: a resumable loader over a ``PromptDataset``.
 
-Config keys read (verl's names; defaults in brackets):
-``train_files``, ``val_files``, ``prompt_key`` ["prompt"], ``reward_fn_key`` ["data_source"],
-``max_prompt_length`` [1024], ``truncation`` ["error"], ``filter_overlong_prompts`` [True],
-``apply_chat_template_kwargs`` [{}], ``train_max_samples`` / ``val_max_samples`` [-1: all rows],
-``train_batch_size`` (required for training), ``val_batch_size`` [None: the whole
-validation set in one batch], ``shuffle`` [True], ``seed`` [1], ``drop_last`` [True].
+``megarl.settings.data`` builds both from the ``data.*`` config section.
 """
 from __future__ import annotations
 
@@ -83,61 +78,3 @@ def iterate_in_order(dataset: PromptDataset, batch_size: int | None = None) -> I
     size = batch_size or len(dataset)
     for start in range(0, len(dataset), size):
         yield [dataset[i] for i in range(start, min(start + size, len(dataset)))]
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read a key from a dict, an OmegaConf node or a dataclass-like object."""
-    if cfg is None:
-        return default
-    if hasattr(cfg, "get"):
-        value = cfg.get(key, default)
-    else:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
-
-
-def build_dataset(data_cfg: Any, tokenizer: Any, split: str, need_reward_fn_key: bool = True,
-                  chat_tools=None) -> PromptDataset:
-    """The train (``split="train"``) or validation (``split="val"``) dataset from ``data.*``.
-
-    ``need_reward_fn_key=False`` (a custom reward function is given) accepts files without the
-    ``data.reward_fn_key`` column. ``chat_tools(agent_name)`` gives the tool schemas to render
-    into a row's prompt (None: none).
-    """
-    if split not in ("train", "val"):
-        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    files = _get(data_cfg, "train_files" if split == "train" else "val_files")
-    if files is None:
-        raise ValueError(f"data.{split}_files is not set: give a parquet path or a list of paths")
-    if not isinstance(files, str) and hasattr(files, "__iter__"):
-        files = [str(f) for f in files]  # OmegaConf ListConfig -> plain list
-    return PromptDataset(
-        files,
-        tokenizer,
-        prompt_key=_get(data_cfg, "prompt_key", "prompt"),
-        max_prompt_length=int(_get(data_cfg, "max_prompt_length", 1024)),
-        truncation=_get(data_cfg, "truncation", "error"),
-        filter_overlong_prompts=bool(_get(data_cfg, "filter_overlong_prompts", True)),
-        apply_chat_template_kwargs=dict(_get(data_cfg, "apply_chat_template_kwargs", {})),
-        reward_fn_key=str(_get(data_cfg, "reward_fn_key", "data_source")),
-        need_reward_fn_key=need_reward_fn_key,
-        max_samples=int(_get(data_cfg, "train_max_samples" if split == "train" else "val_max_samples", -1)),
-        shuffle=bool(_get(data_cfg, "shuffle", True)),
-        seed=_get(data_cfg, "seed", 1),  # None: 1 as for the batches (resume needs a fixed draw)
-        chat_tools=chat_tools,
-    )
-
-
-def build_train_loader(data_cfg: Any, tokenizer: Any, need_reward_fn_key: bool = True,
-                       chat_tools=None) -> PromptDataLoader:
-    """The training loader: ``data.train_batch_size`` prompts per batch, shuffled per epoch."""
-    batch_size = _get(data_cfg, "train_batch_size")
-    if batch_size is None:
-        raise ValueError("data.train_batch_size is not set")
-    return PromptDataLoader(
-        build_dataset(data_cfg, tokenizer, "train", need_reward_fn_key, chat_tools),
-        int(batch_size),
-        shuffle=bool(_get(data_cfg, "shuffle", True)),
-        seed=int(_get(data_cfg, "seed", 1)),
-        drop_last=bool(_get(data_cfg, "drop_last", True)),
-    )

@@ -3,7 +3,7 @@
 Every rank of a megatron-core job builds its model chunks (``megarl.models.build_model``) and
 wraps them here:
 
-    actor = MegatronActor(build_model(path, layout, "actor"), actor_settings(cfg, dp_size))
+    actor = MegatronActor(build_model(path, layout, "actor"), actor_settings(cfg, dp_size))  # megarl.settings.engine
     old_log_probs, entropy = actor.compute_log_prob(batch, with_entropy=True)
     metrics = actor.update_policy(batch.with_fields(old_log_probs=old_log_probs, advantages=...))
 
@@ -38,18 +38,7 @@ from megarl.engine.manifest import CheckpointIntegrityError, integrity_error, ve
 from megarl.engine.unpickling import UnsafeCheckpointError
 from megarl.engine.critic import MegatronCritic
 from megarl.engine.reference import BaseModelReference, MegatronReference
-from megarl.engine.settings import (
-    ActorSettings,
-    BatchSettings,
-    CriticSettings,
-    OptimizerSettings,
-    PolicyLossSettings,
-    actor_settings,
-    critic_settings,
-    lora_settings,
-    model_overrides,
-    reference_settings,
-)
+from megarl.engine.settings import ActorSettings, BatchSettings, CriticSettings, OptimizerSettings, PolicyLossSettings
 
 __all__ = [
     "ActorSettings",
@@ -66,23 +55,18 @@ __all__ = [
     "PolicyLossSettings",
     "RLBatch",
     "UnsafeCheckpointError",
-    "actor_settings",
     "balanced_partitions",
     "checkpoint_contents",
     "checkpoint_dir",
     "checkpoint_extra",
     "checkpoint_problems",
     "checkpoint_tensors",
-    "critic_settings",
     "data_parallel_shard",
     "fixed_micro_batches",
     "integrity_error",
     "latest_checkpoint",
     "load_checkpoint",
     "mini_batches",
-    "lora_settings",
-    "model_overrides",
-    "reference_settings",
     "resolve_checkpoint",
     "restore_order",
     "save_checkpoint",

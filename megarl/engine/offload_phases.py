@@ -24,16 +24,6 @@ PHASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def offload_flags(cfg) -> dict[str, bool]:
-    """``<model>.<kind>`` -> whether its offload is on."""
-    arr = cfg.actor_rollout_ref
-    flags = {}
-    for model, megatron in zip(MODELS, (arr.actor.megatron, arr.ref.megatron, cfg.critic.megatron)):
-        flags.update({f"{model}.params": megatron.param_offload, f"{model}.grads": megatron.grad_offload,
-                      f"{model}.optimizer": megatron.optimizer_offload})
-    return flags
-
-
 def rank_residency(engines: dict, flags: dict[str, bool], rank: int):
     """A ``Residency`` over the groups with offload on of ``engines`` ({"actor": MegatronActor, ...}; None skipped)."""
     from megarl.engine.offload import Residency, model_offload_groups

@@ -137,10 +137,10 @@ def _facts(directory: str) -> ModelFacts:
 def run_inputs(cfg) -> RunInputs:
     """The plan's inputs from a loaded, validated megarl config."""
     from megarl.settings.derived import critic_enabled
-    from megarl.engine.settings import actor_settings, critic_settings, model_overrides, reference_settings
+    from megarl.settings.engine import actor_settings, critic_settings, model_overrides, reference_settings
     from megarl.settings.engine import layout_from_config, needs_reference
-    from megarl.engine.offload_phases import offload_flags
-    from megarl.cluster.placement import plan_from_config
+    from megarl.settings.engine import offload_flags
+    from megarl.settings.cluster import plan_from_config
 
     arr = cfg.actor_rollout_ref
     actor_model = _model(arr.model.path, "actor_rollout_ref.model.path")

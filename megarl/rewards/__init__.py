@@ -1,5 +1,5 @@
 """Rewards: rule rewards by data_source, custom reward functions by path, and the batch reward manager."""
-from megarl.rewards.custom import RewardFunction, RewardFunctionLoadError, load_reward_function
+from megarl.rewards.custom import RewardFunction, RewardFunctionLoadError
 from megarl.rewards.manager import RewardFunctionError, RewardManager, RewardResult, SampleError
 from megarl.rewards.registry import UnknownDataSourceError, default_compute_score
 from megarl.rewards.token_scores import scores_to_token_level
@@ -13,6 +13,5 @@ __all__ = [
     "SampleError",
     "UnknownDataSourceError",
     "default_compute_score",
-    "load_reward_function",
     "scores_to_token_level",
 ]

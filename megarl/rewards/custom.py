@@ -31,7 +31,6 @@ once, so parallel scoring works with functions from any file.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import inspect
@@ -39,7 +38,6 @@ import os
 import sys
 from typing import Any, Callable
 
-from megarl.rewards.registry import default_compute_score
 
 DEFAULT_FUNCTION_NAME = "compute_score"
 SAMPLE, BATCH, LISTS = "sample", "batch", "lists"
@@ -194,30 +192,6 @@ class RewardFunction:
 
     def __repr__(self) -> str:
         return f"RewardFunction(path={self.path!r}, name={self.name!r}, reward_kwargs={self.reward_kwargs!r})"
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
-
-
-def load_reward_function(custom_cfg: Any = None, manager_kwargs: dict[str, Any] | None = None) -> Callable[..., Any]:
-    """The scoring function for a ``custom_reward_function`` config section.
-
-    With ``path`` set: that file's function (a ``RewardFunction``). Without: the built-in rule
-    rewards (:func:`default_compute_score`), with ``reward_kwargs`` bound if given.
-    ``manager_kwargs`` are added to ``reward_kwargs`` (the batch manager's, see ``managers``).
-    """
-    path = _get(custom_cfg, "path")
-    name = _get(custom_cfg, "name", DEFAULT_FUNCTION_NAME)
-    reward_kwargs = {**dict(_get(custom_cfg, "reward_kwargs", {})), **dict(manager_kwargs or {})}
-    if path:
-        return RewardFunction(str(path), str(name), reward_kwargs)
-    if reward_kwargs:
-        return functools.partial(default_compute_score, **reward_kwargs)
-    return default_compute_score
 
 
 def form_of(fn: Callable[..., Any]) -> str:

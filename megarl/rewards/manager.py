@@ -38,7 +38,7 @@ The ``rate_limited`` manager (verl's; ``limited`` is accepted too) runs a batch'
 concurrently in the controller within ``reward_model.max_concurrent``, ``max_rpm``, ``max_tpm``
 and ``timeout`` (:mod:`megarl.rewards.rate_limit`); sync functions run in a thread pool.
 
-Config keys read by :meth:`RewardManager.from_config`: ``custom_reward_function.*``
+Built from the config by ``megarl.settings.rewards.reward_manager``, which reads ``custom_reward_function.*``
 (see :mod:`megarl.rewards.custom`), ``reward.num_workers`` [1], ``reward.executor``
 ["process"], ``reward.on_error`` ["zero"], ``reward.compute_score_timeout`` [30],
 ``reward_model.reward_manager`` ["naive"] and the dapo manager's ``reward_kwargs`` (see
@@ -55,9 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from megarl.logging.progress import Progress
-from megarl.rewards.custom import SAMPLE, _get, form_of, load_reward_function
-from megarl.rewards.manager_keys import (OverlongPenalty, canonical_manager, compute_score_timeout, function_kwargs,
-                                     manager_name, overlong_penalty)
+from megarl.rewards.custom import SAMPLE, form_of
+from megarl.rewards.manager_keys import OverlongPenalty, canonical_manager
 from megarl.rewards.pool import RewardPool
 from megarl.rewards.rate_limit import LimitSettings
 from megarl.rewards.registry import default_compute_score
@@ -142,24 +141,6 @@ class RewardManager:
                     f"reward function {self.compute_score!r} cannot be sent to worker processes ({exc}); define it at "
                     "module level, load it with custom_reward_function.path, or set reward.executor=thread"
                 ) from exc
-
-    @classmethod
-    def from_config(cls, cfg: Any, model_reward: Any = None) -> "RewardManager":
-        """From the top-level config (``custom_reward_function``, ``reward`` and ``reward_model``
-        sections); ``model_reward`` is the run's reward model or judge, if it has one."""
-        reward_cfg, rm = _get(cfg, "reward"), _get(cfg, "reward_model")
-        return cls(
-            load_reward_function(_get(cfg, "custom_reward_function"), function_kwargs(cfg)),
-            num_workers=int(_get(reward_cfg, "num_workers", 1)),
-            executor=str(_get(reward_cfg, "executor", "process")),
-            on_error=str(_get(reward_cfg, "on_error", "zero")),
-            kind=manager_name(cfg),
-            overlong=overlong_penalty(cfg),
-            model_reward=model_reward,
-            limits=LimitSettings.from_config(rm) if rm is not None and "max_concurrent" in rm else None,
-            fallback_score=float(rm.judge.fallback_score) if rm is not None and "judge" in rm else 0.0,
-            timeout_s=compute_score_timeout(cfg),
-        )
 
     def score_samples(self, samples: Sequence[dict[str, Any]]) -> RewardResult:
         """Score dicts with keys data_source, solution_str (or response), ground_truth, extra_info (optional)."""

@@ -28,11 +28,6 @@ class LimitSettings:
     estimated_tokens_per_request: int = 2000
     timeout_s: float = 300.0
 
-    @classmethod
-    def from_config(cls, rm: Any) -> "LimitSettings":
-        return cls(int(rm.max_concurrent), rm.max_rpm, rm.max_tpm, int(rm.estimated_tokens_per_request),
-                   float(rm.timeout))
-
     def problems(self) -> list[str]:
         found = []
         if self.max_concurrent < 1:

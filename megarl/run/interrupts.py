@@ -161,32 +161,32 @@ def kill_descendants() -> None:
     psutil.wait_procs(children, timeout=5)
 
 
-def finished_run(trainer_cfg, root: str | Path, total_steps: int, critic: bool = False) -> tuple[int, Path] | None:
+def finished_run(trainer, root: str | Path, total_steps: int, critic: bool = False) -> tuple[int, Path] | None:
     """(step, checkpoint) when the checkpoint this run would resume from already holds its last step."""
     from megarl.trainer.resume import find_resume_checkpoint
 
-    if trainer_cfg.val_only:
+    if trainer.val_only:
         return None
-    found = find_resume_checkpoint(trainer_cfg, root, critic)
+    found = find_resume_checkpoint(trainer, root, critic)
     if found is None:
         return None
     step = checkpoint_step(found[0])
     return (step, found[0]) if step is not None and step >= total_steps else None
 
 
-def interrupt_report(trainer_cfg, exc: Interrupted) -> str:
+def interrupt_report(trainer, exc: Interrupted) -> str:
     """What an interrupted run says: where it stopped, its last checkpoint, what the same command does."""
     step, total = exc.step, exc.total_steps
     where = "during start-up" if not step else f"at step {step}" + (f" of {total}" if total else "")
-    last = latest_checkpoint_step(trainer_cfg.default_local_dir)
-    if trainer_cfg.resume_mode == "disable":
+    last = latest_checkpoint_step(trainer.default_local_dir)
+    if trainer.resume_mode == "disable":
         then = "the same command starts over (trainer.resume_mode=disable)"
-    elif trainer_cfg.resume_mode == "resume_path" and last is not None:
-        then = (f"the same command resumes from trainer.resume_from_path={trainer_cfg.resume_from_path}; "
+    elif trainer.resume_mode == "resume_path" and last is not None:
+        then = (f"the same command resumes from trainer.resume_from_path={trainer.resume_from_path}; "
                 f"trainer.resume_from_path={last[1]} continues from the last checkpoint")
     elif last is not None:
         then = "the same command resumes"
     else:
-        then = f"no checkpoint yet (trainer.save_freq={trainer_cfg.save_freq}): the same command starts over"
+        then = f"no checkpoint yet (trainer.save_freq={trainer.save_freq}): the same command starts over"
     saved = f"last checkpoint: step {last[0]} at {last[1]}; " if last is not None else ""
     return f"interrupted ({exc.name}) {where}; {saved}{then}"

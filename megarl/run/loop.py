@@ -14,11 +14,8 @@ import time
 from megarl.logging.console import say
 from megarl.logging.progress import Progress, directory_bytes, duration, human
 from megarl.run.summary import RunSummary
-from megarl.settings.derived import critic_enabled
-from megarl.settings.engine import initial_checkpoints
 from megarl.trainer.checkpointing import prune_checkpoints, save_on_workers
 from megarl.trainer.controller import RLTrainer
-from megarl.trainer.lora_setup import starts_from_adapter
 from megarl.trainer.resume import load_first_whole, resume_plan
 from megarl.trainer.training_safety import SkippedSteps, refuse_nonfinite_weights
 
@@ -38,7 +35,7 @@ class TrainingLoop:
         self.plan = plan  # a ResumePlan decided (and said) before start-up; None: decided in resume()
         self.summary = summary if summary is not None else RunSummary(trainer.total_steps)
         self.samples = samples
-        self.skips = SkippedSteps.from_config(trainer.cfg.trainer)  # non-finite gradients: stop a run that has diverged
+        self.skips = SkippedSteps.from_section(trainer.settings.trainer)  # non-finite gradients: stop a run that has diverged
         self.step = 0
         self._checkpoint_bytes: int | None = None  # the last checkpoint's size: the next save's progress total
 
@@ -48,11 +45,11 @@ class TrainingLoop:
         t = self.trainer
         plan = self.plan
         if plan is None:
-            plan = resume_plan(t.cfg.trainer, self.root, critic_enabled(t.cfg))
+            plan = resume_plan(t.settings.trainer, self.root, t.settings.use_critic)
             for note in plan.notes:
                 say("%s", note)
         if plan.first is None:
-            start = initial_checkpoints(t.cfg)["actor"] or starts_from_adapter(t.cfg)
+            start = t.settings.start_source
             if start:  # the actor starts from a megatron checkpoint or a LoRA adapter, the fleet from the HF one
                 self._sync_fleet(None, source=str(start))
                 say("actor started from %s; fleet synced to it", start)
@@ -80,7 +77,7 @@ class TrainingLoop:
             t.load_state_dict(state)
             source = str(loaded[0])
         refuse_nonfinite_weights(t.workers, t.coords, ("actor",), f"sync the weights of {source} to the rollout fleet",
-                                 t.cfg)
+                                 t.settings)
         t.rollout_memory.wake_for_sync()
         t.weight_sync.sync()  # the fleet must serve the trainer's weights
         t.rollout_memory.wake_for_rollout()
@@ -89,17 +86,17 @@ class TrainingLoop:
     def save(self, step: int) -> None:
         t = self.trainer
         refuse_nonfinite_weights(t.workers, t.coords, ("actor", "critic") if t.use_critic else ("actor",),
-                                 f"save the step-{step} checkpoint", t.cfg)
+                                 f"save the step-{step} checkpoint", t.settings)
         staging = [f"{self.root}/{role}/step_{step}.tmp" for role in ("actor", "critic")]
         with Progress(f"checkpoint step {step}", total=self._checkpoint_bytes, unit="B",
                       poll=lambda: directory_bytes(*staging)) as progress:
-            path = save_on_workers(t.workers, self.root, step, t.state_dict(), t.cfg.trainer)
+            path = save_on_workers(t.workers, self.root, step, t.state_dict(), t.settings.trainer)
         self._checkpoint_bytes = directory_bytes(path, f"{self.root}/critic/step_{step}")
         seconds = progress.elapsed
         say("checkpoint step %d: %s (%s in %s, %s/s)", step, path, human(self._checkpoint_bytes, "B"),
             duration(seconds), human(self._checkpoint_bytes / max(seconds, 1e-9), "B"))
-        prune_checkpoints(f"{self.root}/actor", t.cfg.trainer.max_actor_ckpt_to_keep)
-        prune_checkpoints(f"{self.root}/critic", t.cfg.trainer.max_critic_ckpt_to_keep)
+        prune_checkpoints(f"{self.root}/actor", t.settings.trainer.max_actor_ckpt_to_keep)
+        prune_checkpoints(f"{self.root}/critic", t.settings.trainer.max_critic_ckpt_to_keep)
 
     def validate(self, step: int) -> dict[str, float]:
         t = self.trainer
@@ -118,7 +115,7 @@ class TrainingLoop:
         return metrics
 
     def run(self) -> dict[str, float]:
-        t, cfg, summary = self.trainer, self.trainer.cfg.trainer, self.summary
+        t, cfg, summary = self.trainer, self.trainer.settings.trainer, self.summary
         with summary.timed("start-up"):
             start = self.resume()
         self.step = start
@@ -146,7 +143,7 @@ class TrainingLoop:
             diverged = self.skips.record(step, metrics)
             summary.skipped_steps = self.skips.summary()
             if diverged is not None:
-                raise self.skips.halt(diverged, t.cfg)
+                raise self.skips.halt(diverged, t.settings)
             if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or step == t.total_steps):
                 with summary.timed("checkpoints"):
                     self.save(step)

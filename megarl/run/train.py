@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 logger = logging.getLogger("megarl.run.train")
@@ -110,78 +109,46 @@ def run(cfg, guard=None) -> dict[str, float]:
 
 
 def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
-    from omegaconf import OmegaConf
-
-    from megarl.agent import AgentRollout, build_agent_context
-    from megarl.agent.rollout import LoopSet, default_loop_name, tool_schemas_for
-    from megarl.agent.workers import start_workers
-    from megarl.data import build_dataset, build_train_loader
-    from megarl.engine import resolve_checkpoint
-    from megarl.logging import MetricsLogger
-    from megarl.logging.console import adopt_library_loggers, console_state, say
-    from megarl.logging.progress import Progress
-    from megarl.logging.worker_logs import WorkerLogFollower, worker_log_env
-    from megarl.cluster.startup import start_reward_model
-    from megarl.rollout import RolloutFleet
-    from megarl.run import startup_lines
-    from megarl.run.loop import TrainingLoop
-    from megarl.trainer.controller import RLTrainer, total_training_steps
-    from megarl.run.interrupts import InterruptGuard, finished_run
-    from megarl.trainer.checkpointing import checkpoint_step, latest_checkpoint_step
-    from megarl.settings.engine import initial_checkpoints
-    from megarl.trainer.megatron_worker import MegatronWorker
-    from megarl.cluster.placement import ClusterPlacement, plan_from_config, reward_pool_from_config
     from megarl.cluster.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
+    from megarl.engine import resolve_checkpoint
+    from megarl.logging.console import adopt_library_loggers, console_state, say
+    from megarl.logging.worker_logs import WorkerLogFollower, worker_log_env
+    from megarl.models.loading import describe_skipped
+    from megarl.run import startup_lines
+    from megarl.run.build import prepare, start
+    from megarl.run.interrupts import InterruptGuard
     from megarl.run.summary import RunSummary, places
-    from megarl.run.samples import SampleReporter
-    from megarl.cluster.startup import start_together
+    from megarl.settings.cluster import plan_from_config, reward_pool_from_config
+    from megarl.settings.engine import initial_checkpoints
+    from megarl.trainer.checkpointing import latest_checkpoint_step
     from megarl.trainer.training_safety import TrainingHalted
-    from megarl.cluster.worker_group import WorkerGroup
-    from megarl.weight_sync.adapter_updates import weight_updates
 
     adopt_library_loggers()  # Ray and transformers are imported by now
     guard = guard or InterruptGuard().install()
     guard.on_kill = remove_local_temp_dir
     local_model_paths(cfg)
-    model_path = cfg.actor_rollout_ref.model.path
     check_model(cfg)
-    from megarl.models.loading import describe_skipped
-
-    skipped = describe_skipped(model_path)  # e.g. DeepSeek-V3's MTP layers: named, never silently dropped
+    skipped = describe_skipped(cfg.actor_rollout_ref.model.path)  # e.g. MTP layers: named, never silently dropped
     if skipped:
         say("%s", skipped)
     for role, checkpoint in initial_checkpoints(cfg).items():
         if checkpoint is not None:
             resolve_checkpoint(checkpoint)  # a missing or incomplete one fails here, before any process starts
             logger.info("%s starts from the megatron checkpoint %s", role, checkpoint)
-    tokenizer = load_tokenizer(cfg)
-    tokenizer_path = cfg.actor_rollout_ref.model.tokenizer_path or model_path
-    # rule rewards are picked by data_source (a custom function or a reward model scores without one)
-    need_source = not (cfg.custom_reward_function.path or cfg.reward_model.enable)
-    # tools, agent loops and data: their errors surface before any process starts
-    agent_context = build_agent_context(cfg, tokenizer)
-    loops = LoopSet(agent_context)
-    chat_tools = tool_schemas_for(loops, default_loop_name(cfg.actor_rollout_ref.rollout))
-    train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools)
-    val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools) if cfg.data.val_files else None
-    total = total_training_steps(cfg.trainer, len(train_loader))
-    from megarl.settings.derived import critic_enabled
-    from megarl.trainer.resume import resume_plan
-
-    resume = resume_plan(cfg.trainer, log_dir, critic_enabled(cfg))  # refuses here, before any process starts
-    finished = finished_run(cfg.trainer, log_dir, total, critic_enabled(cfg))
-    if finished is not None:  # before Ray: nothing would run
+    prepared = prepare(cfg, log_dir, load_tokenizer)  # tools, agent loops, data, resume: errors before any process
+    total = prepared.total_steps
+    if prepared.finished is not None:  # before Ray: nothing would run
+        step, checkpoint = prepared.finished
         say("%s has finished already: its checkpoint %s holds step %d of %d. Nothing to train: raise "
             "trainer.total_training_steps to continue it, or set trainer.resume_mode=disable (or another "
-            "trainer.default_local_dir) to start over", log_dir, finished[1], finished[0], total)
-        return {"_history": checkpoint_history(finished[1]), "_finished": True}
-    for note in resume.notes:  # checkpoints passed over (which file, which step instead), or started over
+            "trainer.default_local_dir) to start over", log_dir, checkpoint, step, total)
+        return {"_history": checkpoint_history(checkpoint), "_finished": True}
+    for note in prepared.resume.notes:  # checkpoints passed over (which file, which step instead), or started over
         say("%s", note)
-    start_step = (checkpoint_step(resume.first[0]) or 0) if resume.first is not None else 0
-    say("%s", startup_lines.data_line(train_loader, val_dataset, start_step, total, cfg.data.train_batch_size))
+    say("%s", startup_lines.data_line(prepared.train_loader, prepared.val_dataset, prepared.start_step, total,
+                                      cfg.data.train_batch_size))
 
     plan = plan_from_config(cfg)
-    rollout = cfg.actor_rollout_ref.rollout
     reward_pool = reward_pool_from_config(cfg)  # a reward model's own devices, if it has them
     slots = plan.nnodes * plan.per_node + (reward_pool.nnodes * reward_pool.per_node if reward_pool else 0)
     num_cpus = cfg.ray_kwargs.ray_init.num_cpus or max(os.cpu_count() or 1, slots)
@@ -190,65 +157,38 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     guard.install()  # ray.init sets a SIGTERM handler of its own
     adopt_library_loggers()
     use_gpu = resources.get("GPU", 0) > 0
-    ray_nodes = sum(1 for node in __import__("ray").nodes() if node["Alive"])
+    import ray
+
+    ray_nodes = sum(1 for node in ray.nodes() if node["Alive"])
     logger.info("Ray cluster: %d node(s), resources %s", ray_nodes, resources)
     say("%s", startup_lines.layout_line(cfg, plan, use_gpu, ray_nodes))
     follower = WorkerLogFollower(worker_logs).start()
     summary = RunSummary(total)
-    metrics_logger = workers = fleet = sync = placement = agent_rollout = loop = trainer = None
-    reward_model = reward_placement = None
+    run = None
     try:
         with summary.timed("start-up"):
-            placement = ClusterPlacement(plan, use_gpu)
-            lora = cfg.actor_rollout_ref.model.lora
-            seconds: dict[str, float] = {}
-            with Progress(f"starting {plan.trainer_world} trainer rank(s) and {len(plan.replicas)} rollout "
-                          "replica(s)"):
-                started = start_together(  # neither needs the other before the weight sync connects them
-                    seconds,
-                    workers=lambda: WorkerGroup(
-                        MegatronWorker, plan.trainer_world, init_args=(OmegaConf.to_container(cfg, resolve=True),),
-                        slots=placement.trainer_slots(), env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-                        dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout),
-                    fleet=lambda: RolloutFleet(
-                        rollout, model_path, tokenizer_path=cfg.actor_rollout_ref.model.tokenizer_path,
-                        slots=placement.replica_slots(), trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                        sleep_mode=plan.mode == "colocated" and rollout.free_cache_engine,
-                        lora_rank=lora.rank if lora.rank > 0 and not lora.merge else 0))
-            workers, fleet = started["workers"], started["fleet"]
-            started_sync = time.perf_counter()
-            sync = weight_updates(cfg, workers, fleet)  # merged weights, sharded; or the LoRA adapter alone
-            say("%s", startup_lines.ready_line(seconds["workers"], seconds["fleet"], time.perf_counter() - started_sync,
-                                               fleet, sync))
-            reward_model, reward_placement = start_reward_model(cfg, placement, use_gpu)
-            agent_rollout = AgentRollout(agent_context, fleet, rollout, loops=loops,
-                                         worker_factory=lambda count: start_workers(cfg, tokenizer_path, count))
-            metrics_logger = MetricsLogger(cfg.trainer.logger, log_dir, cfg.trainer.project_name,
-                                           cfg.trainer.experiment_name, OmegaConf.to_container(cfg, resolve=True))
-            trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset, rollout=agent_rollout,
-                                reward_model=reward_model)
-            samples = SampleReporter(cfg, metrics_logger, trainer.reward)
-            loop = TrainingLoop(trainer, metrics_logger, str(log_dir), summary, samples, resume)
+            run = start(prepared, plan, use_gpu, summary, say)
         follower.poll()
         held_back = console_state().suppressed_line()
         say("%s", (held_back + "; " if held_back else "") + f"worker logs: {worker_logs}/")
-        last = loop.run()
+        last = run.loop.run()
         from megarl.run.plots import plot_reward_curve
 
-        plot = plot_reward_curve(trainer.history, log_dir / "reward_curve.png")
+        plot = plot_reward_curve(run.trainer.history, log_dir / "reward_curve.png")
         follower.poll()
         latest = latest_checkpoint_step(log_dir)
-        for line in summary.lines(places(log_dir, cfg.trainer.logger, latest and latest[1], samples.files, plot,
+        for line in summary.lines(places(log_dir, cfg.trainer.logger, latest and latest[1], run.samples.files, plot,
                                          worker_logs)):
             say("%s", line)
         held_back = console_state().suppressed_line(since_last=True)
         if held_back:
             say("  %s", held_back)
-        last["_history"] = trainer.history
+        last["_history"] = run.trainer.history
         return last
     except KeyboardInterrupt as exc:  # the guard's Interrupted, or Ray's KeyboardInterrupt standing for it
         interrupted = guard.interrupted(exc)
-        interrupted.step, interrupted.total_steps = (loop.step if loop is not None else 0), total
+        interrupted.step = run.loop.step if run is not None and run.loop is not None else 0
+        interrupted.total_steps = total
         raise interrupted from None
     except TrainingHalted:  # the run stopped itself; its message says why (main prints it)
         raise
@@ -258,17 +198,12 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     finally:
         if cfg.ray_kwargs.timeline_json_file:
             try:
-                __import__("ray").timeline(filename=cfg.ray_kwargs.timeline_json_file)
+                ray.timeline(filename=cfg.ray_kwargs.timeline_json_file)
                 logger.info("Ray timeline written to %s", cfg.ray_kwargs.timeline_json_file)
             except Exception as exc:  # keep tearing down
                 logger.warning("writing the Ray timeline failed: %s", exc)
-        for closer in (trainer, agent_rollout, sync, fleet, reward_model, workers, metrics_logger, placement,
-                       reward_placement):  # the trainer (its rollout producer) first
-            if closer is not None:
-                try:
-                    (getattr(closer, "close", None) or closer.shutdown)()
-                except Exception as exc:  # keep tearing down the rest
-                    logger.warning("shutdown of %s failed: %s", type(closer).__name__, exc)
+        if run is not None:
+            run.close()
         follower.stop()
         shutdown_ray()
 

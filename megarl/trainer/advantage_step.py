@@ -14,22 +14,23 @@ import torch
 from megarl.algorithms import apply_kl_penalty, get_adv_estimator
 
 
-def token_level_rewards(cfg, token_level_scores: torch.Tensor, response_mask: torch.Tensor,
+def token_level_rewards(algorithm, token_level_scores: torch.Tensor, response_mask: torch.Tensor,
                         old_log_probs: torch.Tensor | None, ref_log_probs: torch.Tensor | None,
                         kl_ctrl) -> tuple[torch.Tensor, dict[str, float]]:
-    if not cfg.algorithm.use_kl_in_reward:
+    """``algorithm``: the typed ``algorithm`` section (``use_kl_in_reward``, ``kl_penalty``)."""
+    if not algorithm.use_kl_in_reward:
         return token_level_scores, {}
     if old_log_probs is None or ref_log_probs is None:
         raise ValueError("algorithm.use_kl_in_reward needs old and reference log-probs")
     return apply_kl_penalty(token_level_scores, old_log_probs, ref_log_probs, response_mask, kl_ctrl,
-                            cfg.algorithm.kl_penalty)
+                            algorithm.kl_penalty)
 
 
-def compute_advantages(cfg, rewards: torch.Tensor, response_mask: torch.Tensor, uid: list[str],
+def compute_advantages(algorithm, rewards: torch.Tensor, response_mask: torch.Tensor, uid: list[str],
                        values: torch.Tensor | None = None,
                        reward_baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns ``[B, R]`` from ``algorithm.adv_estimator`` (any registered name)."""
-    a = cfg.algorithm
+    a = algorithm
     inputs: dict[str, Any] = dict(
         token_level_rewards=rewards, response_mask=response_mask, index=uid,
         gamma=a.gamma, lam=a.lam, norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo)

@@ -43,12 +43,12 @@ HF_EXPORT_DIR = "huggingface"
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
-def contents_problems(section: str, checkpoint_cfg) -> list[str]:
+def contents_problems(section: str, checkpoint) -> list[str]:
     """Config problems of one ``<section>.checkpoint`` (save_contents / load_contents)."""
     problems = []
-    keys = ["save_contents"] + (["load_contents"] if list(checkpoint_cfg.load_contents) != list(checkpoint_cfg.save_contents) else [])
+    keys = ["save_contents"] + (["load_contents"] if list(checkpoint.load_contents) != list(checkpoint.save_contents) else [])
     for key in keys:
-        values = list(checkpoint_cfg[key])
+        values = list(checkpoint[key])
         unknown = sorted(set(values) - set(CONTENTS))
         if unknown:
             problems.append(f"{section}.checkpoint.{key} has unknown entries {unknown}; use {list(CONTENTS)}.")
@@ -58,10 +58,10 @@ def contents_problems(section: str, checkpoint_cfg) -> list[str]:
     return problems
 
 
-def retention_problems(trainer_cfg) -> list[str]:
-    return [f"trainer.{key}={trainer_cfg[key]}: use null (keep all) or a count >= 1."
+def retention_problems(trainer) -> list[str]:
+    return [f"trainer.{key}={getattr(trainer, key)}: use null (keep all) or a count >= 1."
             for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep")
-            if trainer_cfg[key] is not None and trainer_cfg[key] < 0]
+            if getattr(trainer, key) is not None and getattr(trainer, key) < 0]
 
 
 def engine_parts(contents) -> dict[str, bool]:
@@ -164,10 +164,10 @@ def latest_checkpoint_step(root: str | Path) -> tuple[int, Path] | None:
     return checkpoint_step(path), path
 
 
-def save_on_workers(workers, root: str, step: int, state: dict, trainer_cfg) -> str:
+def save_on_workers(workers, root: str, step: int, state: dict, trainer) -> str:
     """Every rank writes its part of ``<root>/*/step_<step>``; returns the actor's path. A rank that dies is
     named at once (``WorkerGroup.wait``); a save longer than ``trainer.save_timeout_s`` fails the run."""
-    limit = trainer_cfg.save_timeout_s
+    limit = trainer.save_timeout_s
     refs = workers.call_async("save_checkpoint", root, step, state)
     try:
         return workers.wait(refs, f"save_checkpoint (step {step})", timeout_s=limit)[0]

@@ -46,40 +46,40 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from megarl.algorithms import (filter_groups_by_metric, get_kl_controller, masked_mean, need_more_gen_batches,
-                               seq_metric_values)
-from megarl.config.derived import devices_for, old_log_prob_pass
-from megarl.engine.offload_phases import offload_flags
-from megarl.rewards import RewardManager, scores_to_token_level
+from megarl.algorithms import (RolloutCorrection, filter_groups_by_metric, get_kl_controller, masked_mean,
+                               need_more_gen_batches, seq_metric_values)
+from megarl.rewards import scores_to_token_level
 from megarl.rewards.reward_models import ResponsesToScore
-from megarl.settings.derived import critic_enabled, greedy_baselines
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel
 from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metrics, timing_metrics
 from megarl.trainer.off_policy import correct, staleness_metrics
 from megarl.trainer.rollout_batch import PROMPT_COLUMNS, StepData, build_step_data, concat_step_data, reward_extra_info
 from megarl.trainer.rollout_memory import RolloutMemory
+from megarl.settings.trainer import TrainerSettings
 from megarl.trainer.training_safety import refuse_nonfinite_weights
 
 logger = logging.getLogger(__name__)
 
 
 class RLTrainer:
-    def __init__(self, cfg: DictConfig, workers, fleet, weight_sync, tokenizer, train_loader, val_dataset=None,
-                 metrics_logger=None, rollout=None, reward_model=None):
-        from megarl.agent import AgentRollout, build_agent_context
-        from megarl.algorithms import RolloutCorrection
-        from megarl.trainer.asynchronous.batches import AsyncBatches, AsyncSettings
+    """``settings``: what the controller needs from the config (``megarl.settings.trainer.trainer_settings``);
+    ``reward``: the run's ``RewardManager``; ``rollout``: the agent seam (``AgentRollout``) on ``fleet``."""
 
-        self.cfg, self.workers, self.fleet, self.weight_sync = cfg, workers, fleet, weight_sync
-        self.rollout = rollout or AgentRollout(build_agent_context(cfg, tokenizer), fleet, cfg.actor_rollout_ref.rollout)
+    def __init__(self, settings: TrainerSettings, workers, fleet, weight_sync, tokenizer, train_loader, reward,
+                 rollout, val_dataset=None, metrics_logger=None):
+        from megarl.trainer.asynchronous.batches import AsyncBatches
+
+        self.settings, self.workers, self.fleet, self.weight_sync = settings, workers, fleet, weight_sync
+        self.rollout = rollout
         self.tokenizer, self.train_loader, self.val_dataset = tokenizer, train_loader, val_dataset
         self.metrics_logger = metrics_logger
-        self.reward = RewardManager.from_config(cfg, model_reward=reward_model)
-        self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl)
-        self.use_critic = critic_enabled(cfg)
+        self.reward = reward
+        algorithm = settings.algorithm
+        k = algorithm.kl_ctrl
+        self.kl_ctrl = get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
+        self.use_critic = settings.use_critic
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.global_step = 0
         self.weights_published = True  # the fleet serves the trainer's weights (no update since the last sync)
@@ -90,20 +90,19 @@ class RLTrainer:
         self.reward_extra_keys: list[str] = []  # the reward function's extra values (acc, pred, ...)
         self.coords = workers.call("coords")
         self.leaders = dp_leaders(self.coords)
-        self.num_devices = devices_for(cfg)[0]
-        self.correction = RolloutCorrection.from_config(cfg.algorithm.rollout_correction)
-        async_settings = AsyncSettings.from_config(cfg)
-        self.batches = None if async_settings is None else AsyncBatches(
-            async_settings, self.rollout, train_loader, weight_sync, n=cfg.actor_rollout_ref.rollout.n,
-            pad_id=self.pad_id, response_length=cfg.actor_rollout_ref.rollout.response_length)
+        self.num_devices = settings.num_devices
+        self.correction = RolloutCorrection.from_config(algorithm.rollout_correction)
+        self.batches = None if settings.asynchronous is None else AsyncBatches(
+            settings.asynchronous, self.rollout, train_loader, weight_sync, n=settings.n, pad_id=self.pad_id,
+            response_length=settings.response_length)
         self.in_flight = "wait" if self.batches is None else self.batches.in_flight
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
-                                            trainer_offload=any(offload_flags(cfg).values()), in_flight=self.in_flight)
-        self.old_log_prob_pass = old_log_prob_pass(cfg)  # None: the on-policy update's forward gives them
+                                            trainer_offload=settings.trainer_offload, in_flight=self.in_flight)
+        self.old_log_prob_pass = settings.old_log_prob_pass  # None: the on-policy update's forward gives them
         logger.info("old log-probs: %s", "the rollout's (rollout_correction.bypass_mode)" if self.correction.bypass_mode
                     else f"a separate pass every step ({self.old_log_prob_pass})" if self.old_log_prob_pass
                     else "the update's own forward (one on-policy update per batch; no separate pass)")
-        self.total_steps = total_training_steps(cfg.trainer, len(train_loader))
+        self.total_steps = total_training_steps(settings.trainer, len(train_loader))
 
     # ------------------------------------------------------------------ worker calls
     def _gather(self, method: str, batch_ref) -> Any:
@@ -119,12 +118,12 @@ class RLTrainer:
         """Trajectories for one prompt batch, scored. ``prompt_offset`` numbers its prompts after
         those of the step's earlier batches (DAPO): it enters the seeds and the group ids."""
         cols = prompt_batch.columns()
-        rollout = self.cfg.actor_rollout_ref.rollout
+        n = self.settings.n
         with timer(timings, "gen"):
-            trajectories = self.rollout.generate(cols, step=step, n=rollout.n, prompt_offset=prompt_offset)
-        rows = [i for i in range(len(prompt_batch)) for _ in range(rollout.n)]
+            trajectories = self.rollout.generate(cols, step=step, n=n, prompt_offset=prompt_offset)
+        rows = [i for i in range(len(prompt_batch)) for _ in range(n)]
         uids = [f"{step}:{prompt_offset + i}" for i in rows]
-        data = build_step_data(cols, trajectories, rows, uids, self.pad_id, rollout.response_length)
+        data = build_step_data(cols, trajectories, rows, uids, self.pad_id, self.settings.response_length)
         return data, self._score(data, trajectories, timings)
 
     def _score(self, data: StepData, trajectories, timings: dict) -> dict[str, float]:
@@ -155,12 +154,12 @@ class RLTrainer:
     def collect_batch(self, step: int, timings: dict) -> tuple[StepData, dict[str, float]]:
         """A step's data; with DAPO dynamic sampling, groups with all-equal rewards are dropped and
         more prompt batches are generated (taken) until ``data.train_batch_size`` groups remain."""
-        fg = self.cfg.algorithm.filter_groups
+        fg = self.settings.algorithm.filter_groups
         data, metrics = self.next_batch(step, timings)
         if not fg.enable:
             return data, metrics
-        n = self.cfg.actor_rollout_ref.rollout.n
-        want = self.cfg.data.train_batch_size
+        n = self.settings.n
+        want = self.settings.train_batch_size
         kept_parts, gen_batches, offset = [], 1, want
         while True:
             scores = scores_to_token_level(data["score"], data.batch.response_mask)
@@ -190,12 +189,12 @@ class RLTrainer:
         t0 = time.perf_counter()
         data, metrics = self.collect_batch(step, timings)
         policy_version = self.weight_sync.version if self.batches is None else self.batches.window(step)
-        if self.cfg.trainer.balance_batch:
+        if self.settings.trainer.balance_batch:
             data = self._balance(data, metrics)
         self.last_data = data
-        will_sync = step > self.cfg.trainer.critic_warmup
+        will_sync = step > self.settings.trainer.critic_warmup
         baselines = None
-        if greedy_baselines(self.cfg):  # ReMax: greedy generations, while the engines are awake
+        if self.settings.greedy_baselines:  # ReMax: greedy generations, while the engines are awake
             with timer(timings, "gen"):
                 baselines = self._greedy_baselines(data, step)
         self.rollout_memory.release(will_sync)
@@ -203,7 +202,7 @@ class RLTrainer:
         mask = batch.response_mask  # the loss mask: model tokens only
         scores = scores_to_token_level(data["score"], mask)
         batch_ref = ray.put(batch)
-        verify = self.cfg.actor_rollout_ref.rollout.weight_sync.verify
+        verify = self.settings.verify_sync
         old_log_probs = None
         if self.correction.bypass_mode:  # the rollout's log-probs are the old ones: no forward before the update
             old_log_probs = data["rollout_log_probs"]
@@ -221,16 +220,16 @@ class RLTrainer:
                                                                  data["rollout_log_probs"], mask)
             metrics.update(correction_metrics)
         ref_log_probs = values = None
-        if self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:
+        if self.settings.needs_reference:
             with timer(timings, "ref"):
                 ref_log_probs = self._gather("compute_ref_log_prob", batch_ref)
         if self.use_critic:
             with timer(timings, "values"):
                 values = self._gather("compute_values", batch_ref)
         with timer(timings, "adv"):
-            rewards, kl_metrics = token_level_rewards(self.cfg, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
+            rewards, kl_metrics = token_level_rewards(self.settings.algorithm, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
-            advantages, returns = compute_advantages(self.cfg, rewards, mask, data["uid"], values, baselines)
+            advantages, returns = compute_advantages(self.settings.algorithm, rewards, mask, data["uid"], values, baselines)
         fields = dict(advantages=advantages, returns=returns, response_mask=train_mask)
         if old_log_probs is not None:
             fields["old_log_probs"] = old_log_probs
@@ -252,7 +251,7 @@ class RLTrainer:
             self.weights_published = False
             if self.batches is None or self.batches.sync_due(step):
                 refuse_nonfinite_weights(self.workers, self.coords, ("actor",),
-                                         f"sync the weights to the rollout fleet after step {step}", self.cfg)
+                                         f"sync the weights to the rollout fleet after step {step}", self.settings)
                 with timer(timings, "sync"):
                     self.rollout_memory.wake_for_sync()
                     metrics.update(self.weight_sync.sync(in_flight=self.in_flight))
@@ -265,8 +264,8 @@ class RLTrainer:
         metrics.update(data_metrics(
             token_level_scores=scores, token_level_rewards=rewards, advantages=advantages, returns=returns,
             response_mask=mask, prompt_lengths=data["prompt_lengths"], response_lengths=data["response_lengths"],
-            response_tokens=data["response_tokens"], max_response_length=self.cfg.actor_rollout_ref.rollout.response_length,
-            max_prompt_length=self.cfg.data.max_prompt_length, values=values))
+            response_tokens=data["response_tokens"], max_response_length=self.settings.response_length,
+            max_prompt_length=self.settings.max_prompt_length, values=values))
         metrics.update(agent_metrics(data.fields))
         metrics.update(staleness_metrics(data["versions"], data["first_version"], mask, policy_version))
         if self.batches is not None:
@@ -313,7 +312,7 @@ class RLTrainer:
             return {}
         parts, trajectories = [], []
         with Progress("validation", total=len(self.val_dataset), unit="prompts") as progress:
-            for items in iterate_in_order(self.val_dataset, self.cfg.data.val_batch_size):
+            for items in iterate_in_order(self.val_dataset, self.settings.val_batch_size):
                 cols = collate(items)
                 got = self.rollout.generate(cols, step=0, validate=True)
                 n = len(got) // len(items)
@@ -325,7 +324,7 @@ class RLTrainer:
         self._score(data, trajectories, {})
         self.last_val_data = data
         self.val_generations = pick_generations(data["prompt_text"], data["response_text"], data["ground_truth"],
-                                                data["score"], self.cfg.trainer.log_val_generations)
+                                                data["score"], self.settings.trainer.log_val_generations)
         scores = np.asarray(data["score"], dtype=np.float64)
         out = {"val/score": float(scores.mean())}
         for source in sorted(set(data["data_source"])):
@@ -339,7 +338,7 @@ class RLTrainer:
         state = {"global_step": self.global_step, "version": self.weight_sync.version,
                  "weights_published": self.weights_published,
                  "data_loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
-                 "history": self.history, "config": OmegaConf.to_container(self.cfg, resolve=True)}
+                 "history": self.history, "config": self.settings.config_record}
         if self.batches is not None:  # the prompts drawn ahead of the trainer, started again on resume
             state["async"] = self.batches.state_dict()
         return state
@@ -370,9 +369,9 @@ class RLTrainer:
         self.reward.close()
 
 
-def total_training_steps(trainer_cfg, batches_per_epoch: int) -> int:
+def total_training_steps(trainer, batches_per_epoch: int) -> int:
     """``trainer.total_training_steps``, or ``trainer.total_epochs`` epochs of the loader's batches."""
-    return trainer_cfg.total_training_steps or batches_per_epoch * trainer_cfg.total_epochs
+    return trainer.total_training_steps or batches_per_epoch * trainer.total_epochs
 
 
 def pick_generations(prompts: list[str], responses: list[str], ground_truths: list[Any], scores: list[float],

@@ -46,19 +46,6 @@ def load_adapter(path: str, chunks: list, hf_path: str, layout, settings, role: 
     logger.info("%s: LoRA adapters loaded from %s", role, folder)
 
 
-def starts_from_adapter(cfg) -> str | None:
-    """What makes the actor's first weights differ from ``model.path`` through LoRA (None: nothing): an
-    ``adapter_path``, or a non-zero initial B. The fleet must be synced before it generates."""
-    lora = cfg.actor_rollout_ref.model.lora
-    if lora.rank <= 0:
-        return None
-    if lora.adapter_path:
-        return f"the LoRA adapter {lora.adapter_path}"
-    if lora.lora_B_init_method != "zero":
-        return f"LoRA adapters with lora_B_init_method={lora.lora_B_init_method}"
-    return None
-
-
 def checkpoint_meta(settings, base: dict) -> dict:
     """What a LoRA checkpoint records: ``{"lora": settings, "base": {"hf": path} or {"megatron": path}}``."""
     return {"lora": settings.to_dict(), "base": base}

@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
-from megarl.engine.offload_phases import PHASES, offload_flags, rank_residency
 from megarl.cluster.worker_group import DistributedWorker
-from megarl.settings.engine import initial_checkpoints, layout_from_config, needs_reference
+from megarl.engine.offload_phases import PHASES, rank_residency
+from megarl.models.loading import unwrap
+from megarl.settings.worker import WorkerSettings
 
 
 ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -54,79 +55,65 @@ def check_same_architecture(checkpoint: str, saved_hf_config: dict | None, hf_pa
 
 
 class MegatronWorker(DistributedWorker):
-    def setup(self, cfg_container: dict) -> None:
-        from omegaconf import OmegaConf
-
+    def setup(self, settings: WorkerSettings) -> None:
         from megarl import platform
-        from megarl.settings.derived import critic_enabled
-        from megarl.engine import (BaseModelReference, MegatronActor, MegatronCritic, MegatronReference,
-                                   actor_settings, critic_settings, lora_settings, reference_settings)
-        from megarl.models import model_dims
+        from megarl.engine import BaseModelReference, MegatronActor, MegatronCritic, MegatronReference
 
         torch.set_num_threads(1)
-        cfg = OmegaConf.create(cfg_container)
-        self.cfg = cfg
-        megatron = cfg.actor_rollout_ref.actor.megatron
-        path = cfg.actor_rollout_ref.model.path
-        self.layout = layout_from_config(megatron, model_dims(path).num_layers)
+        self.settings = settings
+        self.layout = layout = settings.layout
         platform.initialize_model_parallel(
-            tp=self.layout.tp, pp=self.layout.pp, cp=self.layout.cp, ep=self.layout.ep, etp=self.layout.etp,
-            vpp=megatron.virtual_pipeline_model_parallel_size, seed=megatron.seed,
-            timeout_s=cfg.actor_rollout_ref.nccl_timeout)
+            tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, etp=layout.etp,
+            vpp=layout.vpp if layout.vpp > 1 else None, seed=settings.seed, timeout_s=settings.timeout_s)
         from megatron.core import parallel_state
 
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
-        start = initial_checkpoints(cfg)
-        self.lora = {role: lora_settings(cfg, role) for role in ("actor", "critic")}
-        self.actor = MegatronActor(self._build(path, "actor", start["actor"]), actor_settings(cfg, self.dp_size))
+        self.lora = {name: role.lora for name, role in (("actor", settings.actor_role), ("critic", settings.critic_role))
+                     if role is not None}
+        self.actor = MegatronActor(self._build("actor"), settings.actor)
         self.ref = None
         self.ref_is_actor_base = False  # LoRA: the reference is the actor's model with its adapters off
-        if needs_reference(cfg):
+        if settings.ref is not None:
             temperature = self.actor.settings.temperature
-            if self.lora["actor"] is not None and start["ref"] == start["actor"]:
-                self.ref, self.ref_is_actor_base = BaseModelReference(self.actor, reference_settings(cfg), temperature), True
+            if self.lora.get("actor") is not None and settings.ref_role.start == settings.actor_role.start:
+                self.ref, self.ref_is_actor_base = BaseModelReference(self.actor, settings.ref, temperature), True
             else:
-                self.ref = MegatronReference(self._build(path, "ref", start["ref"]), reference_settings(cfg), temperature)
+                self.ref = MegatronReference(self._build("ref"), settings.ref, temperature)
         self.critic = None
-        if critic_enabled(cfg):
-            self.critic = MegatronCritic(self._build(cfg.critic.model.path, "critic", start["critic"]),
-                                         critic_settings(cfg, self.dp_size))
+        if settings.critic is not None:
+            self.critic = MegatronCritic(self._build("critic"), settings.critic)
         own_ref = None if self.ref_is_actor_base else self.ref
         self.residency = rank_residency({"actor": self.actor, "ref": own_ref, "critic": self.critic},
-                                        offload_flags(cfg), self.rank)
+                                        settings.offload, self.rank)
         self.residency.need(PHASES["rollout"], "setup")  # the engines start next: give them the memory
 
-    def _build(self, hf_path: str, role: str, dist_checkpoint: str | None) -> list:
+    def _build(self, role: str) -> list:
         """This rank's model chunks: the HF weights, or a megatron dist checkpoint (any layout) when given.
 
         The checkpoint is loaded before the engine wraps the model, so optimizer master weights
         start from it.
         """
         from megarl import platform
-        from megarl.engine import checkpoint_extra, load_checkpoint, model_overrides
+        from megarl.engine import checkpoint_extra, load_checkpoint
         from megarl.engine.overrides import without_cpu_conflicts
         from megarl.models import build_model
         from megarl.trainer.lora_setup import build_transforms, load_adapter
 
-        overrides = without_cpu_conflicts(model_overrides(self.cfg, role), platform.transformer_config_overrides(), role,
+        spec = self.settings.role(role)
+        overrides = without_cpu_conflicts(dict(spec.overrides), platform.transformer_config_overrides(), role,
                                           log=self.rank == 0)
-        lora = self.lora.get(role)
-        transforms = build_transforms(lora, hf_path, overrides)
-        if dist_checkpoint is None:
-            chunks = build_model(hf_path, self.layout, role, config_overrides=overrides, transforms=transforms)
+        transforms = build_transforms(spec.lora, spec.hf_path, overrides)
+        if spec.start is None:
+            chunks = build_model(spec.hf_path, self.layout, role, config_overrides=overrides, transforms=transforms)
         else:
-            check_same_architecture(dist_checkpoint, (checkpoint_extra(dist_checkpoint) or {}).get("hf_config"), hf_path)
-            chunks = build_model(hf_path, self.layout, role, load_weights=False, config_overrides=overrides,
+            check_same_architecture(spec.start, (checkpoint_extra(spec.start) or {}).get("hf_config"), spec.hf_path)
+            chunks = build_model(spec.hf_path, self.layout, role, load_weights=False, config_overrides=overrides,
                                  transforms=transforms)
-            load_checkpoint(dist_checkpoint, chunks, load_rng=False)  # with LoRA: the base (the adapters stay new)
-        adapter_path = self._lora_section(role).adapter_path if lora is not None else None
-        if adapter_path:
-            load_adapter(adapter_path, chunks, hf_path, self.layout, lora, role)
+            load_checkpoint(spec.start, chunks, load_rng=False)  # with LoRA: the base (the adapters stay new)
+        if spec.adapter_path:
+            load_adapter(spec.adapter_path, chunks, spec.hf_path, self.layout, spec.lora, role)
         return chunks
-
-    def _lora_section(self, role: str):
-        return self.cfg.actor_rollout_ref.model.lora if role == "actor" else self.cfg.critic.model.lora
 
     def enter_phase(self, phase: str) -> None:
         """Make exactly ``PHASES[phase]`` resident (among the groups with offload on)."""
@@ -180,9 +167,9 @@ class MegatronWorker(DistributedWorker):
         from megarl.trainer.checkpointing import save_engine
 
         if self.critic is not None:
-            save_engine(self.critic, self.cfg.critic.checkpoint.save_contents, f"{root}/critic", step, None,
+            save_engine(self.critic, self.settings.critic_role.save_contents, f"{root}/critic", step, None,
                         lambda out: self._export_hf("critic", self.critic, out), **self._lora_save("critic"))
-        path = save_engine(self.actor, self.cfg.actor_rollout_ref.actor.checkpoint.save_contents, f"{root}/actor",
+        path = save_engine(self.actor, self.settings.actor_role.save_contents, f"{root}/actor",
                            step, extra, lambda out: self._export_hf("actor", self.actor, out), **self._lora_save("actor"))
         return str(path)
 
@@ -194,9 +181,8 @@ class MegatronWorker(DistributedWorker):
         settings = self.lora.get(role)
         if settings is None:
             return {}
-        hf_path = self.cfg.critic.model.path if role == "critic" else self.cfg.actor_rollout_ref.model.path
-        start = initial_checkpoints(self.cfg)[role]
-        meta = checkpoint_meta(settings, {"megatron": start} if start else {"hf": hf_path})
+        spec = self.settings.role(role)
+        meta = checkpoint_meta(settings, {"megatron": spec.start} if spec.start else {"hf": spec.hf_path})
         exports = {}
         if role == "actor":
             exports[ADAPTER_EXPORT_DIR] = lambda staging: self._export_adapter(staging / ADAPTER_EXPORT_DIR)
@@ -207,9 +193,9 @@ class MegatronWorker(DistributedWorker):
         from megarl.models import default_transformer_impl
         from megarl.models.lora.peft import save_peft_adapter
 
-        chunks = [getattr(m, "module", m) for m in self.actor.model]
+        chunks = [unwrap(m) for m in self.actor.model]
         with self.residency.also(("actor.params",), "actor adapter export"):
-            save_peft_adapter(chunks, self.cfg.actor_rollout_ref.model.path, self.layout, self.lora["actor"], out,
+            save_peft_adapter(chunks, self.settings.actor_role.hf_path, self.layout, self.lora["actor"], out,
                               transformer_impl=default_transformer_impl())
 
     def _export_hf(self, role: str, engine, out) -> None:
@@ -219,8 +205,8 @@ class MegatronWorker(DistributedWorker):
         from megarl.models.export import copy_tokenizer_files
         from megarl.models import default_transformer_impl, save_hf_checkpoint
 
-        hf_path = self.cfg.critic.model.path if role == "critic" else self.cfg.actor_rollout_ref.model.path
-        chunks = [getattr(m, "module", m) for m in engine.model]
+        hf_path = self.settings.role(role).hf_path
+        chunks = [unwrap(m) for m in engine.model]
         with self.residency.also((f"{role}.params",), f"{role} hf export"):  # the gather runs collectives
             save_hf_checkpoint(chunks, hf_path, self.layout, out, role=role, transformer_impl=default_transformer_impl())
         if dist.get_rank() == 0:
@@ -239,10 +225,10 @@ class MegatronWorker(DistributedWorker):
         verify_checkpoint(actor_path)
         if self.critic is not None:
             verify_checkpoint(critic_path)
-        actor = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
+        actor = self.settings.actor_role.load_contents
         extra = load_engine(self.actor, actor_path, actor, "actor_rollout_ref.actor.checkpoint.load_contents", verify=False)
         if self.critic is not None:
-            load_engine(self.critic, critic_path, self.cfg.critic.checkpoint.load_contents,
+            load_engine(self.critic, critic_path, self.settings.critic_role.load_contents,
                         "critic.checkpoint.load_contents", load_rng=False, verify=False)
         return extra
 
@@ -263,8 +249,8 @@ class MegatronWorker(DistributedWorker):
         from megarl.models import export_hf_pieces
         from megarl.weight_sync.sender import from_export
 
-        chunks = [getattr(m, "module", m) for m in self.actor.model]
-        pieces = export_hf_pieces(chunks, self.cfg.actor_rollout_ref.model.path, self.layout, replicas=True)
+        chunks = [unwrap(m) for m in self.actor.model]
+        pieces = export_hf_pieces(chunks, self.settings.actor_role.hf_path, self.layout, replicas=True)
         return from_export((p.hf_name, p.hf_slice, p.tensor) for p in pieces)
 
     @property
@@ -295,8 +281,8 @@ class MegatronWorker(DistributedWorker):
         from megarl.trainer.lora_setup import adapter_update
 
         self.enter_phase("sync")
-        chunks = [getattr(m, "module", m) for m in self.actor.model]
-        return adapter_update(chunks, self.cfg.actor_rollout_ref.model.path, self.layout, self.lora["actor"])
+        chunks = [unwrap(m) for m in self.actor.model]
+        return adapter_update(chunks, self.settings.actor_role.hf_path, self.layout, self.lora["actor"])
 
     def sync_close(self) -> None:
         self.sync.close()

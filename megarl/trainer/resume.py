@@ -71,19 +71,19 @@ def existing_steps(root: str | Path) -> list[Path]:
     return [p for role in ("actor", "critic") for p in step_directories(Path(root) / role)]
 
 
-def resume_plan(trainer_cfg, root: str | Path, critic: bool = False) -> ResumePlan:
+def resume_plan(trainer, root: str | Path, critic: bool = False) -> ResumePlan:
     """The checkpoints this run may resume from (``trainer.resume_mode``; ``critic``: the run has one)."""
     from megarl.engine import step_directories
 
     root = Path(root)
-    mode = trainer_cfg.resume_mode
+    mode = trainer.resume_mode
     if mode == "disable":
         existing = existing_steps(root)
         note = (f"trainer.resume_mode=disable: starting over in {root}; its checkpoints "
                 f"({', '.join(sorted({p.name for p in existing}))}) are replaced as this run saves") if existing else None
         return ResumePlan([], [note] if note else [])
     if mode == "resume_path":
-        return _given_path(Path(trainer_cfg.resume_from_path), critic)
+        return _given_path(Path(trainer.resume_from_path), critic)
     candidates, passed = [], []
     for actor in step_directories(root / "actor"):
         problems = step_problems(actor, critic)
@@ -123,9 +123,9 @@ def _siblings(actor: Path) -> list[Path]:
     return step_directories(actor.parent)
 
 
-def find_resume_checkpoint(trainer_cfg, root: str | Path, critic: bool = False) -> tuple[Path, Path | None] | None:
+def find_resume_checkpoint(trainer, root: str | Path, critic: bool = False) -> tuple[Path, Path | None] | None:
     """The (actor, critic) step a run resumes from (None: it starts fresh); see ``resume_plan``."""
-    return resume_plan(trainer_cfg, root, critic).first
+    return resume_plan(trainer, root, critic).first
 
 
 def load_first_whole(load: Callable[[Path, Path | None], Any], candidates: list[tuple[Path, Path | None]]):

@@ -34,8 +34,9 @@ class SkippedSteps:
     streak: dict[str, list[int]] = field(default_factory=dict)  # the current run of all-skipped training steps
 
     @classmethod
-    def from_config(cls, trainer_cfg) -> "SkippedSteps":
-        return cls(int(trainer_cfg.max_consecutive_skipped_steps))
+    def from_section(cls, trainer) -> "SkippedSteps":
+        """From the typed ``trainer`` section (``max_consecutive_skipped_steps``)."""
+        return cls(int(trainer.max_consecutive_skipped_steps))
 
     def record(self, step: int, metrics: dict) -> str | None:
         """Count a training step's optimizer steps; the role whose streak reached the limit, if any."""
@@ -53,21 +54,22 @@ class SkippedSteps:
         """``actor 11 of 12`` for the roles that skipped any (empty when none did)."""
         return ", ".join(f"{role} {self.skipped[role]} of {self.tried[role]}" for role in ROLES if self.skipped.get(role))
 
-    def halt(self, role: str, cfg) -> TrainingHalted:
+    def halt(self, role: str, settings) -> TrainingHalted:
         steps = self.streak[role]
         span = f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}"
         return TrainingHalted(
             f"training stopped at step {steps[-1]}: the {role}'s optimizer skipped every step of {len(steps)} training "
             f"steps in a row ({span}; trainer.max_consecutive_skipped_steps={self.limit}) because its gradients are "
             f"not finite (inf/NaN), {self.skipped[role]} of {self.tried[role]} optimizer steps since the start. "
-            + LOOK_AT.format(lr=f"{_section(role)}.optim.lr={_optim(cfg, role).lr}") + ". "
-            + last_checkpoint_note(cfg.trainer, before=steps[0]))
+            + LOOK_AT.format(lr=f"{_section(role)}.optim.lr={settings.lrs.get(role)}") + ". "
+            + last_checkpoint_note(settings.trainer, before=steps[0]))
 
 
-def refuse_nonfinite_weights(workers, coords: list[dict], roles: tuple[str, ...], action: str, cfg) -> None:
+def refuse_nonfinite_weights(workers, coords: list[dict], roles: tuple[str, ...], action: str, settings) -> None:
     """Raise ``TrainingHalted`` unless every weight of ``roles`` is finite on every trainer rank.
 
-    ``action`` is what would have happened ("sync the weights to the rollout fleet after step 3")."""
+    ``action`` is what would have happened ("sync the weights to the rollout fleet after step 3");
+    ``settings`` (``TrainerSettings``) gives the learning rates and the checkpoint directory the message names."""
     reports = workers.call("nonfinite_params", list(roles))
     for role in roles:
         count = reports[0][role]["count"]  # the same on every rank: all-reduced
@@ -78,16 +80,16 @@ def refuse_nonfinite_weights(workers, coords: list[dict], roles: tuple[str, ...]
         raise TrainingHalted(
             f"refusing to {action}: the {role}'s weights hold non-finite values (inf/NaN), first in {first} (trainer "
             f"rank {where['rank']}: pipeline stage {where['pp']}, tensor rank {where['tp']}), {count} tensor(s) in all; "
-            "nothing was synced or saved. " + LOOK_AT.format(lr=f"{_section(role)}.optim.lr={_optim(cfg, role).lr}")
+            "nothing was synced or saved. " + LOOK_AT.format(lr=f"{_section(role)}.optim.lr={settings.lrs.get(role)}")
             + "; the actor's skipped optimizer steps (actor/skipped_steps) show when the gradients went bad. "
-            + last_checkpoint_note(cfg.trainer))
+            + last_checkpoint_note(settings.trainer))
 
 
-def last_checkpoint_note(trainer_cfg, before: int | None = None) -> str:
+def last_checkpoint_note(trainer, before: int | None = None) -> str:
     """Where to go back to: the run's latest checkpoint, and what resumes from it."""
     from megarl.trainer.checkpointing import latest_checkpoint_step
 
-    latest = latest_checkpoint_step(trainer_cfg.default_local_dir)
+    latest = latest_checkpoint_step(trainer.default_local_dir)
     if latest is None:
         return "The run has no checkpoint yet."
     step, path = latest
@@ -100,7 +102,3 @@ def last_checkpoint_note(trainer_cfg, before: int | None = None) -> str:
 
 def _section(role: str) -> str:
     return "actor_rollout_ref.actor" if role == "actor" else "critic"
-
-
-def _optim(cfg, role: str):
-    return cfg.actor_rollout_ref.actor.optim if role == "actor" else cfg.critic.optim

@@ -3,7 +3,7 @@
 The fleet keeps the base model it loaded from ``model.path`` (the trainer's frozen base) and serves
 it with the actor's LoRA adapter through vLLM's LoRA support; every sync sends only the adapter.
 Same interface as ``WeightSyncSession`` (``version``, ``sync()`` -> metrics, ``resume_at``, ``close()``), chosen by
-``weight_updates``:
+``megarl.settings.sync.weight_updates``:
 
 1. the trainer ranks gather the adapter in PEFT format to rank 0 (the fused q/k/v and gate/up
    adapters split back per projection, ``megarl.models.lora.peft``);
@@ -63,14 +63,3 @@ class AdapterUpdates:
 
     def close(self) -> None:
         pass
-
-
-def weight_updates(cfg, workers, fleet):
-    """How the trainer's weights reach the fleet: merged weights through the sharded sync
-    (``WeightSyncSession``), or, with LoRA and ``model.lora.merge=False``, the adapter alone."""
-    from megarl.weight_sync.session import WeightSyncSession
-
-    lora = cfg.actor_rollout_ref.model.lora
-    if lora.rank > 0 and not lora.merge:
-        return AdapterUpdates(workers, fleet, float(cfg.actor_rollout_ref.rollout.weight_sync.timeout_s))
-    return WeightSyncSession.from_config(cfg, workers, fleet)

@@ -1,6 +1,6 @@
 """The controller's view of weight sync: plan once, then ``sync()`` after every step.
 
-    session = WeightSyncSession.from_config(cfg, trainer_workers, fleet)   # plan + connect (once)
+    session = weight_updates(cfg, trainer_workers, fleet)   # megarl.settings.sync: plan + connect (once)
     metrics = session.sync()                                               # publishes version + 1
     session.close()
 
@@ -82,12 +82,6 @@ class WeightSyncSession:
         buckets = len(self.plan.buckets)
         return (f"{self.transport}, {what}, {self.plan.bytes_sent / 2**20:.1f} MB in {buckets} "
                 f"bucket{'s' if buckets != 1 else ''} per step")
-
-    @classmethod
-    def from_config(cls, cfg, workers, fleet) -> "WeightSyncSession":
-        sync_cfg = cfg.actor_rollout_ref.rollout.weight_sync
-        return cls(workers, fleet, cfg.actor_rollout_ref.model.path, bucket_mb=sync_cfg.bucket_mb,
-                   transport=sync_cfg.transport, timeout_s=sync_cfg.timeout_s)
 
     def resume_at(self, version: int) -> None:
         """Continue the version count of a resumed run (the next ``sync`` publishes ``version + 1``)."""

@@ -5,6 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from megarl.settings.agent import agent_settings
 from megarl.checks import ConfigError, load_config
 
 BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=/m", "algorithm.adv_estimator=grpo",
@@ -44,8 +45,9 @@ def test_bad_agent_keys_fail_before_any_process_naming_the_key(override, message
 
 
 def test_agent_name_column_picks_the_loop_and_tool_rows_render_their_schemas(tmp_path):
-    from megarl.agent.rollout import LoopSet, build_agent_context, default_loop_name, tool_schemas_for
-    from megarl.data import build_dataset
+    from megarl.agent.rollout import LoopSet, build_agent_context, tool_schemas_for
+    from megarl.settings.agent import default_loop_name
+    from megarl.settings.data import build_dataset
     from megarl.data.rows import DataFormatError
     from megarl.devtools.tiny_tokenizer import build_tokenizer
 
@@ -57,13 +59,13 @@ def test_agent_name_column_picks_the_loop_and_tool_rows_render_their_schemas(tmp
     pq.write_table(pa.Table.from_pylist(rows), data)
     cfg = load_config(None, BASE + [f"data.train_files={data}", f"{MT}.tool_config_path={tools}"])
     tokenizer = build_tokenizer("qwen3")
-    context = build_agent_context(cfg, tokenizer)
+    context = build_agent_context(agent_settings(cfg), tokenizer)
     assert context.tools is None  # multi_turn.enable is off: no tools are built
     with pytest.raises(ValueError, match="needs tools: set actor_rollout_ref.rollout.multi_turn.enable=True"):
         build_dataset(cfg.data, tokenizer, "train",
                       chat_tools=tool_schemas_for(LoopSet(context), default_loop_name(cfg.actor_rollout_ref.rollout)))
     cfg = load_config(None, BASE + [f"data.train_files={data}", f"{MT}.tool_config_path={tools}", f"{MT}.enable=true"])
-    context = build_agent_context(cfg, tokenizer)
+    context = build_agent_context(agent_settings(cfg), tokenizer)
     assert default_loop_name(cfg.actor_rollout_ref.rollout) == "tool_agent"
     dataset = build_dataset(cfg.data, tokenizer, "train",
                             chat_tools=tool_schemas_for(LoopSet(context), default_loop_name(cfg.actor_rollout_ref.rollout)))
@@ -102,8 +104,9 @@ def test_a_dataset_picks_among_the_configs_loops_and_never_imports_what_it_names
     """A row's agent_name naming a file or module (a dataset that would run code when loaded) is refused,
     naming the row and the allowed loops, and nothing is imported; the config may name the same file."""
     from megarl.agent.loop import DisallowedAgentLoop
-    from megarl.agent.rollout import LoopSet, build_agent_context, default_loop_name, tool_schemas_for
-    from megarl.data import build_dataset
+    from megarl.agent.rollout import LoopSet, build_agent_context, tool_schemas_for
+    from megarl.settings.agent import default_loop_name
+    from megarl.settings.data import build_dataset
     from megarl.data.rows import DataFormatError
     from megarl.devtools.tiny_tokenizer import build_tokenizer
 
@@ -117,7 +120,7 @@ def test_a_dataset_picks_among_the_configs_loops_and_never_imports_what_it_names
     pq.write_table(pa.Table.from_pylist(rows), data)
     cfg = load_config(None, BASE + [f"data.train_files={data}"])
     tokenizer = build_tokenizer("qwen3")
-    loops = LoopSet(build_agent_context(cfg, tokenizer))
+    loops = LoopSet(build_agent_context(agent_settings(cfg), tokenizer))
     chat_tools = tool_schemas_for(loops, default_loop_name(cfg.actor_rollout_ref.rollout))
     with pytest.raises(DataFormatError, match=rf"train\.parquet: row 2: key 'agent_name': agent loop '{target}' is not "
                                               r"one of this run's: single_turn, single_turn_agent, tool_agent \("):
@@ -128,7 +131,7 @@ def test_a_dataset_picks_among_the_configs_loops_and_never_imports_what_it_names
 
     # the config names the loop: its default may be that path, and a row may then name it too
     cfg = load_config(None, BASE + [f"data.train_files={data}", f"actor_rollout_ref.rollout.agent.default_agent_loop={target}"])
-    loops = LoopSet(build_agent_context(cfg, tokenizer))
+    loops = LoopSet(build_agent_context(agent_settings(cfg), tokenizer))
     dataset = build_dataset(cfg.data, tokenizer, "train", chat_tools=tool_schemas_for(loops, target))
     assert [item.agent_name for item in dataset.items] == [None, "single_turn", target] and marker.exists()
 
@@ -144,6 +147,6 @@ def test_agent_loop_config_names_are_what_rows_pick(tmp_path):
     listed = tmp_path / "loops.yaml"
     listed.write_text(f"- name: mine\n  _target_: {tmp_path / 'mine.py'}:Mine\n")
     cfg = load_config(None, BASE + [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={listed}"])
-    context = build_agent_context(cfg, build_tokenizer("qwen3"))
+    context = build_agent_context(agent_settings(cfg), build_tokenizer("qwen3"))
     assert allowed_loop_names(context) == ["mine", "single_turn", "single_turn_agent", "tool_agent"]
     assert isinstance(LoopSet(context).get("mine"), SingleTurnAgentLoop)

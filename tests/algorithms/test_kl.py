@@ -1,13 +1,11 @@
 """KL estimators, KL controllers, the in-reward penalty and the KL loss."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
 from tests.algorithms import _algo_reference as ref
 from megarl.algorithms import (
@@ -91,18 +89,13 @@ def test_fixed_controller_and_factory():
     fixed = FixedKLController(kl_coef=0.3)
     fixed.update(current_kl=9.0, n_steps=100)
     assert fixed.value == 0.3
-    for cfg in (
-        {"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 500},
-        SimpleNamespace(type="adaptive", kl_coef=0.2, target_kl=0.1, horizon=500),
-        OmegaConf.create({"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 500}),
-    ):
-        ctrl = get_kl_controller(cfg)
-        assert isinstance(ctrl, AdaptiveKLController) and ctrl.value == 0.2 and ctrl.horizon == 500
-    assert isinstance(get_kl_controller({"type": "fixed", "kl_coef": 0.01}), FixedKLController)
+    ctrl = get_kl_controller("adaptive", kl_coef=0.2, target_kl=0.1, horizon=500)
+    assert isinstance(ctrl, AdaptiveKLController) and ctrl.value == 0.2 and ctrl.horizon == 500
+    assert isinstance(get_kl_controller(**{"type": "fixed", "kl_coef": 0.01}), FixedKLController)
     with pytest.raises(ValueError, match="horizon must be > 0"):
-        get_kl_controller({"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 0})
+        get_kl_controller(**{"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 0})
     with pytest.raises(ValueError, match="kl_ctrl.target_kl is not set"):
-        get_kl_controller({"type": "adaptive", "kl_coef": 0.2, "horizon": 10})
+        get_kl_controller(**{"type": "adaptive", "kl_coef": 0.2, "horizon": 10})
 
 
 # --------------------------------------------------------------------- penalty & loss

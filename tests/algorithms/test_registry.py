@@ -37,7 +37,7 @@ def test_registered_names_are_verls():
         (lambda: get_policy_loss("ppo"), "actor_rollout_ref.actor.policy_loss.loss_mode", "gpg, gspo, reinforce, vanilla"),
         (lambda: algos.kl_penalty(torch.zeros(1), torch.zeros(1), "k4"), "kl_loss_type", "abs, k1, k2, k3, kl"),
         (lambda: algos.agg_loss(torch.zeros(1, 1), torch.ones(1, 1), "mean"), "loss_agg_mode", "token-mean, seq-mean-token-sum"),
-        (lambda: algos.get_kl_controller({"type": "pid", "kl_coef": 0.1}), "kl_ctrl.type", "adaptive, fixed"),
+        (lambda: algos.get_kl_controller(**{"type": "pid", "kl_coef": 0.1}), "kl_ctrl.type", "adaptive, fixed"),
     ],
 )
 def test_unknown_name_lists_known_names(lookup, config_key, known):

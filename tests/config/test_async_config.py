@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from megarl.checks import ConfigError, load_config
-from megarl.trainer.asynchronous.batches import AsyncSettings
-from megarl.cluster.placement import plan_from_config
+from megarl.settings.cluster import plan_from_config
+from megarl.settings.trainer import async_settings
 
 VALID = ["data.train_files=/d/train.parquet", "actor_rollout_ref.model.path=/m", "algorithm.adv_estimator=grpo",
          "trainer.n_gpus_per_node=2", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
@@ -31,7 +31,7 @@ def test_verls_separate_async_with_a_rollout_pool_is_fully_async_on_split_pools(
             "rollout.nnodes=1", "rollout.n_gpus_per_node=2", "async_training.use_rollout_log_probs=true")
     assert (c.async_training.mode, c.trainer.placement) == ("fully_async", "split")
     assert c.algorithm.rollout_correction.bypass_mode is True  # use_rollout_log_probs is bypass mode
-    settings = AsyncSettings.from_config(c)
+    settings = async_settings(c)
     assert (settings.bound.threshold, settings.bound.sync_every, settings.bound.strategy) == (2.0, 2, "drop")
     assert settings.in_flight == "wait" and settings.off_policy
     plan = plan_from_config(c)  # the trainer's 1 x 2 devices, then the rollout pool's 1 x 2
@@ -43,25 +43,26 @@ def test_hybrid_engine_and_colocate_async():
     assert cfg("actor_rollout_ref.hybrid_engine=false", "trainer.rollout_gpus=1").trainer.placement == "split"
     c = cfg("+trainer.v1.trainer_mode=colocate_async", "async_training.partial_rollout=true", *TIS)
     assert (c.async_training.mode, c.trainer.placement) == ("fully_async", "colocated")
-    assert AsyncSettings.from_config(c).in_flight == "abort"  # partial rollouts: a sync aborts, then resumes
-    assert AsyncSettings.from_config(cfg()) is None
+    assert async_settings(c).in_flight == "abort"  # partial rollouts: a sync aborts, then resumes
+    assert async_settings(cfg()) is None
 
 
 def test_verls_fully_async_form_train_batch_size_zero():
     c = cfg("data.train_batch_size=0", "async_training.mode=fully_async", "async_training.require_batches=2", *SPLIT, *TIS)
-    assert c.data.train_batch_size == 4 and AsyncSettings.from_config(c).bound.batch_groups == 4
+    assert c.data.train_batch_size == 4 and async_settings(c).bound.batch_groups == 4
     assert "require_batches x ppo_mini_batch_size = 6 prompts, but data.train_batch_size=4" in messages(
         "async_training.mode=fully_async", "async_training.require_batches=3", *SPLIT, *TIS)
 
 
 def test_off_policy_needs_a_correction_naming_the_keys():
+    from megarl.settings.trainer import async_settings
     text = messages("async_training.mode=one_step_off", *SPLIT)
     assert "no correction is chosen: set algorithm.rollout_correction.rollout_is" in text and "bypass_mode=True" in text
     assert "no correction" in messages("async_training.mode=fully_async", "async_training.staleness_threshold=0.5", *SPLIT)
     assert "no correction" in messages("async_training.mode=fully_async", "async_training.staleness_threshold=0",
                                        "async_training.trigger_parameter_sync_step=2", *SPLIT)
     on_policy = cfg("async_training.mode=fully_async", "async_training.staleness_threshold=0", *SPLIT)
-    assert not AsyncSettings.from_config(on_policy).off_policy  # staleness 0, a sync every step: on-policy
+    assert not async_settings(on_policy).off_policy  # staleness 0, a sync every step: on-policy
     for correction in (TIS, ["algorithm.rollout_correction.rollout_rs=geometric",
                              "algorithm.rollout_correction.rollout_rs_threshold=1.001"],
                        ["algorithm.rollout_correction.bypass_mode=true"]):

@@ -8,7 +8,6 @@ import pytest
 
 from megarl.checks import ConfigError, load_config
 from megarl.config.command_line import CommandLineError, parse_command_line
-from megarl.config.consumers import INERT, PENDING, READERS, unread_keys
 from tests.config._fixtures import write_model_config, write_prompts
 
 VALID = ["data.train_files=/d/train.parquet", "actor_rollout_ref.model.path=/m", "algorithm.adv_estimator=grpo",
@@ -177,24 +176,6 @@ def test_weight_sync_verify_and_log_val_generations_are_checked():
 
 
 # ------------------------------------------------------------------ every key is read
-def test_every_schema_key_names_a_reader_that_reads_it():
-    assert unread_keys() == []
-
-
-def test_the_reader_check_fails_for_a_key_nobody_reads():
-    """Controls: a reader that does not mention the key, a key without reader, a stale pattern."""
-    keys = ["trainer.nnodes", "trainer.save_freq", "trainer.test_freq"]
-    readers = (("megarl.config.derived:cluster_shape", ("trainer.nnodes", "trainer.save_freq")),
-               ("megarl.config.derived:cluster_shape", ("trainer.no_such_key",)))
-    problems = unread_keys(readers=readers, inert={}, pending=set(), keys=keys)
-    assert "trainer.save_freq: none of ['megarl.config.derived:cluster_shape'] reads 'save_freq'" in problems
-    assert "trainer.test_freq: no reader named in megarl.config.consumers.READERS" in problems
-    assert any("'trainer.no_such_key' matches no key of the schema" in p for p in problems)
-    assert not any(p.startswith("trainer.nnodes") for p in problems)
-    assert READERS and INERT  # the real tables are in use
-    assert not PENDING, f"keys still waiting for their reader: {sorted(PENDING)}"
-
-
 # ------------------------------------------------------------------ the CLIs, as a user runs them
 def test_main_ppo_and_config_show_run_the_same_checks(tmp_path):
     model = write_model_config(tmp_path / "model")

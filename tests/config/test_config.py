@@ -215,7 +215,7 @@ def test_gspo_keeps_its_own_aggregation_unless_one_is_given(overrides, expected)
     import inspect
 
     from megarl.algorithms import POLICY_LOSSES
-    from megarl.engine import actor_settings
+    from megarl.settings.engine import actor_settings
 
     cfg = load_config("quickstart", ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"] + overrides)
     assert actor_settings(cfg, dp_size=1).loss.loss_agg_mode == expected

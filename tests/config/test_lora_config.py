@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from megarl.checks import ConfigError, load_config
-from megarl.engine.settings import lora_settings
+from megarl.settings.engine import lora_settings
 from tests.config._fixtures import write_model_config, write_prompts
 
 BATCH = ["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=2", "data.train_batch_size=4",

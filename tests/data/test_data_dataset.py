@@ -9,7 +9,8 @@ import pytest
 from tests.data.data_helpers import VOCAB, expected_chatml_ids, verl_row, write_parquet, write_with_latin1
 from omegaconf import OmegaConf
 
-from megarl.data import DataFormatError, PromptDataset, build_dataset, build_train_loader, collate
+from megarl.data import DataFormatError, PromptDataset, collate
+from megarl.settings.data import build_dataset, build_train_loader
 
 QUESTIONS = ["What is 3 + 4?", "Add 10 and 20.", "Tom has 5 apples and eats 2. How many are left?"]
 ANSWERS = ["7", "30", "3"]

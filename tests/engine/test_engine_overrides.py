@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from megarl.checks import ConfigError, load_config
-from megarl.engine import balanced_partitions, model_overrides
+from megarl.engine import balanced_partitions
+from megarl.settings.engine import model_overrides
 from megarl.engine.overrides import pipeline_stage_layers, transformer_overrides, without_cpu_conflicts
 from megarl.models import ParallelLayout
 from megarl.trainer.checkpointing import prune_checkpoints
@@ -194,7 +195,7 @@ def test_balancing_the_step_batch_keeps_groups_and_advantages():
     def advantages(d):
         rewards = torch.zeros(d.batch.response_mask.shape)
         rewards[torch.arange(len(d)), d["response_lengths"].clamp(min=1) - 1] = torch.tensor(d["score"])
-        adv, _ = compute_advantages(cfg, rewards * d.batch.response_mask, d.batch.response_mask, d["uid"])
+        adv, _ = compute_advantages(cfg.algorithm, rewards * d.batch.response_mask, d.batch.response_mask, d["uid"])
         return {(u, tuple(ids)): a for u, ids, a in zip(d["uid"], d.batch.input_ids.tolist(), adv[:, 0].tolist())}
 
     assert advantages(balanced) == advantages(data)  # identical as a set: same (uid, sample) -> same advantage

@@ -2,7 +2,8 @@
 import pytest
 
 from megarl.checks import load_config
-from megarl.engine import OptimizerSettings, actor_settings, critic_settings, reference_settings
+from megarl.engine import OptimizerSettings
+from megarl.settings.engine import actor_settings, critic_settings, reference_settings
 
 BASE = ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=8", "data.train_batch_size=8"]
 

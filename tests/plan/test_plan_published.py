@@ -165,7 +165,7 @@ def test_packing_saves_tokens_on_long_tailed_lengths(capsys):
     """Responses log-normal around a median of 128 (cut at 1024): a token budget of real tokens computes
     fewer tokens than padded micro-batches, never above the budget x CP; equal lengths save nothing."""
     from megarl.engine.settings import BatchSettings
-    from megarl.plan.command import main
+    from megarl.run.plan_command import main
     from megarl.plan.packing import Lengths, pass_packing
 
     budget = BatchSettings(use_dynamic_bsz=True, max_token_len=8192)

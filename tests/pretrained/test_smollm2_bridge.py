@@ -2,7 +2,8 @@
 embeddings) against Hugging Face transformers: TP=1 and TP=3 in one 3-rank torchrun launch,
 PP=2 and the TP=2 refusal in one 2-rank launch.
 
-Reference: transformers' eager attention in fp32 on two chat conversations rendered with the
+Reference: transformers' SDPA attention in fp32 (megarl's core attention runs torch SDPA on plain causal
+attention; transformers' eager path differs from it by 8e-5, also checked) on two chat conversations rendered with the
 checkpoint's own template. Random tiny models miss bugs that real weights show (a swapped norm
 under noise, an odd head count split over TP); here every layer's real weights must map exactly.
 """
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 WORKER = Path(__file__).with_name("_bridge_worker.py")
 REPO = Path(__file__).resolve().parents[2]
-EXACT = 1e-5  # TP=1 and PP=2 compute each dot product in HF's order (measured: 0.0, bit for bit)
+EXACT = 1e-5  # TP=1 and PP=2 compute each dot product in HF's (SDPA) order (measured: 0.0, bit for bit)
 # TP=3 sums the row-parallel partial products (attention output, MLP down projection) of 3 ranks
 # in another order. Over 30 layers fp32 rounding reaches 1.0e-4 on these logits (max |logit| 40,
 # so 2.6e-6 relative), the size of transformers' own eager-vs-sdpa gap on the same input (8.3e-5,

@@ -11,7 +11,6 @@ Phases, in one module-scoped run (an engine start is the expensive part):
 """
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from megarl.checks import load_config
 from tests.pretrained.conftest import CONVERSATIONS
@@ -70,11 +69,12 @@ def train_one_step(workers, prompt_ids, pad_token_id):
 
 @pytest.fixture(scope="module")
 def measured(smollm2, tmp_path_factory):
+    from megarl.settings.worker import worker_settings
     from megarl.rollout import RolloutFleet
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
     from megarl.cluster.worker_group import WorkerGroup
-    from megarl.weight_sync.session import WeightSyncSession
+    from megarl.settings.sync import weight_updates
     from megarl.trainer.sync_verify import verify_sync
 
     cfg = config(smollm2, tmp_path_factory.mktemp("smollm2_sync") / "unused.parquet")
@@ -83,8 +83,8 @@ def measured(smollm2, tmp_path_factory):
     fleet = workers = session = None
     try:
         fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(smollm2), cpu_kv_cache_gib=0.5)
-        workers = WorkerGroup(MegatronWorker, TP, init_args=(OmegaConf.to_container(cfg, resolve=True),))
-        session = WeightSyncSession.from_config(cfg, workers, fleet)
+        workers = WorkerGroup(MegatronWorker, TP, init_args=(worker_settings(cfg, TP),))
+        session = weight_updates(cfg, workers, fleet)
         result = {"bytes": session.plan.bytes_sent, "needed": session.plan.bytes_needed()}
         result["loaded"] = verify_sync(fleet, workers, prompt_ids, pad_token_id=pad)
         result["update"] = train_one_step(workers, prompt_ids, pad)

@@ -7,7 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from megarl.rewards import RewardFunction, RewardFunctionError, RewardManager
-from megarl.rewards.manager_keys import OverlongPenalty, overlong_penalty
+from megarl.rewards.manager_keys import OverlongPenalty
+from megarl.settings.rewards import overlong_penalty, reward_manager
 
 FORMS = textwrap.dedent('''
     import asyncio
@@ -110,12 +111,12 @@ def test_overlong_penalty_from_either_place_of_the_config():
         "reward_manager": "dapo", "reward_kwargs": {},
         "overlong_buffer": {"enable": True, "len": 32, "penalty_factor": 1.0, "log": True}}})
     assert overlong_penalty(older) == OverlongPenalty(32, 1.0, 512, True)  # max_resp_len: data.max_response_length
-    manager = RewardManager.from_config(older)
+    manager = reward_manager(older)
     assert manager.kind == "dapo" and manager.overlong == OverlongPenalty(32, 1.0, 512, True)
 
 
 def test_batch_manager_passes_its_reward_kwargs_to_the_function(forms):
     cfg = OmegaConf.create({"custom_reward_function": {"path": forms, "name": "verl_batch"},
                             "reward_model": {"reward_manager": "batch", "reward_kwargs": {"bonus": 2.0}}})
-    manager = RewardManager.from_config(cfg)  # verl's batch manager forwards reward_model.reward_kwargs
+    manager = reward_manager(cfg)  # verl's batch manager forwards reward_model.reward_kwargs
     assert manager.score(["a"], ["x"], ["x"]).scores == [3.0]

@@ -9,8 +9,8 @@ import pytest
 
 from megarl.checks import ConfigError, load_config
 from megarl.rewards.custom import RewardFunction
-from megarl.cluster.placement import plan_from_config, plan_placement, plan_reward_pool, reward_pool_from_config, \
-    with_colocated_reward_model
+from megarl.cluster.placement import plan_placement, plan_reward_pool, with_colocated_reward_model
+from megarl.settings.cluster import plan_from_config, reward_pool_from_config
 from tests.config._fixtures import write_model_config, write_prompts
 
 BATCH = ["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=2", "data.train_batch_size=4",

@@ -13,8 +13,8 @@ import textwrap
 import pytest
 import torch
 
+from megarl.settings.rewards import reward_manager
 from megarl.checks import load_config
-from megarl.rewards import RewardManager
 from megarl.rewards.reward_models import ResponsesToScore
 from megarl.cluster import ray_cluster
 
@@ -173,7 +173,7 @@ def test_verl_style_functions_reach_the_model_over_http(service, hf_rm, tmp_path
             return {"score": rm_score + float(ground_truth in solution_str), "rule": float(ground_truth in solution_str),
                     "http": float(verl_way == 200)}
     '''))
-    manager = RewardManager.from_config(load_config("quickstart", [*cfg_overrides(cfg), f"custom_reward_function.path={reward}",
+    manager = reward_manager(load_config("quickstart", [*cfg_overrides(cfg), f"custom_reward_function.path={reward}",
                                                            "custom_reward_function.name=hybrid"]), model_reward=service)
     from transformers import AutoTokenizer
 

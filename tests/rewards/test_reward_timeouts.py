@@ -16,6 +16,7 @@ import psutil
 import pytest
 from omegaconf import OmegaConf
 
+from megarl.settings.rewards import reward_manager
 from megarl.checks import ConfigError, load_config
 from megarl.rewards import RewardFunction, RewardFunctionError, RewardManager
 from megarl.rewards.pool import RewardPool
@@ -176,11 +177,11 @@ BASE = ["data.train_files=x.parquet", "actor_rollout_ref.model.path=/m", "algori
 
 
 def test_the_limit_comes_from_the_config_or_verls_spelling():
-    assert RewardManager.from_config(load_config(None, BASE)).timeout_s == 30.0  # the default
-    assert RewardManager.from_config(load_config(None, BASE + ["reward.compute_score_timeout=null"])).timeout_s is None
+    assert reward_manager(load_config(None, BASE)).timeout_s == 30.0  # the default
+    assert reward_manager(load_config(None, BASE + ["reward.compute_score_timeout=null"])).timeout_s is None
     verl = load_config(None, BASE + ["reward_model.reward_kwargs.compute_score_timeout=5"])  # verl's naive manager's
-    assert RewardManager.from_config(verl).timeout_s == 5.0
-    assert RewardManager.from_config(load_config(None, BASE + ["reward.reward_kwargs.compute_score_timeout=5",
+    assert reward_manager(verl).timeout_s == 5.0
+    assert reward_manager(load_config(None, BASE + ["reward.reward_kwargs.compute_score_timeout=5",
                                                                "reward.compute_score_timeout=5"])).timeout_s == 5.0
     with pytest.raises(ConfigError, match="reward.compute_score_timeout=10.0 and reward_model.reward_kwargs."
                                           "compute_score_timeout=5 .* differ"):
@@ -188,7 +189,7 @@ def test_the_limit_comes_from_the_config_or_verls_spelling():
     with pytest.raises(ConfigError, match=r"reward.compute_score_timeout=-1.0: give the seconds"):
         load_config(None, BASE + ["reward.compute_score_timeout=-1"])
     # the batch manager passes reward_kwargs to the function: the limit is the manager's, not the function's
-    from megarl.rewards.manager_keys import function_kwargs
+    from megarl.settings.rewards import function_kwargs
 
     cfg = OmegaConf.create({"reward_model": {"reward_manager": "batch",
                                              "reward_kwargs": {"compute_score_timeout": 5, "scale": 2}}})

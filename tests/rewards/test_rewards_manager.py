@@ -14,9 +14,9 @@ from megarl.rewards import (
     RewardFunctionLoadError,
     RewardManager,
     default_compute_score,
-    load_reward_function,
     scores_to_token_level,
 )
+from megarl.settings.rewards import load_reward_function, reward_manager
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -166,7 +166,7 @@ def test_unpicklable_function_with_processes_is_refused():
 def test_from_config(reward_file):
     cfg = OmegaConf.create({"custom_reward_function": {"path": reward_file, "name": "compute_score"},
                             "reward": {"num_workers": 1, "on_error": "raise"}})
-    manager = RewardManager.from_config(cfg)
+    manager = reward_manager(cfg)
     assert manager.on_error == "raise"
     assert manager.score(["d"], ["42"], ["42"]).scores == [1.0]
 

@@ -388,8 +388,8 @@ def test_the_single_turn_seam_gives_the_batch_paths_step_data(fleet, prompts, to
                                           "norm_adv_by_std_in_grpo": True}})
     scores = torch.zeros(before.batch.response_mask.shape)
     scores[:, 0] = (before.batch.responses.sum(-1) % 3).float()  # any score that depends on the tokens
-    adv_before, _ = compute_advantages(cfg, scores, before.batch.response_mask, before["uid"])
-    adv_after, _ = compute_advantages(cfg, scores, after.batch.response_mask, after["uid"])
+    adv_before, _ = compute_advantages(cfg.algorithm, scores, before.batch.response_mask, before["uid"])
+    adv_after, _ = compute_advantages(cfg.algorithm, scores, after.batch.response_mask, after["uid"])
     assert torch.equal(adv_before, adv_after) and adv_before.abs().sum() > 0
 
 
@@ -407,16 +407,14 @@ def test_seam_results_do_not_depend_on_the_replica(fleet, prompts, tokenizer, mo
 def test_agent_loop_workers_give_the_same_trajectories(fleet, prompts, tokenizer, model_dir):
     """agent.num_workers=2: the loops run in two Ray actors (each with its own tokenizer), with the
     same results as in the controller process."""
-    from omegaconf import OmegaConf
-
     from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
+    from megarl.agent.settings import AgentSettings
     from megarl.agent.workers import start_workers
 
-    cfg = OmegaConf.create({"data": {"apply_chat_template_kwargs": {}}, "actor_rollout_ref": {"rollout": {
-        "response_length": MAX_TOKENS, "multi_turn": {"enable": False}, "agent": {"agent_loop_config_path": None}}}})
+    settings = AgentSettings(response_length=MAX_TOKENS, num_workers=2)
     context = AgentContext(tokenizer=tokenizer, response_length=MAX_TOKENS, multi_turn=MultiTurnSettings())
     in_workers = AgentRollout(context, fleet, fleet.config, num_workers=2,
-                              worker_factory=lambda count: start_workers(cfg, str(model_dir), count))
+                              worker_factory=lambda count: start_workers(settings, str(model_dir), count))
     try:
         here = seam(fleet, tokenizer).generate(columns(prompts), step=6, n=2)
         there = in_workers.generate(columns(prompts), step=6, n=2)

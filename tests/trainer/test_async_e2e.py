@@ -20,7 +20,6 @@ from statistics import mean
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from megarl.checks import load_config
 from megarl.run.quickstart import prepare
@@ -68,7 +67,8 @@ def config(inputs, out, *extra):
 def pools(inputs, tmp_path_factory):
     """Ray, the run's placement (1 trainer slot + 1 rollout slot) and the engine, for every run here."""
     from megarl.rollout import RolloutFleet
-    from megarl.cluster.placement import ClusterPlacement, plan_from_config
+    from megarl.cluster.placement import ClusterPlacement
+    from megarl.settings.cluster import plan_from_config
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     cfg = config(inputs, tmp_path_factory.mktemp("unused"))
@@ -83,31 +83,38 @@ def pools(inputs, tmp_path_factory):
 
 def train(cfg, pools, record_batches: bool = False, record_correction: bool = False):
     """``train.run`` on the module's engine: fresh workers, the fleet synced to their weights first."""
+    from megarl.settings.worker import worker_settings
+    from megarl.settings.agent import agent_settings
+    from megarl.settings import typed_config
+    from megarl.settings.rewards import reward_manager
+    from megarl.settings.trainer import trainer_settings
     from transformers import AutoTokenizer
 
     import megarl.trainer.controller as controller
     from megarl.agent import AgentRollout, build_agent_context
-    from megarl.data import build_dataset, build_train_loader
+    from megarl.settings.data import build_dataset, build_train_loader
     from megarl.run.loop import TrainingLoop
     from megarl.trainer.controller import RLTrainer
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.worker_group import WorkerGroup
-    from megarl.weight_sync.session import WeightSyncSession
+    from megarl.settings.sync import weight_updates
 
     placement, fleet = pools
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
-    workers = WorkerGroup(MegatronWorker, 1, init_args=(OmegaConf.to_container(cfg, resolve=True),),
+    workers = WorkerGroup(MegatronWorker, 1, init_args=(worker_settings(cfg, 1),),
                           slots=placement.trainer_slots())
     session = trainer = None
     recorded = {"batches": [], "corrections": []}
     original_correct = controller.correct
     try:
-        session = WeightSyncSession.from_config(cfg, workers, fleet)
+        session = weight_updates(cfg, workers, fleet)
         session.sync()  # the engine may hold an earlier run's weights
-        rollout = AgentRollout(build_agent_context(cfg, tokenizer), fleet, cfg.actor_rollout_ref.rollout)
+        rollout = AgentRollout(build_agent_context(agent_settings(cfg), tokenizer), fleet,
+                               typed_config(cfg).actor_rollout_ref.rollout)
         loader = build_train_loader(cfg.data, tokenizer)
         val = build_dataset(cfg.data, tokenizer, "val") if cfg.trainer.test_freq > 0 else None
-        trainer = RLTrainer(cfg, workers, fleet, session, tokenizer, loader, val, rollout=rollout)
+        trainer = RLTrainer(trainer_settings(cfg), workers, fleet, session, tokenizer, loader, reward_manager(cfg), rollout,
+                            val)
         if record_batches:
             collect = trainer.collect_batch
 

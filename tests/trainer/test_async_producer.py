@@ -144,10 +144,11 @@ def run_steps(batches, fleet, session, first: int, last: int, rng, bound, seen: 
 
 @pytest.mark.parametrize("threshold, sync_every, partial", [(2.0, 1, True), (1.0, 2, False), (0.5, 1, True)])
 def test_admission_bounds_staleness_and_resume_neither_replays_nor_bursts(cluster, setup, threshold, sync_every, partial):
+    from megarl.settings.trainer import async_settings
     from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
     from megarl.checks import load_config
-    from megarl.data import build_train_loader
-    from megarl.trainer.asynchronous.batches import AsyncBatches, AsyncSettings
+    from megarl.settings.data import build_train_loader
+    from megarl.trainer.asynchronous.batches import AsyncBatches
 
     tokenizer, data_file = setup
     cfg = load_config(None, [
@@ -156,7 +157,7 @@ def test_admission_bounds_staleness_and_resume_neither_replays_nor_bursts(cluste
         f"async_training.staleness_threshold={threshold}", f"async_training.trigger_parameter_sync_step={sync_every}",
         f"async_training.partial_rollout={str(partial).lower()}", "async_training.wait_timeout_s=60",
         "algorithm.rollout_correction.rollout_is=token"], validate=False)
-    settings = AsyncSettings.from_config(cfg)
+    settings = async_settings(cfg)
     fleet, session, rng = FakeFleet(2), FakeSession(), random.Random(0)
     context = AgentContext(tokenizer=tokenizer, response_length=6, multi_turn=MultiTurnSettings())
     rollout = AgentRollout(context, fleet, cfg.actor_rollout_ref.rollout)

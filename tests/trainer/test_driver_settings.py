@@ -59,7 +59,9 @@ class _Logger:
 
 class _Trainer:
     def __init__(self, cfg):
-        self.cfg, self.val_dataset, self.history, self.total_steps = cfg, ["a prompt"], [], 3
+        from megarl.settings.trainer import trainer_settings
+
+        self.settings, self.val_dataset, self.history, self.total_steps = trainer_settings(cfg), ["a prompt"], [], 3
         self.val_generations = [{"prompt": "p", "response": "r", "ground_truth": "g", "score": 1.0}]
         self.steps = []
 

@@ -262,7 +262,7 @@ def test_grpo_at_context_parallel_2_with_packing_takes_the_steps_of_cp1_padded(q
     padded rows (CP=1, the same single data-parallel replica, so the same mini-batches): from the same
     seeds the first three steps score the same samples and take the same steps (losses, KL, entropy,
     gradient norms), and the fleet follows the CP=2 trainer."""
-    from megarl.train import run
+    from megarl.run.train import run
 
     common = ["actor_rollout_ref.rollout.num_replicas=1", "actor_rollout_ref.actor.use_kl_loss=true",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.total_training_steps=3",

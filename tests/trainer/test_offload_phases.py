@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import torch
 
 from megarl.checks import load_config
-from megarl.engine.offload_phases import PHASES, offload_flags, rank_residency
+from megarl.engine.offload_phases import PHASES, rank_residency
+from megarl.settings.engine import offload_flags
 
 
 def engines():

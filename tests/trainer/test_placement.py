@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from megarl.checks import load_config
-from megarl.cluster.placement import ClusterPlacement, plan_from_config, plan_placement
+from megarl.cluster.placement import ClusterPlacement, plan_placement
+from megarl.settings.cluster import plan_from_config
 from megarl.trainer.rollout_memory import RolloutMemory
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

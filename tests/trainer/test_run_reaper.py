@@ -69,8 +69,14 @@ DRIVER = textwrap.dedent('''
                                "ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
                                "time.sleep(300)"])
-    time.sleep(2.5)  # the reaper records the tree every second
+    deadline = time.monotonic() + 60
+    while not psutil.Process(raylet.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.1)
     agent = psutil.Process(raylet.pid).children()[0]
+    # the reaper records the tree every second: wait until its record holds the agent (a loaded CI machine
+    # can take longer than a fixed sleep to start the reaper)
+    while agent.pid not in dict(run_reaper.read_record(temp_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     print(temp_dir, reaper.process.pid, raylet.pid, agent.pid, flush=True)
     time.sleep(300)
 ''')

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from megarl.trainer.asynchronous.staleness import Candidate, StalenessBound, expired, pick
+from megarl.algorithms.staleness import Candidate, StalenessBound, expired, pick
 
 
 def simulate(bound: StalenessBound, steps: int, seed: int, train_time: float = 1.0):

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from megarl.checks import load_config
 from megarl.trainer.megatron_worker import check_same_architecture
@@ -91,6 +90,7 @@ def hf_logprobs(model_dir, prompt, response):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_path):
+    from megarl.settings.worker import worker_settings
     import ray
 
     from megarl.engine import RLBatch
@@ -99,7 +99,7 @@ def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_pa
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
     from megarl.cluster.worker_group import WorkerGroup
-    from megarl.weight_sync.session import WeightSyncSession
+    from megarl.settings.sync import weight_updates
     from megarl.trainer.sync_verify import verify_sync
 
     model_a = make_tiny_model("llama", "tiny", tmp_path / "a", seed=0)
@@ -113,7 +113,7 @@ def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_pa
     init_ray(num_cpus=4)
     workers = fleet = session = None
     try:
-        workers = WorkerGroup(MegatronWorker, 2, init_args=(OmegaConf.to_container(cfg, resolve=True),))
+        workers = WorkerGroup(MegatronWorker, 2, init_args=(worker_settings(cfg, 2),))
         response = [11, 12, 13, 14]
         batch = RLBatch.from_parts(torch.tensor([PROMPTS[0]]), torch.ones(1, 4, dtype=torch.long),
                                    torch.tensor([response]), torch.ones(1, 4, dtype=torch.long))
@@ -122,7 +122,7 @@ def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_pa
         assert not torch.allclose(trainer_logp, hf_logprobs(model_a, PROMPTS[0], response), atol=1e-2)
 
         fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(model_a), cpu_kv_cache_gib=0.25)
-        session = WeightSyncSession.from_config(cfg, workers, fleet)
+        session = weight_updates(cfg, workers, fleet)
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"] > 1e-2  # the fleet serves A
         session.sync()  # what TrainingLoop.resume does at step 0
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff_max"] < 1e-4

@@ -76,9 +76,9 @@ def test_grpo_advantages_through_the_step():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]])
     scores = torch.zeros(4, 3)
     scores[0, 1], scores[2, 2] = 1.0, 1.0  # prompt 0: [1, 0]; prompt 1: [1, 0]
-    rewards, metrics = token_level_rewards(cfg, scores, mask, None, None, None)
+    rewards, metrics = token_level_rewards(cfg.algorithm, scores, mask, None, None, None)
     assert metrics == {} and torch.equal(rewards, scores)
-    adv, ret = compute_advantages(cfg, rewards, mask, ["p0", "p0", "p1", "p1"])
+    adv, ret = compute_advantages(cfg.algorithm, rewards, mask, ["p0", "p0", "p1", "p1"])
     expected = 1 / torch.tensor([1.0, 0.0]).std()  # (1 - 0.5) / std([1, 0]) for the winner
     assert adv[0, 0].item() == pytest.approx(0.5 * expected.item(), rel=1e-5)
     assert adv[1, 0].item() == pytest.approx(-0.5 * expected.item(), rel=1e-5)
@@ -89,7 +89,7 @@ def test_grpo_advantages_through_the_step():
 def test_kl_in_reward_needs_log_probs():
     cfg = load_config(None, BASE + ["algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"])
     with pytest.raises(ValueError, match="needs old and reference log-probs"):
-        token_level_rewards(cfg, torch.zeros(1, 2), torch.ones(1, 2), None, None, None)
+        token_level_rewards(cfg.algorithm, torch.zeros(1, 2), torch.ones(1, 2), None, None, None)
 
 
 def test_data_metrics_use_verl_names():

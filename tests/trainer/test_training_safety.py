@@ -59,7 +59,9 @@ class _Workers:
 
 class _Trainer:
     def __init__(self, cfg, history: list[dict], workers: _Workers):
-        self.cfg, self.workers, self.coords, self.use_critic = cfg, workers, COORDS, False
+        from megarl.settings.trainer import trainer_settings
+
+        self.settings, self.workers, self.coords, self.use_critic = trainer_settings(cfg), workers, COORDS, False
         self.total_steps, self.val_dataset, self.history, self.global_step = len(history), None, [], 0
         self._history = history
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from megarl.checks import load_config
 from tests.rollout.test_fleet_moe import checkpoint_tensors, hf_reference, max_diff_to_hf
@@ -108,16 +107,17 @@ def train_one_step(workers, seed: int, zero_advantages: bool) -> None:
 
 @pytest.mark.timeout(900)
 def test_sync_carries_the_router_bias_and_mla_weights(model, fleet):
+    from megarl.settings.worker import worker_settings
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.worker_group import WorkerGroup
-    from megarl.weight_sync.session import WeightSyncSession
+    from megarl.settings.sync import weight_updates
     from megarl.trainer.sync_verify import verify_sync
 
     cfg = config(model)
-    workers = WorkerGroup(MegatronWorker, 2, init_args=(OmegaConf.to_container(cfg, resolve=True),))
+    workers = WorkerGroup(MegatronWorker, 2, init_args=(worker_settings(cfg, 2),))
     session = None
     try:
-        session = WeightSyncSession.from_config(cfg, workers, fleet)
+        session = weight_updates(cfg, workers, fleet)
         biases = [name for name in session.plan.meta if name.endswith("e_score_correction_bias")]
         assert len(biases) == 2 and all(session.plan.meta[name].dtype == "float32" for name in biases)
         session.sync()  # the fleet holds an earlier test's weights

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from megarl.checks import load_config
 
@@ -83,10 +82,11 @@ def train_one_step(workers, cfg):
     dict(tp=2), dict(pp=2), dict(ep=2),
 ], ids=["tp2", "pp2", "ep2"])
 def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
+    from megarl.settings.worker import worker_settings
     from megarl.rollout import RolloutFleet
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.worker_group import WorkerGroup
-    from megarl.weight_sync.session import WeightSyncSession
+    from megarl.settings.sync import weight_updates
     from megarl.trainer.sync_verify import verify_sync
 
     model = models["moe"] if layout.get("ep") else models["dense"]
@@ -94,10 +94,10 @@ def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
     if str(model) not in fleets:
         fleets[str(model)] = RolloutFleet(cfg.actor_rollout_ref.rollout, str(model))
     fleet = fleets[str(model)]
-    workers = WorkerGroup(MegatronWorker, 2, init_args=(OmegaConf.to_container(cfg, resolve=True),))
+    workers = WorkerGroup(MegatronWorker, 2, init_args=(worker_settings(cfg, 2),))
     session = None
     try:
-        session = WeightSyncSession.from_config(cfg, workers, fleet)
+        session = weight_updates(cfg, workers, fleet)
         assert session.plan.bytes_sent * 2 == session.plan.bytes_needed()  # each byte once, 2 replicas
         session.sync()  # a fleet shared with an earlier layout holds that layout's trained weights
         before = verify_sync(fleet, workers, PROMPTS)

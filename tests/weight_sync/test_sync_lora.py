@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from omegaconf import OmegaConf
 
 from megarl.checks import load_config
 from tests.weight_sync.test_sync_e2e import PROMPTS, train_one_step
@@ -62,10 +61,11 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def workers(model, cluster):
+    from megarl.settings.worker import worker_settings
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.worker_group import WorkerGroup
 
-    group = WorkerGroup(MegatronWorker, 2, init_args=(OmegaConf.to_container(config(model, True), resolve=True),))
+    group = WorkerGroup(MegatronWorker, 2, init_args=(worker_settings(config(model, True), 2),))
     yield group
     group.shutdown()
 
@@ -80,7 +80,7 @@ def model_bytes(model) -> int:
 def check_mode(cfg, workers, fleet, trained: bool) -> dict:
     """Sync, train a step, probe (stale), sync, probe (fresh); the two syncs' metrics. ``trained``: the
     adapters have trained already, so the fresh fleet (the base alone) lags the trainer."""
-    from megarl.weight_sync.adapter_updates import weight_updates
+    from megarl.settings.sync import weight_updates
     from megarl.trainer.sync_verify import verify_sync
 
     sync = weight_updates(cfg, workers, fleet)

@@ -1,7 +1,7 @@
 """The run's reward model or LLM judge: vLLM replicas in their device slots, served over HTTP.
 
-    service, pool = start_reward_model(cfg, placement, use_gpu)  # megarl.cluster.startup, before training
-    manager = RewardManager.from_config(cfg, model_reward=service)
+    service, pool = start_reward_model(cfg, placement, use_gpu)  # megarl.run.build, before training
+    manager = reward_manager(cfg, model_reward=service)
     with service.awake():                                        # the manager does this for a pass
         scores = service.score(ResponsesToScore(...))            # a discriminative model's scores
     service.close()
@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence
 
 from megarl.rewards.reward_models.inputs import ResponsesToScore, model_sequences
 from megarl.rewards.reward_models.judge import JudgeClient
-from megarl.rewards.reward_models.settings import DISCRIMINATIVE, GENERATIVE, settings_from_config
+from megarl.rewards.reward_models.settings import DISCRIMINATIVE, GENERATIVE, RewardModelSettings
 
 logger = logging.getLogger(__name__)
 
@@ -40,19 +40,17 @@ class ModelScores:
 class RewardModelService:
     """``slots``: one ``placement.ActorSlot`` per replica; ``sleep_mode``: the engines sleep between passes (GPU)."""
 
-    def __init__(self, cfg: Any, slots: Sequence[Any], *, use_gpu: bool | None = None, sleep_mode: bool = False):
+    def __init__(self, settings: RewardModelSettings, engine: Any, slots: Sequence[Any], *, use_gpu: bool | None = None,
+                 sleep_mode: bool = False):
+        """``engine``: the typed ``reward_model.rollout`` section its fleet starts from (``max_model_len``
+        set to the reward model's max length: ``megarl.settings.reward_models.reward_engine``)."""
         import ray
-        from omegaconf import OmegaConf
         from transformers import AutoTokenizer
 
         from megarl.rollout import RolloutFleet
 
-        settings = settings_from_config(cfg)
-        if settings is None:
-            raise ValueError("reward_model.enable is False: there is no reward model to start")
         self.settings, self.kind = settings, settings.kind
-        engine = OmegaConf.merge(cfg.reward_model.rollout, {"max_model_len": settings.max_length})
-        self.default_sampling = {"temperature": 0.0, "max_tokens": int(cfg.reward_model.rollout.response_length)}
+        self.default_sampling = {"temperature": 0.0, "max_tokens": int(engine.response_length)}
         self.tokenizer = AutoTokenizer.from_pretrained(settings.path, trust_remote_code=settings.trust_remote_code)
         self.fleet = self.router = None
         start = time.perf_counter()

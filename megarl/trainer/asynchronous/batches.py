@@ -20,42 +20,14 @@ last sync, in prompt order: the synchronous loop's batches, token for token.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from megarl.trainer.rollout_batch import StepData, concat_step_data
 from megarl.trainer.asynchronous.producer import RolloutProducer
 from megarl.trainer.asynchronous.sample_buffer import SampleBuffer
-from megarl.trainer.asynchronous.staleness import StalenessBound
+from megarl.settings.trainer import AsyncSettings
 
 MODES = ("sync", "one_step_off", "fully_async")
-
-
-@dataclass(frozen=True)
-class AsyncSettings:
-    mode: str
-    bound: StalenessBound
-    in_flight: str  # what a sync does to running generations: wait | abort (partial rollouts)
-    timeout_s: float
-
-    @classmethod
-    def from_config(cls, cfg) -> "AsyncSettings | None":
-        """None in ``sync`` mode; the config check has refused every combination that cannot work."""
-        a = cfg.async_training
-        if a.mode == "sync":
-            return None
-        batch = int(cfg.data.train_batch_size)
-        if a.mode == "one_step_off":
-            bound = StalenessBound(1.0, batch, 1, "wait", fifo=True)
-            return cls(a.mode, bound, "wait", float(a.wait_timeout_s))
-        bound = StalenessBound(float(a.staleness_threshold), batch, int(a.trigger_parameter_sync_step),
-                               str(a.max_off_policy_strategy))
-        return cls(a.mode, bound, "abort" if a.partial_rollout else "wait", float(a.wait_timeout_s))
-
-    @property
-    def off_policy(self) -> bool:
-        """Some samples can train on weights newer than the ones that sampled them."""
-        return self.bound.threshold > 0 or self.bound.sync_every > 1
 
 
 class AsyncBatches:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from megarl.trainer.asynchronous.staleness import Candidate, StalenessBound, expired, pick
+from megarl.algorithms.staleness import Candidate, StalenessBound, expired, pick
 
 
 @dataclass
