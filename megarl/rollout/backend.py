@@ -13,6 +13,9 @@ What a backend declares (``RolloutBackend``):
 * ``replica_env(spec, on_gpu)``: the replica process's environment, set before the engine imports;
 * ``tensor_splits(model_path)``: how each HF tensor is split over the engine's TP ranks, for the
   weight sync's shard mode (``None``: the engine receives full tensors only);
+* ``config_problems(cfg, notes)``: what a whole config asks of this backend that it cannot do,
+  as ``megarl.config.errors.Problem``s (the config check reports them before anything starts),
+  plus notes for settings it takes but reads differently;
 * traits: ``needs_gpu`` (no CPU build: refused on a CPU cluster), ``sleeps`` (frees device memory
   between generations), ``adapters`` (serves LoRA adapters), ``pooling`` (scores with a pooling
   head: reward models).
@@ -81,6 +84,7 @@ class RolloutBackend:
     replica_spec: Callable[[ReplicaRequest], Any]
     replica_env: Callable[[Any, bool], dict[str, str]]
     tensor_splits: Callable[[str], Mapping[str, Any]] | None = None
+    config_problems: Callable[[Any, list[str]], list[Any]] | None = None
 
     def actor_class(self) -> type:
         module, _, name = self.replica_class.partition(":")
