@@ -214,6 +214,8 @@ def test_grpo_runs_on_the_hf_rollout_backend(quickstart_inputs, tmp_path):
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
     assert len(diffs) == 3 and max(diffs) < 1e-5, diffs
     assert "transformers imported in" in (out / "logs" / "rollout_replica0.log").read_text()
+    driver = (out / "logs" / "driver.log").read_text()
+    assert "rollout 1 hf (transformers) replica x TP1" in driver and "(hf (transformers) CPU float32" in driver
 
 
 VARIED_REWARD = '''
