@@ -61,7 +61,8 @@ def run_mode(cfg, placement, fleet) -> dict[int, dict]:
 
     from megarl.agent import AgentRollout, build_agent_context
     from megarl.data import build_train_loader
-    from megarl.trainer.controller import RLTrainer, TrainingLoop
+    from megarl.run.loop import TrainingLoop
+    from megarl.trainer.controller import RLTrainer
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession

@@ -108,7 +108,7 @@ def measure(args, model: Path, tokenizer, replicas: int, tokens: int) -> dict:
     from megarl.agent import AgentContext, AgentRollout, MultiTurnSettings
     from megarl.config.schema import RolloutConfig
     from megarl.rollout import RolloutFleet
-    from megarl.rollout.vllm.engine_config import llm_kwargs, replica_env, replica_spec
+    from megarl.rollout.vllm.engine_config import llm_kwargs, replica_env
     from megarl.rollout.sampling import request_seed, resolve_sampling
 
     prompts = make_prompts(tokenizer, args.prompts)

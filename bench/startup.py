@@ -164,6 +164,7 @@ def main() -> None:
 
     from megarl.rollout import fleet as fleet_module
     from megarl.cluster import placement, ray_cluster, worker_group
+    from megarl.run import loop
     from megarl.trainer import controller
     from megarl.weight_sync import session
 
@@ -172,7 +173,7 @@ def main() -> None:
     line.wrap(worker_group.WorkerGroup, "__init__", "trainer ranks (WorkerGroup)")
     line.wrap(fleet_module.RolloutFleet, "__init__", "rollout fleet (RolloutFleet)")
     line.wrap(session.WeightSyncSession, "__init__", "weight-sync connect")
-    line.wrap(controller.TrainingLoop, "resume", "resume / first sync")
+    line.wrap(loop.TrainingLoop, "resume", "resume / first sync")
     steps: list[tuple[float, float]] = []
     original_step = controller.RLTrainer.train_step
 

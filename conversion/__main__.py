@@ -2,7 +2,8 @@
 
 Multi-rank layouts run under torchrun; when the process count does not fit the layout the
 command prints the exact torchrun line to use. Exit codes: 0 done (verify: within tolerance),
-1 verify above tolerance, 2 bad input (the message names the problem).
+1 verify above tolerance, 2 bad input (the message names the problem: a damaged checkpoint file, one
+that would run code when unpickled, a full disk, ...).
 """
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
     module, _ = COMMANDS[args.command]
+    from megarl.engine import CheckpointSpaceError
+
     try:
         result = module.run(args, argv[1:])
-    except (ConversionError, FileNotFoundError, KeyError, ValueError) as exc:
+    except (ConversionError, FileNotFoundError, KeyError, ValueError, CheckpointSpaceError) as exc:
         return fail(str(exc).strip("'\""))
     return result if isinstance(result, int) else 0
 

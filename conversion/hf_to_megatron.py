@@ -12,7 +12,6 @@ only; ``extra`` records the HF config and source path), the format the trainer r
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch

@@ -9,8 +9,11 @@ The checkpoint may have been saved under any TP/PP/EP layout; it is loaded at ``
 from: its config.json says how to build the model and name the tensors, and its tokenizer files
 and generation_config.json are copied. Before loading, every model tensor's global shape is
 checked against the checkpoint, so a wrong ``--hf-config`` is named rather than failing deep in
-megatron. Tensors are gathered one at a time to rank 0 and written as shards of at most
-``--max-shard-size`` with ``model.safetensors.index.json``, under ``<out>.tmp`` renamed when done.
+megatron. The checkpoint's files are checked against its manifest (sizes first, checksums as it
+loads) and its pickles are read with only the classes their format needs: a damaged or crafted
+checkpoint is refused naming the file. Tensors are gathered one at a time to rank 0 and written as
+shards of at most ``--max-shard-size`` with ``model.safetensors.index.json``, under ``<out>.tmp``
+renamed when done.
 
 A LoRA checkpoint (a LoRA run's ``actor/step_N``: the adapters only, with the LoRA settings and the
 base model recorded) is merged: the base is read from ``--hf-config`` (which then needs its
@@ -44,12 +47,8 @@ from conversion.common import (
     start_model_parallel,
     stop_model_parallel,
 )
+from megarl.models.export import copy_tokenizer_files
 
-# Files copied from --hf-config besides config.json (which is written from the loaded config).
-TOKENIZER_PATTERNS = (
-    "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
-    "vocab*", "merges.txt", "chat_template*", "preprocessor_config.json",
-)
 MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
 
 
@@ -91,6 +90,7 @@ def parse_size(text: str) -> int:
 def resolve_checkpoint(path: str | Path) -> Path:
     """The checkpoint directory: ``path`` itself, or the one its ``latest`` marker names."""
     from megarl.engine.checkpoint import LATEST_FILE, META_FILE, latest_checkpoint
+    from megarl.engine.manifest import size_problems
 
     path = Path(path)
     if not path.exists():
@@ -105,14 +105,18 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise ConversionError(
             f"{path} is not a complete megarl checkpoint: no {META_FILE}{hint}; pass RUN/actor/step_N or RUN/actor"
         )
+    damaged = size_problems(path)  # a stat per file; the checksums are read when the checkpoint loads
+    if damaged:
+        raise ConversionError(f"checkpoint {path} is damaged: {'; '.join(damaged)}; pass an older step_N")
     return path
 
 
 def stored_tensors(checkpoint: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Model tensor key -> (global shape, dtype), from the checkpoint's metadata (no tensor data read)."""
-    from megatron.core import dist_checkpointing
+    """Model tensor key -> (global shape, dtype), from the checkpoint's metadata (no tensor data read;
+    ``.metadata`` is checked against the manifest and unpickled with only the classes its format needs)."""
+    from megarl.engine.checkpoint import checkpoint_tensors
 
-    metadata = dist_checkpointing.load_tensors_metadata(str(checkpoint))
+    metadata = checkpoint_tensors(checkpoint)
     return {
         key: (tuple(tensor.global_shape), tensor.dtype)
         for key, tensor in metadata.items()
@@ -169,16 +173,6 @@ def checkpoint_dtype(stored: dict, checkpoint: Path) -> torch.dtype:
         if key.startswith("embedding.") or key.startswith("decoder."):
             return dtype
     raise ConversionError(f"{checkpoint} holds no model tensors; is it a megarl model checkpoint?")
-
-
-def copy_tokenizer_files(hf_config: Path, out: Path) -> list[str]:
-    copied = []
-    for pattern in TOKENIZER_PATTERNS:
-        for source in sorted(hf_config.glob(pattern)):
-            if source.is_file():
-                shutil.copy2(source, out / source.name)
-                copied.append(source.name)
-    return copied
 
 
 def lora_of(checkpoint: Path):

@@ -38,15 +38,29 @@ logger = logging.getLogger(__name__)
 @register_agent_loop("single_turn_agent")
 @register_agent_loop("single_turn")
 class SingleTurnAgentLoop(AgentLoop):
+    groups_samples = True  # a prompt's n samples are one engine request (its prefix is computed once)
+
     async def run(self, sample: AgentSample, client) -> Trajectory:
-        ctx = self.context
-        builder = TrajectoryBuilder(sample.prompt_ids, ctx.response_length)
-        room = min(builder.room, client.room(len(sample.prompt_ids)))
+        return (await self.run_group([sample], client))[0]
+
+    async def run_group(self, samples: list[AgentSample], client) -> list[Trajectory]:
+        first = samples[0]
+        if [s.sample_index for s in samples] != list(range(first.sample_index, first.sample_index + len(samples))):
+            raise ValueError(f"run_group takes consecutive samples of one prompt, got {[s.sample_index for s in samples]}")
+        builder = TrajectoryBuilder(first.prompt_ids, self.context.response_length)
+        room = min(builder.room, client.room(len(first.prompt_ids)))
         if room < 1:
-            return builder.build("length", "", num_turns=1)
-        generation = await client.generate(sample.prompt_ids, sample.sampling, sample.seed(0), max_tokens=room)
-        builder.add_model(generation.token_ids, generation.logprobs, generation.versions)
-        return builder.build(generation.finish_reason, generation.text, num_turns=2)
+            return [TrajectoryBuilder(s.prompt_ids, self.context.response_length).build("length", "", num_turns=1)
+                    for s in samples]
+        # the k-th sample's seed is seed(0) of sample k = the group's seed + k (rollout.sampling.turn_seed)
+        generations = await client.generate_group(first.prompt_ids, first.sampling, first.seed(0), len(samples),
+                                                  max_tokens=room)
+        trajectories = []
+        for sample, generation in zip(samples, generations):
+            builder = TrajectoryBuilder(sample.prompt_ids, self.context.response_length)
+            builder.add_model(generation.token_ids, generation.logprobs, generation.versions)
+            trajectories.append(builder.build(generation.finish_reason, generation.text, num_turns=2))
+        return trajectories
 
 
 @register_agent_loop("tool_agent")

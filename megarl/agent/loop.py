@@ -7,9 +7,12 @@ may call the engine as often as it likes: a single-turn loop calls it once, the 
 per assistant turn. Many loops run concurrently (asyncio), so ``run`` must not block.
 
 Which loop runs a sample: the dataset's ``agent_name`` column (verl's), else
-``actor_rollout_ref.rollout.agent.default_agent_loop``. A name is a registered one (built in:
-``single_turn_agent`` alias ``single_turn``, and ``tool_agent``) or a class path,
-``package.module:Class`` or ``/path/to/file.py:Class``. Your own::
+``actor_rollout_ref.rollout.agent.default_agent_loop``. The config names the loops a run may use:
+the registered ones (built in: ``single_turn_agent`` alias ``single_turn``, and ``tool_agent``),
+the names of ``agent.agent_loop_config_path`` and ``default_agent_loop`` itself, which may be a
+class path, ``package.module:Class`` or ``/path/to/file.py:Class``. A row picks among those
+(``allowed_loop_names``): the data never names code to import, so a downloaded dataset cannot
+run any. Your own::
 
     from megarl.agent import AgentLoop, register_agent_loop
 
@@ -69,18 +72,30 @@ class AgentContext:
     tools: Any = None  # ToolSet, or None without tools
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     loop_paths: dict[str, str] = field(default_factory=dict)  # agent.agent_loop_config_path: name -> class path
+    default_loop: str | None = None  # agent.default_agent_loop (a name or a class path the config gives)
 
 
 class AgentLoop:
-    """Base class of agent loops. One instance serves every sample of a rollout that picks it."""
+    """Base class of agent loops. One instance serves every sample of a rollout that picks it.
+
+    ``run_group`` rolls out the samples of one prompt together; the seam calls it (instead of
+    ``run`` per sample) for loops with ``groups_samples = True``, which must give each sample
+    exactly what ``run`` would (the single-turn loop sends the group as one engine request).
+    """
 
     uses_tools = False  # True: prompts are rendered with the tool schemas (the dataset does it)
+    groups_samples = False  # True: the seam hands ``run_group`` all samples of a prompt at once
 
     def __init__(self, context: AgentContext):
         self.context = context
 
     async def run(self, sample: AgentSample, client) -> Trajectory:
         raise NotImplementedError
+
+    async def run_group(self, samples: list[AgentSample], client) -> list[Trajectory]:
+        import asyncio
+
+        return list(await asyncio.gather(*[self.run(sample, client) for sample in samples]))
 
 
 def register_agent_loop(name: str) -> Callable[[type], type]:
@@ -94,6 +109,28 @@ def register_agent_loop(name: str) -> Callable[[type], type]:
 
 
 _loaded: dict[str, type] = {}
+
+
+class DisallowedAgentLoop(UnknownNameError):
+    """A loop name that the run's config does not offer (e.g. a class path in a dataset's ``agent_name``)."""
+
+
+def allowed_loop_names(context: AgentContext) -> list[str]:
+    """The loops a sample may name: registered ones, ``agent_loop_config_path``'s and the default."""
+    import megarl.agent.builtin_loops  # noqa: F401  (registers the built-in loops)
+
+    return sorted({*AGENT_LOOPS, *context.loop_paths, *([context.default_loop] if context.default_loop else [])})
+
+
+def check_loop_name(name: str, context: AgentContext) -> None:
+    """Refuse a loop ``name`` the config does not offer, before anything is imported for it."""
+    allowed = allowed_loop_names(context)
+    if name not in allowed:
+        raise DisallowedAgentLoop(
+            f"agent loop {name!r} is not one of this run's: {', '.join(allowed)} (registered loops, the names in "
+            "actor_rollout_ref.rollout.agent.agent_loop_config_path and agent.default_agent_loop). A dataset's "
+            "agent_name picks among these; a module or file it names is never imported: list your loop in "
+            "agent_loop_config_path ({name, _target_: module.Class}) and put its name in the data")
 
 
 def resolve_agent_loop(name: str) -> type:

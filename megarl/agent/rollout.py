@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any, Mapping, Sequence
 
-from megarl.agent.loop import AgentContext, AgentSample, resolve_agent_loop
+from megarl.agent.loop import AgentContext, AgentSample, check_loop_name, resolve_agent_loop
 from megarl.agent.settings import MultiTurnSettings
 from megarl.agent.trajectory import Trajectory
 from megarl.rollout.sampling import resolve_sampling
@@ -79,15 +79,18 @@ def build_agent_context(cfg: Any, tokenizer: Any) -> AgentContext:
     tools = build_tools(settings) if settings.enable else None
     return AgentContext(tokenizer=tokenizer, response_length=int(rollout.response_length), multi_turn=settings,
                         tools=tools, chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs or {}),
-                        loop_paths=load_agent_loop_config(rollout.agent.agent_loop_config_path))
+                        loop_paths=load_agent_loop_config(rollout.agent.agent_loop_config_path),
+                        default_loop=default_loop_name(rollout))
 
 
 def tool_schemas_for(loops: "LoopSet", default_loop: str):
     """For the dataset: the tool schemas to render into a row's prompt, given the row's ``agent_name``.
 
-    Building the loop here also checks, before any process starts, that the name is known and
-    that a tool loop has tools.
+    Building the loop here also checks, before any process starts, that the name is one the config
+    offers (``LoopSet.get``: nothing a row names is imported otherwise) and that a tool loop has tools.
     """
+    loops.get(default_loop)  # the config's loop first: a module it loads may register the names rows use
+
     def schemas(loop_name: str | None) -> list | None:
         loop = loops.get(loop_name or default_loop)
         return loops.context.tools.schemas if loop.uses_tools and loops.context.tools else None
@@ -95,7 +98,8 @@ def tool_schemas_for(loops: "LoopSet", default_loop: str):
 
 
 class LoopSet:
-    """One instance of each agent loop a run uses, built on first use."""
+    """One instance of each agent loop a run uses, built on first use; only loops the config offers
+    (``megarl.agent.loop.allowed_loop_names``), so a name from the data never imports anything."""
 
     def __init__(self, context: AgentContext):
         self.context = context
@@ -103,18 +107,35 @@ class LoopSet:
 
     def get(self, name: str):
         if name not in self._loops:
+            check_loop_name(name, self.context)
             self._loops[name] = resolve_agent_loop(self.context.loop_paths.get(name, name))(self.context)
         return self._loops[name]
 
     async def run(self, jobs: Sequence[tuple[str, AgentSample, Any]]) -> list[Trajectory]:
-        async def one(name: str, sample: AgentSample, client) -> Trajectory:
+        """Every job's trajectory, in job order; the samples of one prompt go to a grouping loop together."""
+        async def one(name: str, samples: list[AgentSample], client) -> list[Trajectory]:
+            loop = self.get(name)
             try:
-                return await self.get(name).run(sample, client)
+                if loop.groups_samples:
+                    return await loop.run_group(samples, client)
+                return [await loop.run(samples[0], client)]
             except Exception as exc:
-                raise RuntimeError(f"agent loop {name!r} failed on prompt {sample.prompt_index} sample "
-                                   f"{sample.sample_index} (step {sample.step}): {type(exc).__name__}: {exc}") from exc
+                sample = samples[0]
+                which = f"sample {sample.sample_index}" if len(samples) == 1 else f"samples {sample.sample_index}-{samples[-1].sample_index}"
+                raise RuntimeError(f"agent loop {name!r} failed on prompt {sample.prompt_index} {which} "
+                                   f"(step {sample.step}): {type(exc).__name__}: {exc}") from exc
 
-        return list(await asyncio.gather(*[one(*job) for job in jobs]))
+        groups: list[tuple[str, list[AgentSample], Any]] = []
+        for name, sample, client in jobs:
+            last = groups[-1] if groups else None
+            if (last is not None and last[0] == name and last[2] is client and self.get(name).groups_samples
+                    and last[1][-1].prompt_index == sample.prompt_index and last[1][-1].step == sample.step
+                    and last[1][-1].sample_index + 1 == sample.sample_index):
+                last[1].append(sample)
+            else:
+                groups.append((name, [sample], client))
+        results = await asyncio.gather(*[one(*group) for group in groups])
+        return [trajectory for group in results for trajectory in group]
 
 
 class AgentRollout:

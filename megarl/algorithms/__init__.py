@@ -18,7 +18,6 @@ Unknown names raise `UnknownNameError` (a KeyError and a ValueError) listing the
 
 from megarl.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
-    GROUP_ESTIMATORS,
     compute_gae_advantage_return,
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
@@ -28,6 +27,7 @@ from megarl.algorithms.advantages import (
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
+    estimator_traits,
     get_adv_estimator,
     register_adv_estimator,
 )
@@ -73,7 +73,6 @@ from megarl.algorithms.value_loss import compute_value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
-    "GROUP_ESTIMATORS",
     "KL_CONTROLLERS",
     "KL_PENALTIES",
     "LOSS_AGG_MODES",
@@ -110,6 +109,7 @@ __all__ = [
     "compute_value_loss",
     "entropy_from_logits",
     "filter_groups_by_metric",
+    "estimator_traits",
     "get_adv_estimator",
     "get_kl_controller",
     "get_policy_loss",

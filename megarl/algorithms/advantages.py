@@ -39,7 +39,11 @@ import torch
 from megarl.algorithms.masked import masked_whiten
 from megarl.config.registry import Registry, UniformCall
 
-ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "algorithm.adv_estimator")
+# Traits: ``needs_values`` (a critic's values: the run trains a critic), ``grouped`` (compares the
+# responses to one prompt: with rollout.n == 1 every advantage is 0), ``needs_greedy_baseline``
+# (a greedy response per prompt is generated as its baseline, ReMax).
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "algorithm.adv_estimator",
+                                traits={"needs_values": False, "grouped": False, "needs_greedy_baseline": False})
 
 # Inputs the trainer may pass to any estimator; an estimator that does not declare one ignores it.
 SHARED_ESTIMATOR_INPUTS = frozenset(
@@ -50,13 +54,15 @@ SHARED_ESTIMATOR_INPUTS = frozenset(
 )
 
 
-# Estimators that compare the responses to one prompt: with rollout.n == 1 every advantage is 0.
-GROUP_ESTIMATORS = frozenset({"grpo", "grpo_passk", "rloo"})
+def register_adv_estimator(name: str, **traits: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register an advantage estimator under `name` (selected by `algorithm.adv_estimator`),
+    with its traits (``needs_values``, ``grouped``, ``needs_greedy_baseline``)."""
+    return ADVANTAGE_ESTIMATORS.register(name, **traits)
 
 
-def register_adv_estimator(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register an advantage estimator under `name` (selected by `algorithm.adv_estimator`)."""
-    return ADVANTAGE_ESTIMATORS.register(name)
+def estimator_traits(name: str) -> dict[str, bool]:
+    """What estimator `name` needs: ``needs_values``, ``grouped``, ``needs_greedy_baseline``."""
+    return ADVANTAGE_ESTIMATORS.traits(name)
 
 
 def get_adv_estimator(name: str) -> UniformCall:
@@ -125,7 +131,7 @@ def _outcome_scores(token_level_rewards: torch.Tensor, response_mask: torch.Tens
 
 
 # ------------------------------------------------------------------------- estimators
-@register_adv_estimator("gae")
+@register_adv_estimator("gae", needs_values=True)
 @torch.no_grad()
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
@@ -157,7 +163,7 @@ def compute_gae_advantage_return(
     return masked_whiten(advantages, mask), returns
 
 
-@register_adv_estimator("grpo")
+@register_adv_estimator("grpo", grouped=True)
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -180,7 +186,7 @@ def compute_grpo_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_estimator("grpo_passk")
+@register_adv_estimator("grpo_passk", grouped=True)
 @torch.no_grad()
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -231,7 +237,7 @@ def compute_gpg_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_estimator("rloo")
+@register_adv_estimator("rloo", grouped=True)
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -288,7 +294,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_estimator("remax")
+@register_adv_estimator("remax", needs_greedy_baseline=True)
 @torch.no_grad()
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,

@@ -84,7 +84,7 @@ def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
     from megarl.models import load_hf_config, model_dims
     from megarl.models.config import transformer_config_kwargs
     from megarl.models.families import family_for
-    from megarl.trainer.megatron_worker import layout_from_config
+    from megarl.settings.engine import layout_from_config
 
     path = Path(cfg.actor_rollout_ref.model.path)
     hf_config = load_hf_config(path)

@@ -22,7 +22,7 @@ OTHER_TYPES = {
 
 
 def _sections(cfg):
-    from megarl.config.derived import critic_enabled
+    from megarl.settings.derived import critic_enabled
 
     yield ACTOR, "actor", cfg.actor_rollout_ref.model.lora
     if critic_enabled(cfg):

@@ -2,8 +2,9 @@
 
 ``preflight_problems(cfg)`` only reads: a model's ``config.json`` (a local directory, or a hub id
 found in the Hugging Face cache), the schema and row count of each parquet file (and its data
-source column, to check that a rule reward exists for every source), a dist checkpoint's
-metadata, and the reward file, which it imports to check the function's signature. On a machine
+source column, to check that a rule reward exists for every source), the checkpoints a run
+starts or resumes from (complete, every file of the size its manifest records: a stat per file;
+the checksums are read at load), and the reward file, which it imports to check the function's signature. On a machine
 with a GPU it also plans the run's memory on that GPU (``megarl.plan.check``) and refuses a run
 that cannot fit (``trainer.plan_check``). No model is built, no process or Ray cluster starts.
 Each problem is one line naming the key and the fix.
@@ -11,12 +12,11 @@ Each problem is one line naming the key and the fix.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from megarl.config.derived import critic_enabled
+from megarl.settings.derived import critic_enabled
 from megarl.config.errors import Problem, refusal
 from megarl.models.locate import model_problems, resolve_model_path
 
@@ -37,32 +37,82 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
     problems += _data_problems(cfg)
     problems += _reward_problems(cfg)
     problems += _logger_problems(cfg)
-    if not model:  # the memory plan reads the model's config.json (megarl.plan; trainer.plan_check)
+    if not model:  # the layouts and the memory plan read the model's config.json (megarl.plan; trainer.plan_check)
         from megarl.plan.check import plan_problems
 
+        problems += _layout_problems(cfg)
         problems += plan_problems(cfg)
-    if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path \
-            and not Path(cfg.trainer.resume_from_path).is_dir():
-        problems.append(Problem(f"trainer.resume_from_path={cfg.trainer.resume_from_path}: no such checkpoint "
-                                "directory (expected .../actor/step_<N>)"))
+    problems += _resume_problems(cfg)
     return problems
 
 
+def _layout_problems(cfg: DictConfig) -> list[Problem]:
+    """The parallel sizes against the model's config.json: the trainer's megatron layout, and the TP of the
+    vLLM engines (the fleet's; a reward model's), which would otherwise fail 90 s into a launch with
+    vLLM's or megatron's raw error."""
+    from megarl.models import check_layout, model_dims, vllm_tp_problems
+    from megarl.settings.engine import layout_from_config
+
+    arr = cfg.actor_rollout_ref
+    engines = [("actor_rollout_ref.rollout.tensor_model_parallel_size", arr.rollout.tensor_model_parallel_size,
+                "actor_rollout_ref.model.path", arr.model.path)]
+    if cfg.reward_model.enable:
+        engines.append(("reward_model.rollout.tensor_model_parallel_size",
+                        cfg.reward_model.rollout.tensor_model_parallel_size, "reward_model.model.path",
+                        resolve_model_path(str(cfg.reward_model.model.path)) or cfg.reward_model.model.path))
+    problems = []
+    try:
+        dims = model_dims(resolve_model_path(str(arr.model.path)) or arr.model.path)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []  # a config the bridge cannot read: reported by the model checks
+    key = "actor_rollout_ref.actor.megatron"
+    try:
+        check_layout(dims, layout_from_config(arr.actor.megatron, dims.num_layers))
+    except ValueError as exc:
+        problems.append(Problem(f"{key}.* for actor_rollout_ref.model.path={arr.model.path}: {exc}; pick parallel "
+                                "sizes that divide these counts", key=f"{key}.tensor_model_parallel_size"))
+    for tp_key, tp, path_key, path in engines:
+        try:
+            found = vllm_tp_problems(dims if path_key.startswith("actor") else model_dims(path), tp) if tp >= 1 else []
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # the reward model's own checks report it
+        if found:
+            problems.append(Problem(f"{tp_key}={tp}: vLLM cannot split {path_key}={path} over {tp} ranks: "
+                                    f"{'; '.join(found)}; pick a TP that divides these counts", key=tp_key))
+    return problems
+
+
+def _resume_problems(cfg: DictConfig) -> list[Problem]:
+    """The checkpoint a resume would load: present, complete and of the recorded sizes (``resume_plan``)."""
+    from megarl.trainer.resume import ResumeError, resume_plan
+
+    if not cfg.trainer.default_local_dir or (cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path):
+        return []  # the second is the config rules' problem
+    try:
+        resume_plan(cfg.trainer, cfg.trainer.default_local_dir, critic_enabled(cfg))
+    except (ResumeError, FileNotFoundError) as exc:
+        return [Problem(str(exc), key="trainer.resume_mode")]
+    return []
+
+
 def _checkpoint_problems(cfg: DictConfig) -> list[Problem]:
-    from megarl.engine.checkpoint import resolve_checkpoint
-    from megarl.trainer.megatron_worker import initial_checkpoints
+    from megarl.engine.checkpoint import checkpoint_problems, resolve_checkpoint
+    from megarl.settings.engine import initial_checkpoints
 
     keys = {"actor": "actor_rollout_ref.actor.megatron.dist_checkpointing_path",
             "ref": "actor_rollout_ref.ref.megatron.dist_checkpointing_path",
             "critic": "critic.megatron.dist_checkpointing_path"}
-    problems = []
+    problems, seen = [], set()
     for role, path in initial_checkpoints(cfg).items():
-        if path is None or (role == "critic" and not _critic_on(cfg)):
-            continue
+        if path is None or (role == "critic" and not _critic_on(cfg)) or path in seen:
+            continue  # the reference starts from the actor's checkpoint unless it names its own: said once
+        seen.add(path)
         try:
-            resolve_checkpoint(path)
+            found = checkpoint_problems(resolve_checkpoint(path))
         except (FileNotFoundError, OSError) as exc:
-            problems.append(Problem(f"{keys[role]}={path}: {exc}", key=keys[role]))
+            found = [str(exc)]
+        if found:
+            problems.append(Problem(f"{keys[role]}={path}: {'; '.join(found)}", key=keys[role]))
     return problems
 
 
@@ -75,6 +125,7 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
     import pyarrow.parquet as pq
 
     from megarl.data import column_problems
+    from megarl.data.utf8 import InvalidUtf8, to_python_column
     from megarl.rewards.registry import VERL_ONLY_REWARDS, UnknownDataSourceError, find_rule_reward
 
     d = cfg.data
@@ -104,7 +155,11 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
             problems += [Problem(message, key=f"data.{split}_files") for message in found]
             rows += parquet.metadata.num_rows
             if not custom and not found:
-                column = parquet.read(columns=[d.reward_fn_key]).column(0).to_pylist()
+                try:
+                    column = to_python_column(parquet.read(columns=[d.reward_fn_key]).column(0), path, d.reward_fn_key)
+                except InvalidUtf8 as exc:
+                    problems.append(Problem(str(exc), key=f"data.{split}_files"))
+                    continue
                 sources.update(str(s) for s in column)
         limit = d[f"{split}_max_samples"]
         rows = min(rows, limit) if limit > 0 else rows

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from megarl.config.derived import VALUE_ESTIMATORS, cluster_shape, critic_enabled, devices_for, old_log_prob_pass
+from megarl.config.derived import cluster_shape, devices_for, old_log_prob_pass
+from megarl.settings.derived import critic_enabled, greedy_baselines, grouped_estimator, needs_values
 from megarl.config.errors import Problem, refusal
 
-RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.checkpointing.find_resume_checkpoint
+RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.resume.resume_plan
 ROLLOUT_MODES = ("sync", "async")
 
 
@@ -129,8 +130,8 @@ def _check_async(cfg, add) -> None:
         add(f"{p}.partial_rollout=True with adapter-only LoRA updates (actor_rollout_ref.model.lora.merge=False): "
             "vLLM swaps a LoRA adapter between requests, so a running generation cannot continue on the new one; "
             "set lora.merge=True (merged weights, synced sharded) or partial_rollout=False.", f"{p}.partial_rollout")
-    if cfg.algorithm.adv_estimator == "remax":
-        add(f"algorithm.adv_estimator=remax with {mode}: ReMax's greedy baselines are generated with the step's "
+    if greedy_baselines(cfg):
+        add(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} with {mode}: its baselines (ReMax's greedy baselines) are generated with the step's "
             f"weights, not with the ones that sampled the responses; use {p}.mode=sync or another estimator.",
             "algorithm.adv_estimator")
     off_policy = a.mode == "one_step_off" or a.staleness_threshold > 0 or a.trigger_parameter_sync_step > 1
@@ -176,11 +177,8 @@ def _check_layout_and_batches(cfg, add) -> None:
             diff = ", ".join(f"{k}: {other[k]} vs {actor_layout[k]}" for k in layout_keys if other[k] != actor_layout[k])
             add(f"{section}.megatron must use the actor's parallel layout (they share one megatron parallel "
                 f"state on the same ranks); differs in {diff}. Set the same sizes as actor_rollout_ref.actor.megatron.")
-    if actor.megatron.context_parallel_size > 1:
-        add(refusal(f"actor_rollout_ref.actor.megatron.context_parallel_size={actor.megatron.context_parallel_size}",
-                        "context parallelism", "set context_parallel_size=1; long sequences fit with "
-                        "use_dynamic_bsz and activation recompute"))
-    if cfg.critic.enable is False and a.adv_estimator in VALUE_ESTIMATORS:
+    _check_context_parallel(cfg, add)
+    if cfg.critic.enable is False and needs_values(cfg):
         add(f"critic.enable=False but algorithm.adv_estimator={a.adv_estimator!r} needs values; "
             "enable the critic or pick a critic-free estimator such as 'grpo'.")
     ref = cfg.actor_rollout_ref.ref
@@ -194,6 +192,22 @@ def _check_layout_and_batches(cfg, add) -> None:
                         rollout.log_prob_micro_batch_size_per_gpu)):
         if value is not None and value < 1:
             add(f"{key}={value}: must be >= 1.")
+
+
+def _check_context_parallel(cfg, add) -> None:
+    """Context parallelism splits packed sequences: every Megatron role must pack them."""
+    cp = cfg.actor_rollout_ref.actor.megatron.context_parallel_size
+    if cp <= 1:
+        return
+    roles = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor.megatron),
+             ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref.megatron)]
+    if critic_enabled(cfg):
+        roles.append(("critic", cfg.critic.megatron))
+    for section, megatron in roles:
+        if not megatron.use_remove_padding:
+            add(f"{section}.megatron.use_remove_padding=False, but context_parallel_size={cp} splits packed "
+                f"sequences over the CP ranks; set {section}.megatron.use_remove_padding=True (verl's default).",
+                f"{section}.megatron.use_remove_padding")
 
 
 def _check_agent(add, rollout) -> None:
@@ -282,7 +296,6 @@ def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_s
 
 # ------------------------------------------------------------------ rollout and weight sync
 def _check_rollout(cfg, add) -> None:
-    from megarl.algorithms import GROUP_ESTIMATORS
     from megarl.rollout.vllm.engine_config import LOGPROBS_MODES, SCHEDULING_POLICIES, engine_kwargs_problems
     from megarl.weight_sync.transport import TRANSPORTS
 
@@ -290,7 +303,7 @@ def _check_rollout(cfg, add) -> None:
 
     if rollout.n < 1:
         add(f"actor_rollout_ref.rollout.n={rollout.n}: must be >= 1.")
-    elif a.adv_estimator in GROUP_ESTIMATORS and rollout.n < 2:
+    elif grouped_estimator(cfg) and rollout.n < 2:
         add(f"algorithm.adv_estimator={a.adv_estimator!r} compares responses within a group, so "
             f"actor_rollout_ref.rollout.n={rollout.n} gives all-zero advantages; set rollout.n >= 2.")
     if not 0 < rollout.gpu_memory_utilization <= 1:
@@ -314,7 +327,7 @@ def _check_rollout(cfg, add) -> None:
             add(message)
     sync = rollout.weight_sync
     if sync.transport != "auto" and sync.transport not in TRANSPORTS:
-        add(f"actor_rollout_ref.rollout.weight_sync.transport={sync.transport!r}: use auto or one of {TRANSPORTS}.")
+        add(f"actor_rollout_ref.rollout.weight_sync.transport={sync.transport!r}: use auto or one of {sorted(TRANSPORTS)}.")
     if sync.bucket_mb < 1:
         add(f"actor_rollout_ref.rollout.weight_sync.bucket_mb={sync.bucket_mb}: must be >= 1 (MiB).")
     _check_agent(add, rollout)
@@ -342,7 +355,6 @@ def _check_data(cfg, add, notes: list[str]) -> None:
 # ------------------------------------------------------------------ algorithm names and settings
 def _check_algorithm(cfg, add, notes: list[str]) -> None:
     from megarl import algorithms
-    from megarl.engine.settings import DECAY_STYLES
 
     a, actor = cfg.algorithm, cfg.actor_rollout_ref.actor
     checks = [("algorithm.adv_estimator", a.adv_estimator, algorithms.ADVANTAGE_ESTIMATORS),
@@ -369,19 +381,10 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
             key="actor_rollout_ref.actor.recompute_old_log_prob")
     if a.filter_groups.enable and not a.filter_groups.metric:
         add("algorithm.filter_groups.enable=True needs algorithm.filter_groups.metric (acc, score or seq_reward).")
-    for section in ("actor_rollout_ref.actor", "critic"):
-        if section == "critic" and not critic_enabled(cfg):
-            continue
-        optim = cfg.actor_rollout_ref.actor.optim if section != "critic" else cfg.critic.optim
-        style = optim.lr_decay_style or optim.warmup_style
-        key = f"{section}.optim.{'lr_decay_style' if optim.lr_decay_style else 'warmup_style'}"
-        if style not in DECAY_STYLES:
-            add(f"{key}={style!r}: LR schedules are {DECAY_STYLES}.")
-        if optim.optimizer != "adam":
-            add(refusal(f"{section}.optim.optimizer={optim.optimizer}", "optimizers other than Adam",
-                            "megarl trains with megatron's (distributed) Adam"))
-        if len(optim.betas) != 2:
-            add(f"{section}.optim.betas={list(optim.betas)}: give two values, e.g. [0.9, 0.999].")
+    from megarl.checks.optimizer import optimizer_problems
+
+    for problem in optimizer_problems(cfg, notes):  # each trained role's optim.*: schedule, Adam's values
+        add(problem)
 
 
 def _check_rollout_correction(cfg, add) -> None:
@@ -447,6 +450,11 @@ def _check_trainer(cfg, add) -> None:
     for key in ("save_freq", "test_freq"):
         if t[key] == 0 or t[key] < -1:
             add(f"trainer.{key}={t[key]}: use -1 (never) or a positive step count.")
+    if t.max_consecutive_skipped_steps < 0:
+        add(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps}: use 0 (never stop) or a "
+            "positive step count.")
+    if not t.save_timeout_s > 0:
+        add(f"trainer.save_timeout_s={t.save_timeout_s}: must be > 0 (seconds a checkpoint save may take).")
     unknown = sorted(set(t.logger) - set(SINKS))
     if unknown:
         add(f"trainer.logger has unknown entries {unknown}; known: {sorted(SINKS)}.")

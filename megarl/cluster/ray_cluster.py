@@ -11,6 +11,11 @@ run side by side, other users) never find each other's ``ray_current_cluster`` f
 is picked by the OS from the ephemeral range (32768-60999), clear of the 10002-19999 range Ray
 uses for worker ports. Never call ``ray stop``: it kills every Ray process on the machine; a
 cluster started here ends with ``shutdown_ray()``.
+
+A driver that dies without ``shutdown_ray`` (SIGKILL) leaves nothing behind for long: a reaper
+process beside a local cluster kills the cluster's processes and removes its temp dir as soon as
+the driver is gone; a new local cluster first removes the temp dirs of dead runs whose reaper died
+too (``run_reaper``).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ _LOCAL_CLUSTER_ENV = {
 }
 
 _created_temp_dir: str | None = None
+_reaper = None  # run_reaper.Reaper of the local cluster
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: str | None = None,
@@ -65,10 +71,15 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
         return ray.cluster_resources()
 
     if temp_dir is None:
+        from megarl.cluster import run_reaper
+
+        run_reaper.remove_stale_temp_dirs("/tmp")
         # Short path: Ray puts unix sockets under it, and those are limited to 107 bytes.
         temp_dir = tempfile.mkdtemp(prefix="ray_", dir="/tmp")
         _created_temp_dir = temp_dir
         atexit.register(shutdown_ray)  # also when the driver dies of an exception
+        run_reaper.write_marker(temp_dir)
+        _start_reaper(temp_dir)
     if private_tmp:
         env["TMPDIR"] = os.path.join(temp_dir, "tmp")
         os.makedirs(env["TMPDIR"], exist_ok=True)
@@ -84,6 +95,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
     resources = ray.cluster_resources()
     logger.info("started a local Ray cluster (temp dir %s): %s", temp_dir, resources)
     return resources
+
+
+def _start_reaper(temp_dir: str) -> None:
+    global _reaper
+    from megarl.cluster.run_reaper import start_reaper
+
+    _reaper = start_reaper(temp_dir)
 
 
 def local_temp_dir() -> str | None:
@@ -103,7 +121,10 @@ def _cluster_processes(temp_dir: str) -> list:
     import psutil
 
     found: dict[int, psutil.Process] = {}
+    reaper = _reaper.process.pid if _reaper is not None else None  # it outlives the cluster: it goes last
     for child in psutil.Process().children(recursive=True):
+        if child.pid == reaper:
+            continue
         try:
             if any(temp_dir in arg for arg in child.cmdline()):
                 found[child.pid] = child
@@ -135,3 +156,12 @@ def shutdown_ray() -> None:
     if _created_temp_dir is not None:
         shutil.rmtree(_created_temp_dir, ignore_errors=True)
         _created_temp_dir = None
+    _stop_reaper()
+
+
+def _stop_reaper() -> None:
+    """After the cluster is down: the reaper finds nothing left and ends."""
+    global _reaper
+    if _reaper is not None:
+        _reaper.stop()
+        _reaper = None

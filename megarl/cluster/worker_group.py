@@ -3,18 +3,21 @@
     group = WorkerGroup(MegatronWorker, world_size=4, init_args=(cfg,))
     log_probs = group.call("compute_log_probs", batch_ref)[0]
 
-Rank 0 reports its address and a free port; every actor then gets torchrun's variables
+Rank 0 reports its node's address and a port it holds listening there (``platform.network``: the
+rendezvous store never listens on every interface); every actor then gets torchrun's variables
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and initialises
 torch.distributed through ``megarl.platform`` (NCCL on GPU, gloo on CPU; ``dist_timeout_s``
 bounds its collectives, verl's ``actor_rollout_ref.nccl_timeout``), so code written for
 torchrun runs unchanged inside Ray. Actors are placed into a placement group's bundles, one
-rank per bundle (``megarl.cluster.placement``).
+rank per bundle (``megarl.cluster.placement``). While the driver waits for the ranks it watches
+their processes (``process_watch``): a rank that dies is named within seconds.
 """
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any, Sequence
+
+from megarl.cluster.process_watch import ProcessWatch
 
 
 class DistributedWorker:
@@ -27,19 +30,29 @@ class DistributedWorker:
     def __init__(self, rank: int, world_size: int, env: dict[str, str] | None = None, log_name: str | None = None):
         from megarl.logging.worker_logs import capture_worker_output
 
+        from megarl.platform.forks import kill_forks_with_parent
+
         capture_worker_output(log_name or f"rank{rank}")
+        kill_forks_with_parent()  # megatron's checkpoint writers (forks) must not outlive the rank
         self.rank, self.world_size = rank, world_size
         for key, value in (env or {}).items():
             os.environ[key] = str(value)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+    def process_identity(self):
+        from megarl.cluster.process_watch import this_process
+
+        return this_process()
+
     def address_and_port(self) -> tuple[str, int]:
+        """This node's cluster address and a port held listening on it (only there) for the store this
+        process hosts next: the torch.distributed rendezvous, or the weight-sync store."""
         import ray
 
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        from megarl.platform.network import reserve_port
+
+        address = ray.util.get_node_ip_address()
+        return address, reserve_port(address)
 
     def init_distributed(self, master_addr: str, master_port: int, local_rank: int, timeout_s: float) -> None:
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_rank),
@@ -81,21 +94,30 @@ class WorkerGroup:
                                        dict(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker))
             self._actors.append(remote_cls.options(**options, max_concurrency=2).remote(rank, world_size, env,
                                                                                         f"{name}_rank{rank}"))
-        master_addr, master_port = ray.get(self._actors[0].address_and_port.remote())
-        ray.get([a.init_distributed.remote(master_addr, master_port, self._local_rank(rank), dist_timeout_s)
-                 for rank, a in enumerate(self._actors)])
-        self.call("setup", *init_args, **(init_kwargs or {}))
+        self._watch = None
+        try:
+            self._watch = ProcessWatch(ray.get([a.process_identity.remote() for a in self._actors]), name)
+            master_addr, master_port = self.wait([self._actors[0].address_and_port.remote()], "start-up", ranks=[0])[0]
+            self.wait([a.init_distributed.remote(master_addr, master_port, self._local_rank(rank), dist_timeout_s)
+                       for rank, a in enumerate(self._actors)], "torch.distributed start-up")
+            self.call("setup", *init_args, **(init_kwargs or {}))
+        except BaseException:
+            self.shutdown()
+            raise
 
     def _local_rank(self, rank: int) -> int:
         # One rank per bundle and bundles packed per node in order: on GPU nodes Ray sets
         # CUDA_VISIBLE_DEVICES per actor, so the local device index is always 0.
         return 0
 
+    def wait(self, refs: list, what: str, timeout_s: float | None = None, ranks: Sequence[int] | None = None) -> list:
+        """``ray.get(refs)`` while watching the ranks' processes: a dead rank raises ``WorkerDied`` naming it
+        within seconds, a wait longer than ``timeout_s`` raises ``TimeoutError`` (``process_watch``)."""
+        return self._watch.wait(refs, what, timeout_s, ranks)
+
     def call(self, method: str, *args, **kwargs) -> list:
         """Call ``method`` on every rank with the same arguments; wait; return results by rank."""
-        import ray
-
-        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self._actors])
+        return self.wait([getattr(a, method).remote(*args, **kwargs) for a in self._actors], method)
 
     def call_async(self, method: str, *args, **kwargs) -> list:
         """Start ``method`` on every rank; the Ray refs, by rank (for waiting together with other work)."""
@@ -103,16 +125,12 @@ class WorkerGroup:
 
     def call_rank(self, rank: int, method: str, *args, **kwargs) -> Any:
         """Call ``method`` on one rank and wait for its result."""
-        import ray
-
-        return ray.get(getattr(self._actors[rank], method).remote(*args, **kwargs))
+        return self.wait([getattr(self._actors[rank], method).remote(*args, **kwargs)], method, ranks=[rank])[0]
 
     def call_each(self, method: str, per_rank_args: Sequence[Sequence[Any]]) -> list:
-        import ray
-
         if len(per_rank_args) != self.world_size:
             raise ValueError(f"{len(per_rank_args)} argument lists for {self.world_size} ranks")
-        return ray.get([getattr(a, method).remote(*args) for a, args in zip(self._actors, per_rank_args)])
+        return self.wait([getattr(a, method).remote(*args) for a, args in zip(self._actors, per_rank_args)], method)
 
     def shutdown(self) -> None:
         import ray
@@ -120,3 +138,5 @@ class WorkerGroup:
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
+        if self._watch is not None:
+            self._watch.close()

@@ -5,14 +5,14 @@ is the loader launches and tools call.
 
 Layers, each importing only those above it: ``errors`` (Problem, ConfigError) -> ``schema`` ->
 ``verl_keys`` (verl's other keys) -> ``screen`` -> ``compose`` -> ``loader`` -> ``command_line``;
-``derived`` (what a config implies: critic on, device counts) reads the typed tree alone.
+``derived`` (what a config implies: device counts, the old-log-prob pass) reads the typed tree alone.
 """
 from megarl.config.compose import CONFIG_DIR, DEFAULT_CONFIG
-from megarl.config.derived import critic_enabled, devices_for
+from megarl.config.derived import devices_for
 from megarl.config.errors import ConfigError, Problem
 from megarl.config.loader import compose_config, resolve_config_path, to_yaml
 from megarl.config.schema import MegaRLConfig
 from megarl.config.screen import schema_keys
 
-__all__ = ["CONFIG_DIR", "DEFAULT_CONFIG", "ConfigError", "MegaRLConfig", "Problem", "compose_config", "critic_enabled",
-           "devices_for", "resolve_config_path", "schema_keys", "to_yaml"]
+__all__ = ["CONFIG_DIR", "DEFAULT_CONFIG", "ConfigError", "MegaRLConfig", "Problem", "compose_config", "devices_for",
+           "resolve_config_path", "schema_keys", "to_yaml"]

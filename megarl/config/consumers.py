@@ -25,6 +25,7 @@ WORKER = "megarl.trainer.megatron_worker"
 VALIDATE = "megarl.checks.rules"
 DERIVED = "megarl.config.derived"
 CONTROLLER = "megarl.trainer.controller"
+LOOP = "megarl.run.loop"
 ROLES_WITH_ENGINE = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
 LAYOUT = LAYOUT_KEYS
 
@@ -52,27 +53,27 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                   "actor_rollout_ref.actor.entropy_coeff", "actor_rollout_ref.actor.use_kl_loss",
                                   "actor_rollout_ref.actor.kl_loss_*", "actor_rollout_ref.actor.grad_clip",
                                   "actor_rollout_ref.actor.policy_loss.loss_mode",
+                                  "actor_rollout_ref.actor.megatron.use_remove_padding",
                                   "actor_rollout_ref.rollout.log_prob_*")),
     (f"{ENGINE}:optimizer_settings", ("actor_rollout_ref.actor.optim.*", "critic.optim.*",
                                       "actor_rollout_ref.actor.megatron.use_distributed_optimizer",
                                       "actor_rollout_ref.actor.megatron.optimizer_offload",
                                       "critic.megatron.use_distributed_optimizer", "critic.megatron.optimizer_offload")),
-    (f"{ENGINE}:reference_settings", ("actor_rollout_ref.ref.log_prob_*",)),
+    (f"{ENGINE}:reference_settings", ("actor_rollout_ref.ref.log_prob_*", "actor_rollout_ref.ref.megatron.use_remove_padding")),
     (f"{ENGINE}:critic_settings", ("critic.ppo_*", "critic.use_dynamic_bsz", "critic.shuffle", "critic.cliprange_value",
                                    "critic.loss_agg_mode", "critic.grad_clip",
-                                   "critic.megatron.seed")),
-    (f"{WORKER}:layout_from_config", tuple(f"actor_rollout_ref.actor.megatron.{k}" for k in LAYOUT
-                                           if k != "context_parallel_size")),
+                                   "critic.megatron.seed", "critic.megatron.use_remove_padding")),
+    ("megarl.settings.engine:layout_from_config", tuple(f"actor_rollout_ref.actor.megatron.{k}" for k in LAYOUT)),
     (f"{VALIDATE}:_check_layout_and_batches", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE[1:]
                                                     for k in LAYOUT) + ("actor_rollout_ref.actor.megatron.context_parallel_size",)),
     (f"{WORKER}:MegatronWorker.setup", ("actor_rollout_ref.actor.megatron.seed", "critic.model.path")),
-    (f"{WORKER}:initial_checkpoints", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE
+    ("megarl.settings.engine:initial_checkpoints", tuple(f"{role}.megatron.{k}" for role in ROLES_WITH_ENGINE
                                             for k in ("use_dist_checkpointing", "dist_checkpointing_path"))),
     (f"{VALIDATE}:_check_backends", ("*.strategy", "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode")),
-    (f"{DERIVED}:critic_enabled", ("critic.enable",)),
+    ("megarl.settings.derived:critic_enabled", ("critic.enable",)),
     (f"{DERIVED}:old_log_prob_pass", ("actor_rollout_ref.actor.recompute_old_log_prob",)),
     (f"{VALIDATE}:_check_rewards", ("reward_model.enable",)),
-    (f"{VALIDATE}:_check_algorithm", ("actor_rollout_ref.actor.optim.optimizer", "critic.optim.optimizer")),
+    ("megarl.checks.optimizer:optimizer_problems", ("actor_rollout_ref.actor.optim.optimizer", "critic.optim.optimizer")),
     ("megarl.rollout.sampling:resolve_sampling", ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.temperature",
                                                   "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k",
                                                   "actor_rollout_ref.rollout.do_sample", "actor_rollout_ref.rollout.stop",
@@ -136,6 +137,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.rewards.manager_keys:overlong_penalty", ("reward_model.reward_kwargs", "reward_model.overlong_buffer.*")),
     ("megarl.rewards.custom:load_reward_function", ("custom_reward_function.*",)),
     ("megarl.rewards.manager:RewardManager.from_config", ("reward.*",)),
+    ("megarl.rewards.manager_keys:compute_score_timeout", ("reward.compute_score_timeout",)),
     ("megarl.trainer.advantage_step:compute_advantages", ("algorithm.gamma", "algorithm.lam", "algorithm.adv_estimator",
                                                           "algorithm.norm_adv_by_std_in_grpo")),
     ("megarl.trainer.advantage_step:token_level_rewards", ("algorithm.use_kl_in_reward", "algorithm.kl_penalty")),
@@ -143,9 +145,9 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.algorithms.rollout_correction:RolloutCorrection.from_config", ("algorithm.rollout_correction.*",)),
     (f"{CONTROLLER}:RLTrainer.collect_batch", ("algorithm.filter_groups.*",)),
     (f"{CONTROLLER}:total_training_steps", ("trainer.total_epochs", "trainer.total_training_steps")),
-    (f"{CONTROLLER}:TrainingLoop.run", ("trainer.save_freq", "trainer.test_freq", "trainer.val_before_train",
+    ("megarl.run.loop:TrainingLoop.run", ("trainer.save_freq", "trainer.test_freq", "trainer.val_before_train",
                                         "trainer.val_only")),
-    ("megarl.trainer.checkpointing:find_resume_checkpoint", ("trainer.resume_mode", "trainer.resume_from_path")),
+    ("megarl.trainer.resume:resume_plan", ("trainer.resume_mode", "trainer.resume_from_path")),
     (f"{CONTROLLER}:RLTrainer.validate", ("trainer.log_val_generations",)),
     ("megarl.run.samples:SampleReporter.on_train_step", ("trainer.rollout_data_dir", "trainer.log_train_generations",
                                                              "trainer.log_train_generations_freq")),
@@ -153,7 +155,8 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.run.train:main", ("trainer.log_level",)),
     (f"{WORKER}:MegatronWorker.setup", ("actor_rollout_ref.nccl_timeout",)),
     (f"{CONTROLLER}:RLTrainer.train_step", ("trainer.balance_batch",)),
-    (f"{CONTROLLER}:TrainingLoop.save", ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")),
+    ("megarl.run.loop:TrainingLoop.save", ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")),
+    ("megarl.trainer.checkpointing:save_on_workers", ("trainer.save_timeout_s",)),
     (f"{WORKER}:MegatronWorker.save_checkpoint", ("actor_rollout_ref.actor.checkpoint.save_contents",
                                                   "critic.checkpoint.save_contents")),
     (f"{WORKER}:MegatronWorker.load_checkpoint", ("actor_rollout_ref.actor.checkpoint.load_contents",
@@ -178,6 +181,7 @@ READERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("megarl.agent.rollout:default_loop_name", ("actor_rollout_ref.rollout.agent.default_agent_loop",)),
     ("megarl.agent.rollout:build_agent_context", ("actor_rollout_ref.rollout.agent.agent_loop_config_path",)),
     ("megarl.plan.check:plan_problems", ("trainer.plan_check",)),
+    ("megarl.trainer.training_safety:SkippedSteps.from_config", ("trainer.max_consecutive_skipped_steps",)),
     (f"{ENGINE}:lora_settings", tuple(f"{section}.{k}" for section in ("actor_rollout_ref.model.lora", "critic.model.lora")
                                       for k in ("rank", "alpha", "dropout", "target_modules", "exclude_modules",
                                                 "lora_A_init_method", "lora_B_init_method"))),

@@ -1,14 +1,12 @@
 """What a config implies, read from its keys alone: used by the components and by the checks.
 
 Nothing here imports a component: the trainer, the planner and the checks (``megarl.checks``)
-all read these answers from one place.
+all read these answers from one place. Facts that need a component's registry (an estimator that
+needs a critic) are in ``megarl.settings.derived``.
 """
 from __future__ import annotations
 
 from omegaconf import DictConfig
-
-VALUE_ESTIMATORS = {"gae"}  # estimators that need a critic
-
 
 def devices_for(cfg: DictConfig) -> tuple[int, int]:
     """(trainer devices, rollout devices) for the configured placement."""
@@ -17,12 +15,6 @@ def devices_for(cfg: DictConfig) -> tuple[int, int]:
     if mode == "split":
         return world - (rollout or 0), rollout or 0
     return world, world
-
-
-def critic_enabled(cfg: DictConfig) -> bool:
-    if cfg.critic.enable is not None:
-        return bool(cfg.critic.enable)
-    return cfg.algorithm.adv_estimator in VALUE_ESTIMATORS
 
 
 def old_log_prob_pass(cfg: DictConfig) -> str | None:

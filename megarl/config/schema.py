@@ -51,6 +51,9 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: Optional[int] = None
     use_distributed_optimizer: bool = True
+    # verl's Megatron key: packed micro-batches (megatron's THD format, no padding token computed) instead of
+    # padded rows; context parallelism needs it (README "Megatron engine": long sequences)
+    use_remove_padding: bool = True
     # Between phases, keep the model's weights / gradients / optimizer state in host memory
     # (README "Megatron engine": the offload timeline). The reference has weights only.
     param_offload: bool = False
@@ -80,9 +83,9 @@ def shared_layout(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronC
 
 
 def reference_megatron(prefix: str = "actor_rollout_ref.actor.megatron") -> MegatronConfig:
-    """The reference: the actor's layout, and (as in verl) the actor's param_offload and
-    override_transformer_config unless set."""
-    keys = LAYOUT_KEYS + ("param_offload", "override_transformer_config")
+    """The reference: the actor's layout, and (as in verl) the actor's param_offload,
+    override_transformer_config and use_remove_padding unless set."""
+    keys = LAYOUT_KEYS + ("param_offload", "override_transformer_config", "use_remove_padding")
     return MegatronConfig(**{k: II(f"{prefix}.{k}") for k in keys})
 
 
@@ -432,6 +435,9 @@ class RewardConfig:
     num_workers: int = 1  # 1: score in the controller process; N: a pool of N workers
     executor: str = "process"  # process | thread (for num_workers > 1)
     on_error: str = "zero"  # zero: score 0, count and log the error | raise: stop the run
+    # megarl (verl: the naive manager's reward_kwargs.compute_score_timeout): seconds one reward-function call may
+    # take; a call past it is stopped and scores 0 like an error (reward/num_timeouts); null or 0: no limit
+    compute_score_timeout: Optional[float] = 30.0
 
 
 # ------------------------------------------------------------------------ algorithm
@@ -509,9 +515,13 @@ class TrainerConfig:
     validation_data_dir: Optional[str] = None  # every validation's samples as <dir>/<step>.jsonl
     log_level: str = "INFO"  # megarl: the console; INFO (a few lines), DEBUG (everything, as --verbose), WARNING
     ray_address: Optional[str] = None  # megarl: None = $RAY_ADDRESS or a local cluster
+    save_timeout_s: float = 3600.0  # megarl: the longest a checkpoint save may take before the run fails
     # megarl: before a launch on a machine with a GPU, refuse a run whose memory plan (megarl plan) does not
     # fit that GPU, naming the keys that would make it fit; skipped on machines without a GPU
     plan_check: bool = True
+    # megarl: stop the run (exit 1, naming the cause and the last checkpoint) after this many training steps in a row
+    # whose optimizer steps (actor's or critic's) were all skipped for non-finite gradients; 0: never stop
+    max_consecutive_skipped_steps: int = 3
 
 
 @dataclass

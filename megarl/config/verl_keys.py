@@ -138,9 +138,9 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Noted((f"{MODEL}.use_fused_kernels", f"{ACTOR}.use_fused_kernels", f"{MODEL}.fused_kernel_options.*"),
           "megarl computes log-probs and entropy with its own vocab-parallel kernels (full-vocab logits are "
           "never gathered over TP); verl's fused kernels are not used"),
-    Noted(_each(ENGINES, "megatron.use_remove_padding") + (f"{MODEL}.use_remove_padding",),
-          "megarl always drops the padding inside each sample and trims each micro-batch to its longest "
-          "sample; packed (THD) sequences would need Transformer Engine"),
+    Noted((f"{MODEL}.use_remove_padding", "critic.model.use_remove_padding"),
+          "verl's FSDP workers read model.use_remove_padding; its Megatron workers, like megarl, pack sequences "
+          "by <role>.megatron.use_remove_padding (actor, ref, critic; default True)"),
     Noted(_each((ACTOR, REF), "use_torch_compile"), "megarl does not torch.compile its kernels (speed only)"),
     Noted(_each(ENGINES, "calculate_entropy"), "megarl computes the entropy metric every step"),
     Noted((f"{MODEL}.use_shm", "data.use_shm"), "megarl reads checkpoints and data files in place"),

@@ -84,6 +84,18 @@ def _describe(files) -> str:
     return str(names[0]) + (f" (+{len(names) - 1} files)" if len(names) > 1 else "")
 
 
+def _row_tools(chat_tools: Callable[[str | None], list | None] | None, row: PromptRow) -> list | None:
+    """The tool schemas of the row's agent loop; a loop name the run does not offer names the row."""
+    if chat_tools is None:
+        return None
+    try:
+        return chat_tools(row.agent_name)
+    except ValueError as exc:
+        if row.agent_name is None:  # the config's default loop: not the data's problem
+            raise
+        raise DataFormatError(f"{row.source_file}: row {row.row_number}: key 'agent_name': {exc}") from exc
+
+
 class PromptDataset:
     """Prompts from verl-format parquet files, validated and tokenised with the chat template."""
 
@@ -128,7 +140,7 @@ class PromptDataset:
                 chunk = []
                 for row in rows[start:start + _CHUNK]:
                     kwargs = dict(apply_chat_template_kwargs or {})
-                    tools = chat_tools(row.agent_name) if chat_tools is not None else None
+                    tools = _row_tools(chat_tools, row)
                     if tools:  # a tool-calling row: the template puts the tool schemas into the prompt
                         kwargs["tools"] = tools
                     chunk.append(tokenizer.apply_chat_template(row.messages, add_generation_prompt=True,

@@ -17,7 +17,8 @@ verl's RL datasets are parquet files with one prompt per row:
   ``tool_agent``; unset rows use ``actor_rollout_ref.rollout.agent.default_agent_loop``.
 
 Every row is checked when the files are loaded, so a bad row fails the run
-before any model starts, with an error that names the file, the row and the key.
+before any model starts, with an error that names the file, the row and the key (text that is
+not valid UTF-8 too: ``megarl.data.utf8``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import pyarrow.parquet as pq
+
+from megarl.data.utf8 import InvalidUtf8, to_python_rows
 
 
 class DataFormatError(ValueError):
@@ -102,8 +105,12 @@ def _read_file(path: str, prompt_key: str, reward_fn_key: str, need_reward_fn_ke
     if problems:
         raise DataFormatError(problems[0])
     has_source = reward_fn_key in table.column_names
+    try:
+        records = to_python_rows(table, path)
+    except InvalidUtf8 as exc:
+        raise DataFormatError(str(exc)) from None
     return [_validate_row(record, path, i, prompt_key, reward_fn_key if has_source else None)
-            for i, record in enumerate(table.to_pylist())]
+            for i, record in enumerate(records)]
 
 
 def _validate_row(record: dict[str, Any], path: str, row: int, prompt_key: str, reward_fn_key: str | None) -> PromptRow:

@@ -10,9 +10,8 @@ wraps them here:
 Modules, one concept each:
   batch          RLBatch: the padded RL batch (left-padded prompt + right-padded response)
   batching       mini-batches, fixed and token-budget micro-batches, restoring the order
-  packing        left-aligning real tokens for the model; picking the response positions
+  packing        model inputs: packed rows (THD, CP chunks) or padded rows; the response positions
   vocab_parallel log-probs and entropy over a TP-split vocabulary
-  attention      torch's fused causal SDPA in place of megatron's unfused local-spec attention
   schedule       megatron's pipeline schedule (forward_backward_func) and stage-to-stage sharing
   runner         ModelRunner: micro-batching + packing + schedule, results on every rank
   settings       the engine's settings and how verl's config keys map onto them
@@ -22,13 +21,21 @@ Modules, one concept each:
   update         the mini-batch / optimizer-step loop and the loss scaling it relies on
   actor, critic, reference   the three roles
   checkpoint     dist_checkpointing save/load with resharding and atomic writes
+  checkpoint_dirs  where checkpoints are and what each holds (no tensor read)
+  manifest       every checkpoint file's size and SHA-256, recorded at save, checked at load
+  unpickling     checkpoint reads unpickle only what the format needs (no code runs)
+  disk_space     room for a checkpoint, checked before a save and named when one runs out
 """
 from megarl.engine.actor import MegatronActor
 from megarl.engine.batch import PER_TOKEN_FIELDS, RLBatch, data_parallel_shard
 from megarl.engine.batching import (balanced_partitions, fixed_micro_batches, mini_batches, restore_order,
                                    token_budget_micro_batches)
-from megarl.engine.checkpoint import (checkpoint_contents, checkpoint_dir, checkpoint_extra, latest_checkpoint,
-                                     load_checkpoint, resolve_checkpoint, save_checkpoint)
+from megarl.engine.checkpoint import (checkpoint_contents, checkpoint_dir, checkpoint_extra, checkpoint_problems,
+                                     checkpoint_tensors, latest_checkpoint, load_checkpoint, resolve_checkpoint,
+                                     save_checkpoint, step_directories)
+from megarl.engine.disk_space import CheckpointSpaceError
+from megarl.engine.manifest import CheckpointIntegrityError, integrity_error, verify_checkpoint
+from megarl.engine.unpickling import UnsafeCheckpointError
 from megarl.engine.critic import MegatronCritic
 from megarl.engine.reference import BaseModelReference, MegatronReference
 from megarl.engine.settings import (
@@ -48,6 +55,8 @@ __all__ = [
     "ActorSettings",
     "BaseModelReference",
     "BatchSettings",
+    "CheckpointIntegrityError",
+    "CheckpointSpaceError",
     "CriticSettings",
     "MegatronActor",
     "MegatronCritic",
@@ -56,14 +65,18 @@ __all__ = [
     "PER_TOKEN_FIELDS",
     "PolicyLossSettings",
     "RLBatch",
+    "UnsafeCheckpointError",
     "actor_settings",
     "balanced_partitions",
     "checkpoint_contents",
     "checkpoint_dir",
     "checkpoint_extra",
+    "checkpoint_problems",
+    "checkpoint_tensors",
     "critic_settings",
     "data_parallel_shard",
     "fixed_micro_batches",
+    "integrity_error",
     "latest_checkpoint",
     "load_checkpoint",
     "mini_batches",
@@ -73,5 +86,7 @@ __all__ = [
     "resolve_checkpoint",
     "restore_order",
     "save_checkpoint",
+    "step_directories",
     "token_budget_micro_batches",
+    "verify_checkpoint",
 ]

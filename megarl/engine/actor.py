@@ -9,8 +9,8 @@ Metrics (verl's names), averaged over the mini-batches of one ``update_policy`` 
 ``actor/pg_loss``, ``actor/entropy`` and ``actor/kl_loss`` are the mini-batch losses
 (aggregated with ``loss_agg_mode``); ``actor/pg_clipfrac``, ``actor/pg_clipfrac_lower`` and
 ``actor/ppo_kl`` are means over the mini-batch's response tokens; ``actor/grad_norm`` is the mean
-pre-clip norm of the steps taken; ``actor/lr`` the learning rate used; ``actor/skipped_steps``
-counts optimizer steps skipped for a non-finite gradient norm. ``actor/kl_loss`` and
+pre-clip norm of the steps taken; ``actor/lr`` the learning rate used; ``actor/optimizer_steps``
+counts the optimizer steps tried, ``actor/skipped_steps`` those skipped for a non-finite gradient norm. ``actor/kl_loss`` and
 ``actor/kl_coef`` appear when ``use_kl_loss`` is on.
 
 Rollout correction (``algorithm.rollout_correction``, ``megarl.algorithms.rollout_correction``): in
@@ -118,12 +118,11 @@ class MegatronActor:
             batch = micro_batch.batch
             mask = batch.response_mask
             response = response_logits(logits, micro_batch, self.settings.temperature)
-            valid = micro_batch.packed.response_valid
-            log_probs = vocab_parallel_log_probs(response, micro_batch.packed.targets) * valid
+            log_probs = micro_batch.to_response(vocab_parallel_log_probs(response, micro_batch.response_targets()))
             # on-policy without a log-prob pass: the old policy is this very forward (ratio 1)
             old_log_probs = log_probs.detach() if batch.old_log_probs is None else batch.old_log_probs
             with torch.set_grad_enabled(s.entropy_coeff != 0):  # without the bonus it is only a metric
-                entropy = vocab_parallel_entropy(response) * valid
+                entropy = micro_batch.to_response(vocab_parallel_entropy(response))
             agg = s.loss_agg_mode or "token-mean"  # entropy and KL; the policy loss keeps its own default
             weights, loss_mask = batch.rollout_is_weights, mask
             if self.bypass is not None:  # old_log_probs are the rollout's: correct against the current policy

@@ -7,8 +7,8 @@ count in losses (usually the response's attention mask; multi-turn data may mask
 Per-token RL fields (old/ref/rollout log-probs, advantages, returns, values, rollout importance
 weights) are ``[B, R]``, aligned with ``responses``.
 
-The engine never feeds this padded layout to the model directly: ``packing.pack`` moves every
-row's real tokens to the left, so that a causal mask is all the model needs (see there).
+The engine never feeds this padded layout to the model directly: ``packing`` packs the samples'
+real tokens into one row (or, with ``use_remove_padding=False``, left-aligns each row), see there.
 """
 from __future__ import annotations
 

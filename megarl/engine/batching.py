@@ -6,11 +6,13 @@ All functions work on sample indices, so results can be put back in the original
 Micro-batches come in two kinds:
 
 * fixed count: ``micro_batch_size`` samples each (``ppo_micro_batch_size_per_gpu``);
-* a token budget (``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``): the engine pads every
-  sample of a micro-batch to the micro-batch's longest sample, so a micro-batch costs
-  ``samples x longest`` tokens. ``token_budget_micro_batches`` sorts samples by length, cuts the
-  sorted list into as few runs as the budget allows (similar lengths together: little padding),
-  then evens out the runs' costs without adding micro-batches.
+* a token budget (``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``). Packed micro-batches
+  (``use_remove_padding``) cost their real tokens: ``token_budget_micro_batches(..., packed=True)``
+  deals the samples, longest first, to the least-filled of as few micro-batches as the budget
+  allows (the LPT rule), so the micro-batches carry even token counts. Padded micro-batches cost
+  ``samples x longest``: the sorted length list is cut into as few runs as the budget allows
+  (similar lengths together: little padding), then the runs' costs are evened out without adding
+  micro-batches.
 """
 from __future__ import annotations
 
@@ -68,8 +70,45 @@ def _split_costliest(sorted_lengths: list[int], runs: list[tuple[int, int]], cou
     return runs
 
 
-def token_budget_micro_batches(lengths: list[int] | torch.Tensor, max_tokens: int, count: int | None = None) -> list[list[int]]:
-    """Micro-batches of sample indices whose padded cost (samples x longest) stays within ``max_tokens``.
+def _lpt(lengths: list[int], members: list[int], parts: int) -> list[list[int]]:
+    """``members`` (sample indices) dealt longest first to the least-filled of ``parts`` groups."""
+    groups: list[list[int]] = [[] for _ in range(parts)]
+    heap = [(0, g) for g in range(parts)]
+    for index in sorted(members, key=lambda i: (-lengths[i], i)):
+        total, g = heapq.heappop(heap)
+        groups[g].append(index)
+        heapq.heappush(heap, (total + lengths[index], g))
+    return [sorted(group) for group in groups if group]
+
+
+def _packed_micro_batches(lengths: list[int], max_tokens: int, count: int | None) -> list[list[int]]:
+    """As few LPT groups as keep every group's token sum within ``max_tokens``; then, up to ``count``,
+    the fullest group split in two (which never fills a group more)."""
+    parts = max(1, -(-sum(lengths) // max_tokens))
+    while True:
+        groups = _lpt(lengths, list(range(len(lengths))), parts)
+        if max(sum(lengths[i] for i in g) for g in groups) <= max_tokens:
+            break
+        parts += 1
+    if count is not None and count < len(groups):
+        raise ValueError(f"{count} micro-batches are too few: the token budget {max_tokens} needs {len(groups)}")
+    while count is not None and len(groups) < count:
+        splittable = [g for g in groups if len(g) > 1]
+        if not splittable:
+            raise ValueError(
+                f"cannot make {count} micro-batches from {len(lengths)} samples; every data-parallel rank "
+                "needs at least as many samples as the largest micro-batch count of any rank"
+            )
+        fullest = max(splittable, key=lambda g: (sum(lengths[i] for i in g), -g[0]))
+        position = groups.index(fullest)
+        groups[position : position + 1] = _lpt(lengths, fullest, 2)
+    return groups
+
+
+def token_budget_micro_batches(lengths: list[int] | torch.Tensor, max_tokens: int, count: int | None = None,
+                               packed: bool = False) -> list[list[int]]:
+    """Micro-batches of sample indices whose cost stays within ``max_tokens``: the real tokens when
+    ``packed``, else the padded ``samples x longest``.
 
     With ``count`` (e.g. the largest count of any data-parallel rank, so that all ranks run the
     same number of forward passes) the result has exactly that many micro-batches; ``count`` must
@@ -82,8 +121,11 @@ def token_budget_micro_batches(lengths: list[int] | torch.Tensor, max_tokens: in
     if longest > max_tokens:
         raise ValueError(
             f"a sample has {longest} tokens, more than the micro-batch token budget {max_tokens} "
-            "(ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu); raise it to at least that"
+            "(ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu, times the context-parallel size); "
+            "raise it to at least that"
         )
+    if packed:
+        return _packed_micro_batches(lengths, max_tokens, count)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     sorted_lengths = [lengths[i] for i in order]
     runs = _cut_sorted(sorted_lengths, max_tokens)
@@ -103,9 +145,9 @@ def token_budget_micro_batches(lengths: list[int] | torch.Tensor, max_tokens: in
     return [[order[i] for i in range(start, stop)] for start, stop in runs]
 
 
-def micro_batch_count_for_budget(lengths: list[int] | torch.Tensor, max_tokens: int) -> int:
+def micro_batch_count_for_budget(lengths: list[int] | torch.Tensor, max_tokens: int, packed: bool = False) -> int:
     """How many micro-batches ``token_budget_micro_batches`` makes without a required count."""
-    return len(token_budget_micro_batches(lengths, max_tokens))
+    return len(token_budget_micro_batches(lengths, max_tokens, packed=packed))
 
 
 def mini_batches(num_samples: int, mini_batch_size: int, epochs: int = 1, shuffle: bool = False, seed: int = 0) -> list[list[int]]:

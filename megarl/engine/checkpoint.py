@@ -10,10 +10,15 @@ over DP only, and ``fully_sharded_model_space`` (flattened ranges) is no longer 
 RNG states are per model-parallel rank; they are restored only when the layout is the same
 (under another layout there is no rank to take them from, and the fresh seeding stands).
 
-Atomic writes: a checkpoint is written to ``<root>/step_<N>.tmp``, renamed to
-``<root>/step_<N>`` when every rank has finished, and only then does ``<root>/latest`` (written
-to a temporary file and renamed) name it. A crash mid-save leaves a ``.tmp`` directory that is
-never loaded, and ``latest`` still names the previous complete checkpoint.
+Atomic writes: a checkpoint is written to ``<root>/step_<N>.tmp``, its manifest (every file's
+size and SHA-256, ``manifest``) last, renamed to ``<root>/step_<N>`` when every rank has finished,
+and only then does ``<root>/latest`` (written to a temporary file and renamed) name it. A crash
+mid-save leaves a ``.tmp`` directory that is never loaded, and ``latest`` still names the previous
+complete checkpoint. A save that would not fit in the free space (judged by the previous
+checkpoint's size) is refused before anything is written (``disk_space``).
+
+Loading checks the manifest (a damaged file is named; ``verify=False`` when the caller checked
+already) and unpickles only what the format needs (``unpickling``): a crafted checkpoint cannot run code.
 
 Contents: the model always; the optimizer, the LR schedule, the RNG states, the caller's
 ``extra`` and ``exports`` (e.g. an HF export written into the checkpoint directory before it is
@@ -38,28 +43,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
+from megarl.engine.checkpoint_dirs import (COMMON_FILE, LATEST_FILE, META_FILE, TENSOR_INDEX_FILE,  # noqa: F401
+                                          checkpoint_contents, checkpoint_dir, checkpoint_extra, checkpoint_meta,
+                                          checkpoint_problems, checkpoint_tensors, latest_checkpoint, read_meta,
+                                          resolve_checkpoint, step_directories)
+from megarl.engine.disk_space import check_room, out_of_space
+from megarl.engine.manifest import verify_checkpoint, write_manifest
 from megarl.engine.optimizer import initialize_optimizer_state
+from megarl.engine.unpickling import UnsafeCheckpointError, load_metadata, safe_unpickling
 
-LATEST_FILE = "latest"
-META_FILE = "megarl_checkpoint.json"
 # Chained optimizers (dense + expert) keep their keys unprefixed, as fully reshardable formats allow.
 OPTIMIZER_SHARDING = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
-
-
-def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
-    return Path(root) / f"step_{step}"
-
-
-def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The checkpoint ``<root>/latest`` names, or None when there is none yet."""
-    marker = Path(root) / LATEST_FILE
-    if not marker.is_file():
-        return None
-    path = Path(root) / marker.read_text().strip()
-    if not (path / META_FILE).is_file():
-        raise FileNotFoundError(f"{marker} names {path}, which is not a complete checkpoint; remove {marker} or restore the directory")
-    return path
 
 
 def _layout() -> dict[str, int]:
@@ -177,14 +173,37 @@ def save_checkpoint(
     only the tensors that train (see the module docstring); ``meta`` (JSON) is recorded in
     ``megarl_checkpoint.json`` (e.g. the LoRA settings and the base model, for the conversion).
     """
-    from megatron.core import dist_checkpointing
-
     final = checkpoint_dir(root, step)
     staging = final.with_name(final.name + ".tmp")
+    previous = next((p for p in step_directories(root) if (p / META_FILE).is_file()), None)
+    _same_on_every_rank(lambda: check_room(root, step, previous))
     if dist.get_rank() == 0:
         shutil.rmtree(staging, ignore_errors=True)  # a crashed earlier attempt
         staging.mkdir(parents=True)
     dist.barrier()
+    try:
+        _write(staging, step, models, optimizer, scheduler, extra, rng, exports, model_part, meta)
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
+        full = out_of_space(exc, staging, previous)
+        if full is None:
+            raise
+        if dist.get_rank() == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # the space it took is what the logs need
+        raise full from exc
+    if dist.get_rank() == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        _write_atomically(Path(root) / LATEST_FILE, final.name + "\n")
+    dist.barrier()
+    return final
+
+
+def _write(staging: Path, step: int, models, optimizer, scheduler, extra, rng, exports, model_part, meta) -> None:
+    """Everything of a checkpoint into ``staging`` (collective): the state, the exports, the contents
+    list, and last the manifest of all of them."""
+    from megatron.core import dist_checkpointing
+
     state = _sharded_state(models, optimizer, scheduler, rng=rng, extra=extra, is_loading=False, model_part=model_part)
     dist_checkpointing.save(state, str(staging))
     for export in (exports or {}).values():
@@ -194,12 +213,23 @@ def save_checkpoint(
         parts = sorted(k for k in state if not k.startswith("model")) + ["model"] + sorted(exports or {})
         meta = {"step": step, "layout": _layout(), "contents": parts, "model_part": model_part, **(meta or {})}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(staging, final)
-        _write_atomically(Path(root) / LATEST_FILE, final.name + "\n")
     dist.barrier()
-    return final
+    write_manifest(staging)
+
+
+def _same_on_every_rank(check: Callable[[], None]) -> None:
+    """Run ``check`` on rank 0 and raise its error on every rank (no rank left waiting in a collective)."""
+    error = None
+    if dist.get_rank() == 0:
+        try:
+            check()
+        except OSError as exc:
+            error = exc
+    box = [error]
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise box[0]
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -239,31 +269,13 @@ def _load_optimizer(optimizer, state) -> None:
                 inner.state[param]["step"] = step.detach().clone()
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory, or the one a root's ``latest`` marker names; FileNotFoundError if incomplete."""
-    path = Path(path)
-    if (path / LATEST_FILE).is_file():
-        path = latest_checkpoint(path)
-    if not (path / META_FILE).is_file():
-        raise FileNotFoundError(f"{path} is not a complete megarl checkpoint (no {META_FILE}); a '.tmp' directory is an interrupted save")
-    return path
-
-
-def checkpoint_contents(path: str | os.PathLike) -> list[str]:
-    """What a checkpoint holds: ``model`` and any of ``optimizer``, ``scheduler``, ``rng``, ``extra``, exports."""
-    return list(json.loads((resolve_checkpoint(path) / META_FILE).read_text())["contents"])
-
-
-def checkpoint_meta(path: str | os.PathLike) -> dict:
-    """``megarl_checkpoint.json`` of a checkpoint (step, layout, contents, model part, the caller's meta)."""
-    return json.loads((resolve_checkpoint(path) / META_FILE).read_text())
-
-
-def checkpoint_extra(path: str | os.PathLike) -> dict | None:
-    """The ``extra`` dict a checkpoint was saved with, read without loading any tensor."""
-    from megatron.core import dist_checkpointing
-
-    return dist_checkpointing.load_common_state_dict(str(resolve_checkpoint(path))).get("extra")
+def _refusal_inside(exc: BaseException) -> UnsafeCheckpointError | None:
+    """The refusal a torch.distributed.checkpoint load wrapped in its ``CheckpointException``."""
+    for failure in getattr(exc, "failures", {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, UnsafeCheckpointError):
+            return inner
+    return None
 
 
 def load_checkpoint(
@@ -272,18 +284,21 @@ def load_checkpoint(
     optimizer=None,
     scheduler=None,
     load_rng: bool = True,
+    verify: bool = True,
 ) -> dict | None:
     """Load a checkpoint into this rank's models (and optimizer, scheduler); returns ``extra``.
 
     ``path`` is a checkpoint directory or a root with a ``latest`` marker. Collective: every rank
-    calls it. The layout may differ from the one the checkpoint was saved under.
+    calls it. The layout may differ from the one the checkpoint was saved under. The files are first
+    checked against the manifest (``verify=False``: the caller has done it); a damaged one raises
+    ``CheckpointIntegrityError`` before any tensor is loaded.
     """
-    from megatron.core import dist_checkpointing
-
     from megarl.models.lora import has_adapters
 
     path = resolve_checkpoint(path)
-    meta = json.loads((path / META_FILE).read_text())
+    if verify:
+        verify_checkpoint(path)
+    meta = read_meta(path)
     same_layout = meta["layout"] == _layout()
     asked = {"optimizer": optimizer is not None, "scheduler": scheduler is not None, "rng": load_rng}
     missing = [part for part, wanted in asked.items() if wanted and part not in meta["contents"]]
@@ -301,7 +316,7 @@ def load_checkpoint(
         raise ValueError(f"{path} is a whole-model checkpoint: it has no optimizer state for LoRA adapters; load it as "
                          "the base model only (optimizer=None), e.g. as dist_checkpointing_path")
     state = _sharded_state(models, optimizer, scheduler, rng=with_rng, extra=None, is_loading=True, model_part=part)
-    loaded = dist_checkpointing.load(state, str(path))
+    loaded = _load_state(state, path)
     for i, model in enumerate(models):
         result = _unwrap(model).load_state_dict(loaded[f"model{i}"], strict=part == "all")
         if part != "all" and result.unexpected_keys:
@@ -313,3 +328,19 @@ def load_checkpoint(
     if with_rng:
         _set_rng_state(loaded["rng"])
     return loaded.get("extra")
+
+
+def _load_state(state: dict, path: Path) -> dict:
+    """``dist_checkpointing.load`` restricted to what the format needs; a refusal is raised as itself."""
+    from megatron.core import dist_checkpointing
+
+    with open(path / TENSOR_INDEX_FILE, "rb") as index:  # refused here, by name: torch's load would reword it
+        load_metadata(index, path / TENSOR_INDEX_FILE)
+    try:
+        with safe_unpickling(path):
+            return dist_checkpointing.load(state, str(path))
+    except CheckpointException as exc:  # a BaseException: what the ranks raised, wrapped
+        refusal = _refusal_inside(exc)
+        if refusal is None:
+            raise
+        raise UnsafeCheckpointError(str(refusal)) from None

@@ -8,7 +8,7 @@ data-parallel ranks exactly like the actor's loss (see ``update``).
 
 Metrics (verl's names), averaged over mini-batches: ``critic/vf_loss``, ``critic/vf_clipfrac``
 (a token mean), ``critic/vpred_mean`` (a token mean), ``critic/grad_norm``, ``critic/lr``,
-``critic/skipped_steps``.
+``critic/optimizer_steps``, ``critic/skipped_steps``.
 """
 from __future__ import annotations
 

@@ -5,9 +5,16 @@ The actor, critic and reference are thin layers over a ``ModelRunner``: they say
 compute from the last stage's output (log-probs, values, a loss) and the runner does the rest.
 
 Data parallelism: each rank passes the samples of its own data-parallel replica (the same
-samples on all ranks of one model-parallel group). All data-parallel ranks run the same number
-of micro-batches (MoE expert parallelism exchanges tokens in every forward, so a rank with fewer
-forwards would hang the others).
+samples on all ranks of one model-parallel group, CP ranks included). All data-parallel ranks run
+the same number of micro-batches (MoE expert parallelism exchanges tokens in every forward, so a
+rank with fewer forwards would hang the others).
+
+Context parallelism (CP > 1, packed micro-batches only): every CP rank runs its share of each
+sample's tokens (``packing``); the per-token results are summed over the CP group, so each CP rank
+computes the same losses and metrics from complete ``[B, R]`` tensors. The gradient that reaches a
+rank is that of its own tokens; megatron's schedule multiplies each loss by CP and its DDP averages
+gradients over DP x CP, which together give the gradient of the loss once. A token budget
+(``use_dynamic_bsz``) is per device, so a CP group's micro-batch holds ``CP x`` it, as in verl.
 """
 from __future__ import annotations
 
@@ -17,10 +24,10 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from megarl.engine.attention import use_sdpa_attention
 from megarl.engine.batch import RLBatch
 from megarl.engine.batching import fixed_micro_batches, restore_order, token_budget_micro_batches
-from megarl.engine.packing import PackedInputs, gather_response, pack, pad_to
+from megarl.engine.packing import (ModelInputs, gather_response, packed_lengths, packed_row, pad_to, padded_rows,
+                                  scatter_response)
 from megarl.engine.schedule import run_micro_batches, share_from_last_stage
 from megarl.engine.settings import BatchSettings
 from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
@@ -29,8 +36,16 @@ from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_
 @dataclass
 class MicroBatch:
     batch: RLBatch  # the micro-batch's samples, padded layout
-    packed: PackedInputs  # what the model sees
+    inputs: ModelInputs  # what the model sees
     count: int  # micro-batches in this schedule run (the schedule divides losses by it)
+
+    def response_targets(self) -> torch.Tensor:
+        """``[n]`` the ids of this rank's real response tokens (``gather_response`` order)."""
+        return self.inputs.targets[self.inputs.response_here]
+
+    def to_response(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-token results in ``gather_response`` order as complete ``[B, R]`` (0 at padding)."""
+        return scatter_response(values, self.inputs)
 
 
 class ModelRunner:
@@ -42,23 +57,24 @@ class ModelRunner:
 
         if not model_chunks:
             raise ValueError("no model chunks given; build the model first (megarl.models.build_model)")
-        if parallel_state.get_context_parallel_world_size() > 1:
-            raise ValueError("context parallelism (megatron.context_parallel_size > 1) is not supported by the engine; set it to 1")
         self.chunks = list(model_chunks)
-        use_sdpa_attention(self.chunks)
         self.config = get_model_config(self.chunks[0])
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_group = parallel_state.get_data_parallel_group()
+        self.cp_size = parallel_state.get_context_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
+        self.cp_group = parallel_state.get_context_parallel_group() if self.cp_size > 1 else None
         self.is_last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
 
     # ------------------------------------------------------------------ micro-batches
     def split(self, batch: RLBatch, settings: BatchSettings) -> list[list[int]]:
         """Micro-batches (sample indices of ``batch``), as many on every data-parallel rank."""
         lengths = batch.sequence_lengths()
+        packed, budget = settings.use_remove_padding, settings.max_token_len * self.cp_size
         if settings.use_dynamic_bsz:
-            needed = len(token_budget_micro_batches(lengths, settings.max_token_len))
+            needed = len(token_budget_micro_batches(lengths, budget, packed=packed))
         else:
             needed = -(-len(batch) // settings.micro_batch_size)
         count = self.dp_max(needed)
@@ -70,7 +86,7 @@ class ModelRunner:
                 "data-parallel rank, rounded to a multiple of pp with a virtual pipeline); give every rank more samples"
             )
         if settings.use_dynamic_bsz:
-            return token_budget_micro_batches(lengths, settings.max_token_len, count=count)
+            return token_budget_micro_batches(lengths, budget, count=count, packed=packed)
         return fixed_micro_batches(len(batch), settings.micro_batch_size, count=count)
 
     def dp_max(self, value: int) -> int:
@@ -113,9 +129,33 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ running
     def forward(self, model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
-        """The model on one micro-batch: ``[b, S, V/tp]`` logits (or values) on the last stage."""
-        packed = micro_batch.packed
-        return model(input_ids=packed.tokens, position_ids=packed.position_ids, attention_mask=None)
+        """The model on one micro-batch: ``[rows, S, V/tp]`` logits (or values) on the last stage."""
+        inputs = micro_batch.inputs
+        extra = {} if inputs.packed_seq_params is None else {"packed_seq_params": inputs.packed_seq_params}
+        return model(input_ids=inputs.tokens, position_ids=inputs.position_ids, attention_mask=None, **extra)
+
+    def model_inputs(self, batch: RLBatch, parts: list[list[int]], packed: bool) -> list[MicroBatch]:
+        """The micro-batches of ``parts``, packed or padded. With a virtual pipeline every micro-batch
+        has one shape: megatron-core 0.16.1 exchanges the shapes of variable-size micro-batches with
+        batched p2p, whose messages the interleaved schedule mixes up when the previous and next stage
+        are the same rank (pp=2)."""
+        multiple = self.tp_size if self.config.sequence_parallel else 1
+        if self.cp_size > 1 and not packed:
+            raise ValueError("context parallelism runs on packed micro-batches: set <role>.megatron.use_remove_padding=True")
+        pieces = [batch.select(part) for part in parts]
+        if packed:
+            total = None
+            if len(self.chunks) > 1:
+                total = max(sum(packed_lengths(piece, self.cp_size, multiple)) for piece in pieces)
+            return [MicroBatch(piece, packed_row(piece, self.cp_size, self.cp_rank, self.cp_group, multiple, total),
+                               len(parts)) for piece in pieces]
+        micro_batches = [MicroBatch(piece, padded_rows(piece, multiple), len(parts)) for piece in pieces]
+        if len(self.chunks) > 1:
+            rows = max(len(mb.batch) for mb in micro_batches)
+            length = max(mb.inputs.tokens.shape[1] for mb in micro_batches)
+            for mb in micro_batches:
+                mb.inputs = pad_to(mb.inputs, rows, length)
+        return micro_batches
 
     def run(
         self,
@@ -123,37 +163,20 @@ class ModelRunner:
         parts: list[list[int]],
         loss: Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],
         forward_only: bool,
+        packed: bool = True,
     ) -> list[dict[str, torch.Tensor]]:
-        """Run ``parts`` of ``batch`` through the schedule; the loss function's dicts on the last stage.
-
-        With a virtual pipeline every micro-batch is padded to one shape: megatron-core 0.16.1
-        exchanges the shapes of variable-size micro-batches with batched p2p, whose messages the
-        interleaved schedule mixes up when the previous and next stage are the same rank (pp=2).
-        """
-        multiple = self.tp_size if self.config.sequence_parallel else 1
-        micro_batches = []
-        for part in parts:
-            piece = batch.select(part)
-            micro_batches.append(MicroBatch(piece, pack(piece, multiple_of=multiple), len(parts)))
-        rows = max(len(mb.batch) for mb in micro_batches)
-        length = max(mb.packed.tokens.shape[1] for mb in micro_batches)
-        variable_shapes = len(self.chunks) == 1
-        if not variable_shapes:
-            for mb in micro_batches:
-                mb.packed = pad_to(mb.packed, rows, length)
-
-        def loss_on_real_rows(micro_batch: MicroBatch, output: torch.Tensor):
-            return loss(micro_batch, output[: len(micro_batch.batch)])
-
+        """Run ``parts`` of ``batch`` (packed or padded) through the schedule; the loss function's dicts
+        on the last stage."""
+        micro_batches = self.model_inputs(batch, parts, packed)
         return run_micro_batches(
             self.chunks,
             micro_batches,
             forward=self.forward,
-            loss=loss_on_real_rows,
+            loss=loss,
             forward_only=forward_only,
-            seq_length=length,
-            micro_batch_size=rows,
-            variable_shapes=variable_shapes,
+            seq_length=max(mb.inputs.global_length for mb in micro_batches),
+            micro_batch_size=max(mb.inputs.tokens.shape[0] for mb in micro_batches),
+            variable_shapes=len(self.chunks) == 1,
         )
 
     @torch.no_grad()
@@ -172,7 +195,8 @@ class ModelRunner:
             chunk.eval()
         parts = self.split(batch, settings)
         zero = torch.zeros((), dtype=torch.float32)
-        collected = self.run(batch, parts, lambda mb, output: (zero.clone(), compute(mb, output)), forward_only=True)
+        collected = self.run(batch, parts, lambda mb, output: (zero.clone(), compute(mb, output)), forward_only=True,
+                             packed=settings.use_remove_padding)
         result = None
         if self.is_last_stage:
             order = restore_order(parts)
@@ -182,29 +206,28 @@ class ModelRunner:
 
 
 def response_logits(output: torch.Tensor, micro_batch: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
-    """``[b, R, V/tp]``: the logits that score each response token, divided by the temperature."""
-    logits = gather_response(output, micro_batch.packed)
+    """``[n, V/tp]``: the logits that score this rank's real response tokens, divided by the temperature."""
+    logits = gather_response(output, micro_batch.inputs)
     return logits / temperature if temperature != 1.0 else logits
 
 
 def response_log_probs(
     output: torch.Tensor, micro_batch: MicroBatch, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[b, R]`` of the response tokens (and their entropy) from ``[b, S, V/tp]`` logits.
+    """Log-probs ``[b, R]`` of the response tokens (and their entropy) from ``[rows, S, V/tp]`` logits.
 
-    Only the positions that score response tokens go through the softmax; padding gives 0.
+    Only the positions that score real response tokens go through the softmax; padding gives 0.
     """
     logits = response_logits(output, micro_batch, temperature)
-    valid = micro_batch.packed.response_valid
-    log_probs = vocab_parallel_log_probs(logits, micro_batch.packed.targets) * valid
-    entropy = vocab_parallel_entropy(logits) * valid if with_entropy else None
+    log_probs = micro_batch.to_response(vocab_parallel_log_probs(logits, micro_batch.response_targets()))
+    entropy = micro_batch.to_response(vocab_parallel_entropy(logits)) if with_entropy else None
     return log_probs, entropy
 
 
 def response_values(output: torch.Tensor, micro_batch: MicroBatch) -> torch.Tensor:
-    """Values ``[b, R]`` of the states before each response token, from a ``[b, S, 1]`` value head."""
+    """Values ``[b, R]`` of the states before each response token, from a ``[rows, S, 1]`` value head."""
     if output.dim() == 3:
         if output.shape[-1] != 1:
             raise ValueError(f"a critic must output one value per token, got a last dimension of {output.shape[-1]}")
         output = output.squeeze(-1)
-    return gather_response(output.float(), micro_batch.packed) * micro_batch.packed.response_valid
+    return micro_batch.to_response(gather_response(output.float(), micro_batch.inputs))

@@ -69,7 +69,10 @@ class BatchSettings:
     mini_batch_size: int | None = None  # samples per optimizer step on this rank; None: the whole batch
     micro_batch_size: int | None = None  # samples per forward; None with use_dynamic_bsz
     use_dynamic_bsz: bool = False
-    max_token_len: int = 16384  # padded tokens per micro-batch when use_dynamic_bsz
+    # tokens per micro-batch and device when use_dynamic_bsz: real tokens when packed, else samples x longest
+    max_token_len: int = 16384
+    # packed micro-batches (megatron's THD, no padding computed) or padded rows (megatron.use_remove_padding)
+    use_remove_padding: bool = True
     epochs: int = 1
     shuffle: bool = False
     seed: int = 0
@@ -209,6 +212,7 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         micro_batch_size=_micro(micro, actor.use_dynamic_bsz, key),
         use_dynamic_bsz=actor.use_dynamic_bsz,
         max_token_len=actor.ppo_max_token_len_per_gpu,
+        use_remove_padding=actor.megatron.use_remove_padding,
         epochs=actor.ppo_epochs,
         shuffle=actor.shuffle,
         seed=actor.data_loader_seed if actor.data_loader_seed is not None else actor.megatron.seed,
@@ -219,6 +223,7 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
                                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
         use_dynamic_bsz=rollout.log_prob_use_dynamic_bsz,
         max_token_len=rollout.log_prob_max_token_len_per_gpu,
+        use_remove_padding=actor.megatron.use_remove_padding,
     )
     loss = PolicyLossSettings(
         loss_mode=actor.policy_loss.loss_mode,
@@ -251,6 +256,7 @@ def reference_settings(cfg) -> BatchSettings:
         micro_batch_size=_micro(ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz, key),
         use_dynamic_bsz=ref.log_prob_use_dynamic_bsz,
         max_token_len=ref.log_prob_max_token_len_per_gpu,
+        use_remove_padding=ref.megatron.use_remove_padding,
     )
 
 
@@ -264,11 +270,14 @@ def critic_settings(cfg, dp_size: int) -> CriticSettings:
         micro_batch_size=micro,
         use_dynamic_bsz=critic.use_dynamic_bsz,
         max_token_len=critic.ppo_max_token_len_per_gpu,
+        use_remove_padding=critic.megatron.use_remove_padding,
         epochs=critic.ppo_epochs,
         shuffle=critic.shuffle,
         seed=critic.megatron.seed,
     )
-    values = BatchSettings(micro_batch_size=micro, use_dynamic_bsz=critic.use_dynamic_bsz, max_token_len=critic.ppo_max_token_len_per_gpu)
+    values = BatchSettings(micro_batch_size=micro, use_dynamic_bsz=critic.use_dynamic_bsz,
+                           max_token_len=critic.ppo_max_token_len_per_gpu,
+                           use_remove_padding=critic.megatron.use_remove_padding)
     return CriticSettings(
         train=train,
         values=values,

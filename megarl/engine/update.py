@@ -52,8 +52,8 @@ def run_update(
     ``sums`` (summed), ``token_means`` (times the micro-batch's ``tokens``) and ``maxes`` (the
     micro-batch's largest value). Returns ``<role>/<name>`` metrics averaged over mini-batches
     (``maxes``: the largest), plus ``grad_norm`` (mean over the steps taken), ``lr`` (the learning
-    rate used) and ``skipped_steps``. The LR schedule advances once
-    per call (one trainer step), as verl's does.
+    rate used), ``optimizer_steps`` (tried) and ``skipped_steps`` (of those, skipped for a non-finite
+    gradient norm). The LR schedule advances once per call (one trainer step), as verl's does.
     """
     for chunk in runner.chunks:
         chunk.train()
@@ -74,7 +74,8 @@ def run_update(
         for chunk in runner.chunks:
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
-        collected = runner.run(mini_batch, runner.split(mini_batch, train), loss, forward_only=False)
+        collected = runner.run(mini_batch, runner.split(mini_batch, train), loss, forward_only=False,
+                               packed=train.use_remove_padding)
         stepped, grad_norm = guarded_step(optimizer)
         if stepped:
             grad_norms.append(grad_norm)
@@ -91,5 +92,6 @@ def run_update(
     metrics.update({f"{role}/{name}": value for name, value in largest.items()})
     metrics[f"{role}/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     metrics[f"{role}/lr"] = lr
+    metrics[f"{role}/optimizer_steps"] = float(len(steps))
     metrics[f"{role}/skipped_steps"] = float(skipped)
     return metrics

@@ -13,11 +13,17 @@ dashboards built for verl read megarl runs. Sinks are chosen by ``trainer.logger
 ``trainer.log_train_generations`` into ``train_generations.jsonl``): printed with the console
 sink, as TensorBoard text, as a wandb table, and always appended to
 ``<log_dir>/val_generations.jsonl``.
+
+A resumed run calls ``rewind(step)`` with the checkpoint's step: what the interrupted run logged
+after it (the steps it trained again) is dropped, so no step appears twice. The JSONL files keep
+their records up to ``step``; TensorBoard gets ``purge_step=step + 1`` (its own mechanism: the event
+files stay, readers drop the events at and after it); wandb continues its run as before.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TextIO
@@ -25,6 +31,9 @@ from typing import Any, Iterable, Mapping, Sequence, TextIO
 SINKS = ("console", "tensorboard", "jsonl", "wandb")  # trainer.logger
 OPTIONAL_PACKAGES = {"wandb": "wandb"}  # sink -> the package it needs (not a megarl dependency)
 GENERATIONS_FILE = "val_generations.jsonl"
+TRAIN_GENERATIONS_FILE = "train_generations.jsonl"
+METRICS_FILE = "metrics.jsonl"
+STEP_FILES = (METRICS_FILE, GENERATIONS_FILE, TRAIN_GENERATIONS_FILE)  # one JSON object per line, with "step"
 
 CONSOLE_KEYS = [("critic/score/mean", "score"), ("critic/rewards/mean", "reward"), ("actor/ppo_kl", "ppo_kl"),
                 ("actor/kl_loss", "kl_loss"), ("actor/pg_loss", "pg_loss"), ("critic/vf_loss", "vf_loss"),
@@ -61,14 +70,10 @@ class MetricsLogger:
         unknown = set(self.loggers) - set(SINKS)
         if unknown:
             raise ValueError(f"unknown loggers {sorted(unknown)}; use {', '.join(SINKS)}")
-        if "tensorboard" in self.loggers:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # purge_step drops events at or after it, so a resumed run does not leave duplicates
-            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"), purge_step=purge_step)
+        self._purge_step = purge_step  # TensorBoard: drop an earlier run's events from this step on
         if "jsonl" in self.loggers:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(self.log_dir / "metrics.jsonl", "a", encoding="utf-8")
+            self._jsonl = open(self.log_dir / METRICS_FILE, "a", encoding="utf-8")
         if "wandb" in self.loggers:
             try:
                 import wandb
@@ -80,7 +85,7 @@ class MetricsLogger:
     def log(self, metrics: Mapping[str, float], step: int, console: bool = True) -> None:
         """Send the scalars of ``metrics`` to every sink (``console=False``: not the console line)."""
         scalars = {k: float(v) for k, v in metrics.items() if _is_scalar(v)}
-        if self._tb is not None:
+        if self._tensorboard() is not None:
             for key, value in scalars.items():
                 self._tb.add_scalar(key, value, global_step=step)
             self._tb.flush()
@@ -108,7 +113,7 @@ class MetricsLogger:
             for i, sample in enumerate(samples):
                 print(f"[{i}] " + " | ".join(f"{k}: {_one_line(v)}" for k, v in sample.items()), file=self.stream)
             self.stream.flush()
-        if self._tb is not None:
+        if self._tensorboard() is not None:
             text = "\n\n".join("\n".join(f"**{k}**: `{_one_line(v)}`  " for k, v in s.items()) for s in samples)
             self._tb.add_text(title, text, global_step=step)
             self._tb.flush()
@@ -119,6 +124,27 @@ class MetricsLogger:
             self._wandb.log({title: wandb.Table(columns=columns, data=[[s.get(c) for c in columns] for s in samples])},
                             step=step)
 
+    def _tensorboard(self):
+        """The TensorBoard writer, started on the first event (so that a ``rewind`` before it sets its purge step)."""
+        if self._tb is None and "tensorboard" in self.loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"), purge_step=self._purge_step)
+        return self._tb
+
+    def rewind(self, step: int) -> None:
+        """Forget what an earlier run logged after ``step`` (a resumed run's checkpoint step)."""
+        for name in STEP_FILES:
+            _keep_steps_up_to(self.log_dir / name, step)
+        if self._jsonl is not None:  # appends continue after the kept records
+            self._jsonl.close()
+            self._jsonl = open(self.log_dir / METRICS_FILE, "a", encoding="utf-8")
+        if "tensorboard" in self.loggers:
+            if self._tb is not None:
+                self._tb.close()
+                self._tb = None
+            self._purge_step = step + 1
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
@@ -126,6 +152,27 @@ class MetricsLogger:
             self._jsonl.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _keep_steps_up_to(path: Path, step: int) -> None:
+    """Rewrite the JSONL file ``path`` with only its records of steps <= ``step`` (atomically)."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if _record_step(line) <= step]
+    if len(kept) == len(lines):
+        return
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(kept), encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def _record_step(line: str) -> float:
+    """A JSONL record's step; a line cut short by a crash counts as after every step (it is dropped)."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def _one_line(value: Any) -> str:

@@ -4,7 +4,9 @@
 spec (Transformer Engine's where TE imports and CUDA is present), at the TP/PP/SP/EP/VPP of a
 ``ParallelLayout`` that must match megatron's initialised parallel state
 (``megarl.platform.init_distributed`` + ``initialize_model_parallel``). Given a checkpoint
-directory it loads the weights shard by shard (``megarl.models.loading``).
+directory it loads the weights shard by shard (``megarl.models.loading``). The local spec's core
+attention is megarl's (``megarl.models.attention``: packed sequences, context parallelism); under
+Transformer Engine it is TE's.
 
 Roles: ``actor`` and ``ref`` are the causal LM (``ref`` frozen, in eval mode); ``critic`` swaps the
 LM head for a scalar ``ValueHead`` and returns values [batch, seq, 1].
@@ -70,12 +72,13 @@ def check_parallel_state(layout: ParallelLayout, is_moe: bool) -> None:
     if not ps.model_parallel_is_initialized():
         raise RuntimeError(
             "megatron parallel state is not initialised; call megarl.platform.init_distributed() and "
-            "megarl.platform.initialize_model_parallel(tp=..., pp=..., ep=..., etp=..., vpp=...) first"
+            "megarl.platform.initialize_model_parallel(tp=..., pp=..., cp=..., ep=..., etp=..., vpp=...) first"
         )
     actual = {
         "tp": ps.get_tensor_model_parallel_world_size(),
         "pp": ps.get_pipeline_model_parallel_world_size(),
         "vpp": ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+        "cp": ps.get_context_parallel_world_size(),
     }
     if is_moe:
         actual["ep"] = ps.get_expert_model_parallel_world_size()
@@ -115,6 +118,7 @@ def build_model(
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 
+    from megarl.models.attention import use_core_attention
     from megarl.models.loading import load_hf_weights, zero_vocab_padding
     from megarl.models.vocab_padding import mask_padding_logits
     from megarl.platform import default_dtype, device, ensure_platform, transformer_config_overrides
@@ -152,6 +156,8 @@ def build_model(
         )
         for layer_spec in spec.layer_specs:
             family.prepare_layer_spec(layer_spec)
+            if impl == "local":
+                use_core_attention(layer_spec)
         pre, post = layout.is_first_chunk(pp_rank, vpp_chunk), layout.is_last_chunk(pp_rank, vpp_chunk)
         model = GPTModel(
             transformer_config,

@@ -52,6 +52,7 @@ def transformer_config_kwargs(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+        context_parallel_size=layout.cp,
         sequence_parallel=layout.sequence_parallel,
         num_layers_in_first_pipeline_stage=layout.first_stage_layers,
         num_layers_in_last_pipeline_stage=layout.last_stage_layers,

@@ -5,8 +5,8 @@ shards (views, no copy, no communication). A LoRA-adapted linear exports its mer
 ``W + alpha/r * B A`` (``megarl.models.lora.merge``: computed in fp32 when a region is read, then
 cast), so the weight sync and the HF export carry the adapted model without knowing about LoRA. By default only the sending copy of each element is
 yielded: primary specs (TP rank 0 for TP-replicated params) on data-parallel rank 0 for dense
-params and expert-data-parallel rank 0 for expert params, so over all ranks each HF element is
-yielded exactly once.
+params (counting context-parallel ranks, which hold replicas too) and expert-data-parallel rank 0
+for expert params, so over all ranks each HF element is yielded exactly once.
 
 ``gather_hf_tensors`` assembles full HF tensors on one rank, one tensor at a time (owners send
 their pieces point-to-point), and ``save_hf_checkpoint`` writes them as safetensors files of
@@ -44,6 +44,26 @@ class ExportedPiece:
     tensor: torch.Tensor
 
 
+# Files an HF export copies from the source checkpoint besides config.json (written from the loaded config).
+TOKENIZER_PATTERNS = (
+    "generation_config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+    "vocab*", "merges.txt", "chat_template*", "preprocessor_config.json",
+)
+
+
+def copy_tokenizer_files(hf_dir: Path, out: Path) -> list[str]:
+    """Copy the tokenizer, chat template and generation config of ``hf_dir`` into ``out``; their names."""
+    import shutil
+
+    copied = []
+    for pattern in TOKENIZER_PATTERNS:
+        for source in sorted(Path(hf_dir).glob(pattern)):
+            if source.is_file():
+                shutil.copy2(source, Path(out) / source.name)
+                copied.append(source.name)
+    return copied
+
+
 def _is_sender(spec: ShardSpec) -> bool:
     """Whether this rank's copy of ``spec`` is the one that sends (see module docstring)."""
     from megatron.core import parallel_state as ps
@@ -52,7 +72,7 @@ def _is_sender(spec: ShardSpec) -> bool:
         return False
     if spec.is_expert:
         return ps.get_expert_data_parallel_rank() == 0
-    return ps.get_data_parallel_rank() == 0
+    return ps.get_data_parallel_rank(with_context_parallel=True) == 0  # CP ranks hold replicas too
 
 
 def export_hf_pieces(
@@ -88,7 +108,7 @@ def _rank_coords() -> dict:
     return {
         "pp": ps.get_pipeline_model_parallel_rank(),
         "tp": ps.get_tensor_model_parallel_rank(),
-        "dp": ps.get_data_parallel_rank(),
+        "dp": ps.get_data_parallel_rank(with_context_parallel=True),
         "ep": ps.get_expert_model_parallel_rank(),
         "etp": ps.get_expert_tensor_parallel_rank(),
         "edp": ps.get_expert_data_parallel_rank(),

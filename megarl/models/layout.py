@@ -1,4 +1,4 @@
-"""The parallel layout of one model replica: TP, PP (with virtual chunks), EP and expert-TP.
+"""The parallel layout of one model replica: TP, PP (with virtual chunks), CP, EP and expert-TP.
 
 Pure arithmetic, no processes: which decoder layers a pipeline stage (and virtual chunk) holds,
 which experts an expert-parallel rank holds, and where a global rank sits in megatron-core's
@@ -23,6 +23,8 @@ class ParallelLayout:
     ep:  expert parallel size; experts are split over EP ranks (MoE only).
     etp: expert tensor parallel size; each expert's weights are split over ETP ranks.
     vpp: model chunks per pipeline stage (1 = no interleaving; megatron's virtual pipeline size).
+    cp:  context parallel size: each sequence is split over CP ranks, which hold replicas of every
+        weight (like data-parallel ranks: the shard layout, sync and checkpoints ignore it).
     sequence_parallel: megatron's sequence parallelism inside TP; changes activations only, never
         the shard layout of the weights.
     first_stage_layers / last_stage_layers: uneven pipelines, as megatron's
@@ -38,13 +40,14 @@ class ParallelLayout:
     ep: int = 1
     etp: int = 1
     vpp: int = 1
+    cp: int = 1
     sequence_parallel: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     make_vocab_size_divisible_by: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "ep", "etp", "vpp", "make_vocab_size_divisible_by"):
+        for name in ("tp", "pp", "ep", "etp", "vpp", "cp", "make_vocab_size_divisible_by"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"ParallelLayout.{name}={value!r}: must be an integer >= 1")
@@ -70,6 +73,11 @@ class ParallelLayout:
     def model_parallel_size(self) -> int:
         """Ranks holding one copy of the dense weights (TP x PP)."""
         return self.tp * self.pp
+
+    @property
+    def replica_ranks(self) -> int:
+        """Ranks running one replica of the model on one share of the data (TP x PP x CP)."""
+        return self.tp * self.pp * self.cp
 
     def stage_layer_counts(self, num_layers: int) -> list[int]:
         """Number of decoder layers on each pipeline stage."""
@@ -146,17 +154,18 @@ class RankCoords:
     ep: int
     etp: int
     edp: int
+    cp: int = 0
 
 
 def rank_coords(layout: ParallelLayout, world_size: int, rank: int) -> RankCoords:
     """Coordinates of ``rank`` in a world of ``world_size`` ranks laid out as megatron-core does.
 
-    megatron-core's default order is ``tp-cp-ep-dp-pp`` (first varies fastest); context
-    parallelism is 1 here. Dense params use the grid (tp, dp, pp); expert params use
-    (etp, ep, edp, pp) over the same ranks.
+    megatron-core's default order is ``tp-cp-ep-dp-pp`` (first varies fastest). Dense params use the
+    grid (tp, cp, dp, pp), the CP ranks holding copies as the DP ranks do; expert params use
+    (etp, ep, edp, pp) over the same ranks (megatron folds CP into expert data parallelism).
     """
-    if world_size % layout.model_parallel_size:
-        raise ValueError(f"world size {world_size} is not a multiple of tp*pp = {layout.model_parallel_size}")
+    if world_size % layout.replica_ranks:
+        raise ValueError(f"world size {world_size} is not a multiple of tp*pp*cp = {layout.replica_ranks}")
     per_stage = world_size // layout.pp
     if per_stage % (layout.etp * layout.ep):
         raise ValueError(
@@ -165,11 +174,12 @@ def rank_coords(layout: ParallelLayout, world_size: int, rank: int) -> RankCoord
         )
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a world of {world_size}")
-    dp = per_stage // layout.tp
+    dp = per_stage // (layout.tp * layout.cp)
     edp = per_stage // (layout.etp * layout.ep)
     tp_rank, rest = rank % layout.tp, rank // layout.tp
+    cp_rank, rest = rest % layout.cp, rest // layout.cp
     dp_rank, pp_rank = rest % dp, rest // dp
     etp_rank, rest = rank % layout.etp, rank // layout.etp
     ep_rank, rest = rest % layout.ep, rest // layout.ep
     edp_rank = rest % edp
-    return RankCoords(rank=rank, pp=pp_rank, tp=tp_rank, dp=dp_rank, ep=ep_rank, etp=etp_rank, edp=edp_rank)
+    return RankCoords(rank=rank, pp=pp_rank, tp=tp_rank, dp=dp_rank, ep=ep_rank, etp=etp_rank, edp=edp_rank, cp=cp_rank)

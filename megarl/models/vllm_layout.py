@@ -113,3 +113,27 @@ def uses_mla(hf_config_or_dir: PretrainedConfig | str) -> bool:
     """Whether the model's attention is multi-latent (vLLM's MLA backends serve it)."""
     config = load_hf_config(hf_config_or_dir)
     return isinstance(family_for(config).read_dims(config).attention, MLAttention)
+
+
+def vllm_tp_problems(dims, tp: int) -> list[str]:
+    """What keeps vLLM from splitting this model over ``tp`` ranks (its own rules; ``dims``: ``ModelDims``).
+
+    vLLM needs the query heads divisible by TP (``ModelConfig.verify_with_parallel_config``); KV heads
+    divisible by TP when there are at least as many, else TP divisible by them, each head then
+    replicated (its Llama / Qwen attention); and the dense MLP's and shared experts' widths divisible
+    by TP (``divide`` in its column- and row-parallel linears)."""
+    attention = dims.attention
+    problems = [f"num_attention_heads={attention.num_heads} is not divisible by tp={tp}"] \
+        if attention.num_heads % tp else []
+    if not isinstance(attention, MLAttention):
+        kv = attention.num_query_groups
+        if kv >= tp and kv % tp:
+            problems.append(f"num_key_value_heads={kv} is not divisible by tp={tp}")
+        elif kv < tp and tp % kv:
+            problems.append(f"tp={tp} is not a multiple of num_key_value_heads={kv} (fewer KV heads than TP "
+                            "ranks are replicated, so TP must be a multiple of them)")
+    if dims.has_dense_layers and dims.ffn_hidden_size % tp:
+        problems.append(f"intermediate_size={dims.ffn_hidden_size} is not divisible by tp={tp}")
+    if dims.moe is not None and dims.moe.shared_expert_ffn_hidden_size % tp:
+        problems.append(f"the shared experts' width {dims.moe.shared_expert_ffn_hidden_size} is not divisible by tp={tp}")
+    return problems

@@ -10,7 +10,8 @@ One module per concern: ``model`` (counts from the bridge's shard layout), ``buf
 (megatron's DDP and distributed-optimizer bytes), ``activations``, ``rollout`` (vLLM weights
 and KV cache), ``memory`` (per role and phase), ``sync`` (link bytes of a weight sync),
 ``timing``, ``hardware`` (the GPU table), ``check`` (what does not fit, and the keys that fix
-it; config validation uses it), ``report`` (text and JSON), ``command`` (the CLI).
+it; config validation uses it), ``packing`` (the tokens sequence packing saves on a length
+distribution), ``report`` (text and JSON), ``command`` (the CLI).
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ class RunPlan:
     memory: MemoryPlan
     time: TimePlan
     findings: list[Finding] = field(default_factory=list)
+    packing: list | None = None  # megarl.plan.packing.PassPacking per pass, with a response-length median
+    response_median: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -59,11 +62,17 @@ def plan_run(inputs: RunInputs, hardware: Hardware, efficiency: Efficiency = Eff
     return plan
 
 
-def plan_config(cfg, hardware: Hardware, efficiency: Efficiency = Efficiency(), suggest: bool = True) -> RunPlan:
-    """The plan of a loaded megarl config; with ``suggest``, each finding names the keys that fix it."""
+def plan_config(cfg, hardware: Hardware, efficiency: Efficiency = Efficiency(), suggest: bool = True,
+                response_median: int | None = None) -> RunPlan:
+    """The plan of a loaded megarl config; with ``suggest``, each finding names the keys that fix it; with
+    ``response_median``, what sequence packing saves at that median response length (``packing``)."""
     plan = plan_run(run_inputs(cfg), hardware, efficiency)
     if suggest and plan.findings:
         from megarl.plan.check import with_fixes
 
         plan.findings = with_fixes(cfg, plan)
+    if response_median is not None:
+        from megarl.plan.packing import packing_plan
+
+        plan.packing, plan.response_median = packing_plan(plan.inputs, response_median), response_median
     return plan

@@ -2,20 +2,22 @@
 
 Counted per decoder layer from what each op of megarl's layer saves (checked against a real
 engine with saved-tensor hooks, ``tests/plan/test_plan_vs_engine.py``), for ``T = b * s``
-tokens of one rank (``/ tp`` where sequence parallelism shards them), activation itemsize ``e``:
+tokens of one rank (``/ cp`` with context parallelism, ``/ tp`` where sequence parallelism shards
+them), activation itemsize ``e``:
 
 * each norm keeps its input and its normalised output (and an fp32 ``rstd``); the linear after it
   keeps its input (megatron keeps the sequence-parallel shard and gathers it again in backward);
-* attention with a fused kernel (SDPA on CPU, Transformer Engine or SDPA on GPU) keeps q, k, v,
-  the output and the softmax statistics; megatron's local spec expands k/v to all query heads
-  before SDPA; megatron's unfused core attention (the local MLA path) keeps the ``[b, heads, s, s]``
-  probabilities instead of the statistics;
+* attention with a fused kernel keeps q, k, v, the output and the softmax statistics. Transformer
+  Engine keeps this rank's k/v, context parallelism included. megarl's local core attention
+  (``megarl.models.attention``) runs torch's SDPA on k/v expanded to all query heads (one sample
+  at a time when packed, which keeps one more copy of the output: measured), and under context
+  parallelism its blockwise kernel on the CP group's gathered k/v (the whole sequence, not expanded);
 * a SwiGLU MLP keeps fc1's output, the activation's intermediates and fc2's input (five ``T * f``
   on the local spec, three with Transformer Engine's fused activation); a MoE layer does so for
   ``topk`` copies of every token (routing assumed balanced) plus the router's and the permuted
   tokens, and a shared expert like a dense MLP;
-* the output layer: the logits of all positions (megarl picks the response positions with a
-  gather, which keeps its input) and the fp32 log-softmax of the response positions.
+* the output layer: the fp32 log-softmax of the response positions this rank scores (megarl picks
+  them from the logits by index, which keeps only the index).
 
 Recompute (megatron's ``recompute_granularity``/``method``/``num_layers``/``modules``) keeps only
 the checkpointed inputs and holds one recomputed group at a time. The pipeline schedule holds
@@ -83,6 +85,7 @@ class Shape:
     cp: int = 1
     itemsize: int = 2
     kernel: str = "transformer_engine"
+    packed: bool = True  # packed micro-batches (use_remove_padding; the local kernel then runs SDPA per sample)
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -112,29 +115,33 @@ class LayerBytes:
 
 
 def _attention(out: LayerBytes, shape: Shape, mb: MicroBatch, tokens: int) -> None:
-    att, e, tp, local = shape.dims.attention, shape.itemsize, shape.tp, shape.kernel == "local"
+    att, e, tp, local, cp = shape.dims.attention, shape.itemsize, shape.tp, shape.kernel == "local", shape.cp
+    stats = tokens * (att.num_heads // tp) * FP32  # one log-sum-exp per query and head
     if isinstance(att, MLAttention):
         heads = att.num_heads // tp
         q_rank = att.q_lora_rank or 0
         latent = att.kv_lora_rank + att.qk_rope_head_dim
-        q_k = 2 * tokens * heads * att.qk_head_dim * e
+        q = tokens * heads * att.qk_head_dim * e
         v = tokens * heads * att.v_head_dim * e
         # q/kv down-projection outputs through their norms (input, normalised, output), RoPE
         # tables, and linear_proj's input (the attention output)
         out.attention_other = (tokens * (3 * q_rank + latent + 2 * att.kv_lora_rank) * e
                                + 4 * mb.seq * att.qk_rope_head_dim * FP32 + v)
-        out.core_attention_inputs = q_k + v
-        if local:  # megatron's unfused core attention: q, k, the softmax probabilities, a copy of v
-            out.core_attention = q_k + v + mb.rows * heads * mb.seq * mb.seq * e
-        else:  # a fused kernel: q, k, v, the softmax statistics
-            out.core_attention = q_k + v + mb.rows * heads * mb.seq * FP32
+        out.core_attention_inputs = 2 * q + v
+        kv = (q + v) * (cp if local else 1)  # the local kernel gathers the CP group's k/v
+        copy = v if local and shape.packed and cp == 1 else 0  # packed SDPA's output, assembled per sample
+        out.core_attention = q + kv + (v if local else 0) + copy + stats
         return
     heads, groups = att.num_heads // tp, max(1, att.num_query_groups // tp)
     q = tokens * heads * att.head_dim * e
     kv = 2 * tokens * groups * att.head_dim * e
-    expanded = 2 * tokens * heads * att.head_dim * e if local else kv  # the local spec repeats k/v per query head
+    if local and cp > 1:  # the blockwise kernel on the gathered, unexpanded k/v
+        attended = cp * kv
+    else:  # SDPA on k/v repeated per query head (local), or Transformer Engine on this rank's k/v
+        attended = 2 * tokens * heads * att.head_dim * e if local else kv
     qkv_out = tokens * (heads + 2 * groups) * att.head_dim * e
-    out.core_attention = q + expanded + q + mb.rows * heads * mb.seq * FP32  # q, k, v, output, logsumexp
+    copy = q if local and shape.packed and cp == 1 else 0  # packed SDPA's output, assembled per sample
+    out.core_attention = q + attended + q + copy + stats  # q, k, v, output, logsumexp
     # checkpointed (selective core_attn): q and k after RoPE, v (a view of the qkv output), and the
     # output, which linear_proj now keeps on its own
     out.core_attention_inputs = q + kv // 2 + q + (0 if att.qk_norm else qkv_out)
@@ -246,9 +253,10 @@ def head_bytes(shape: Shape, mb: MicroBatch, padded_vocab: int, critic: bool, en
     if critic:
         return norm + tokens * FP32
     vocab = padded_vocab // tp
-    logits = tokens * vocab * e + mb.rows * mb.response * vocab * FP32  # gather input, fp32 log-softmax
+    response = mb.rows * mb.response // shape.cp  # a CP rank scores the response tokens it holds
+    logits = response * vocab * FP32  # the fp32 log-softmax of the picked positions (picking keeps an index)
     if entropy_grad:  # the entropy bonus (entropy_coeff != 0) keeps its own fp32 intermediates
-        logits += 3 * mb.rows * mb.response * vocab * FP32
+        logits += 3 * response * vocab * FP32
     return norm + logits
 
 
@@ -258,7 +266,7 @@ def head_workspace(shape: Shape, mb: MicroBatch, padded_vocab: int, critic: bool
     if critic:
         return 0
     vocab = padded_vocab // shape.tp
-    response = mb.rows * mb.response * vocab
+    response = mb.rows * mb.response // shape.cp * vocab
     return max(3 * response * FP32, response * shape.itemsize + mb.tokens // shape.cp * vocab * shape.itemsize)
 
 
@@ -286,5 +294,5 @@ def forward_workspace(shape: Shape, mb: MicroBatch, padded_vocab: int, logits: b
     if not logits:
         return layer
     vocab = padded_vocab // tp
-    response = mb.rows * mb.response * vocab
+    response = mb.rows * mb.response // shape.cp * vocab
     return layer + tokens * vocab * e + response * FP32 * (4 if entropy else 1)

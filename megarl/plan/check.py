@@ -88,13 +88,17 @@ def candidates(cfg) -> list[Callable]:
     arr = cfg.actor_rollout_ref
     changes = [_layout_change(f"{M}.tensor_model_parallel_size", 2, within_node=True),
                _layout_change(f"{M}.pipeline_model_parallel_size", 2)]
+    if arr.actor.megatron.use_remove_padding:  # context parallelism splits packed sequences: activations / CP
+        changes.append(_layout_change(f"{M}.context_parallel_size", 2))
     if arr.actor.megatron.expert_model_parallel_size > 1 or _is_moe(cfg):
         changes.append(_layout_change(f"{M}.expert_model_parallel_size", 2))
     for key in ("param_offload", "grad_offload", "optimizer_offload"):
         changes.append(_set(f"{M}.{key}", True))
     changes += [_set("actor_rollout_ref.ref.megatron.param_offload", True),
                 _set(f"{M}.use_distributed_optimizer", True), _set("actor_rollout_ref.model.enable_gradient_checkpointing", True)]
-    if cfg.critic.enable or cfg.algorithm.adv_estimator == "gae":
+    from megarl.settings.derived import critic_enabled
+
+    if critic_enabled(cfg):
         changes += [_set(f"critic.megatron.{k}", True) for k in ("param_offload", "grad_offload", "optimizer_offload")]
     dynamic = arr.actor.use_dynamic_bsz
     changes.append(_halve(f"{A}.ppo_max_token_len_per_gpu", 1) if dynamic else _halve(f"{A}.ppo_micro_batch_size_per_gpu"))

@@ -91,8 +91,8 @@ class RunInputs:
     def micro_batch(self, settings: BatchSettings) -> MicroBatch:
         """The largest micro-batch ``settings`` makes of full-length samples."""
         seq = self.sequence_length
-        if settings.use_dynamic_bsz:
-            rows = max(1, settings.max_token_len // seq)
+        if settings.use_dynamic_bsz:  # the budget is per device: a CP group's micro-batch holds CP x it
+            rows = max(1, settings.max_token_len * self.cp // seq)
         else:
             rows = settings.micro_batch_size
         return MicroBatch(rows, seq, min(self.rollout.response_length, seq))
@@ -136,9 +136,9 @@ def _facts(directory: str) -> ModelFacts:
 
 def run_inputs(cfg) -> RunInputs:
     """The plan's inputs from a loaded, validated megarl config."""
-    from megarl.config.derived import critic_enabled
+    from megarl.settings.derived import critic_enabled
     from megarl.engine.settings import actor_settings, critic_settings, model_overrides, reference_settings
-    from megarl.trainer.megatron_worker import layout_from_config, needs_reference
+    from megarl.settings.engine import layout_from_config, needs_reference
     from megarl.engine.offload_phases import offload_flags
     from megarl.cluster.placement import plan_from_config
 
@@ -147,7 +147,7 @@ def run_inputs(cfg) -> RunInputs:
     megatron = arr.actor.megatron
     layout = layout_from_config(megatron, actor_model.dims.num_layers)
     placement = plan_from_config(cfg)
-    world, cp = placement.trainer_world, megatron.context_parallel_size
+    world, cp = placement.trainer_world, layout.cp
     if world % (layout.tp * layout.pp * cp) or (world // layout.pp) % (layout.ep * layout.etp):
         raise ValueError(f"{world} trainer GPUs do not split into TP{layout.tp} x PP{layout.pp} x CP{cp} "
                          f"(and EP{layout.ep} x ETP{layout.etp} per stage)")

@@ -69,10 +69,10 @@ class MemoryPlan:
 
 
 def activation_bytes(model, layout, stage: int, mb, micro_batches: int, recompute, entropy_grad: bool,
-                     critic: bool, itemsize: int, kernel: str, cp: int = 1) -> tuple[int, int]:
+                     critic: bool, itemsize: int, kernel: str, cp: int = 1, packed: bool = True) -> tuple[int, int]:
     """(saved activations at the update's peak, transient logits workspace) on one rank of ``stage``
     running ``micro_batches`` micro-batches shaped ``mb`` through the pipeline schedule."""
-    shape = Shape(model.dims, layout.tp, layout.etp, layout.sequence_parallel, cp, itemsize, kernel)
+    shape = Shape(model.dims, layout.tp, layout.etp, layout.sequence_parallel, cp, itemsize, kernel, packed)
     vocab = layout.padded_vocab_size(model.dims.vocab_size)
     last = stage == layout.pp - 1
     units = in_flight(layout.pp, layout.vpp, stage, micro_batches)
@@ -91,18 +91,20 @@ def role_memory(inputs: RunInputs, role: RoleInputs, stage: int) -> RoleMemory:
     critic = role.name == "critic"
     params = model.stage_params(layout, stage, "critic" if critic else "actor")
     shape = Shape(model.dims, layout.tp, layout.etp, layout.sequence_parallel, inputs.cp, inputs.param_itemsize,
-                  inputs.kernel)
+                  inputs.kernel, role.forward.use_remove_padding)
     vocab = layout.padded_vocab_size(model.dims.vocab_size)
     last = stage == layout.pp - 1
     forward = forward_workspace(shape, inputs.micro_batch(role.forward), vocab, logits=last and not critic,
                                 entropy=role.name == "actor")
     if role.train is None:
         return RoleMemory(role.name, stage, frozen_bytes(params, inputs.param_itemsize), forward=forward)
-    state = trained_bytes(params, inputs.param_itemsize, inputs.dp, inputs.edp, role.distributed_optimizer)
+    # the distributed optimizer shards dense state over data x context parallelism (CP ranks are replicas)
+    state = trained_bytes(params, inputs.param_itemsize, inputs.dp * inputs.cp, inputs.edp, role.distributed_optimizer)
     mini = role.train.mini_batch_size or inputs.samples_per_rank
     activations, logits = activation_bytes(model, layout, stage, inputs.micro_batch(role.train),
                                            inputs.micro_batches(role.train, mini), role.recompute, role.entropy_grad,
-                                           critic, inputs.param_itemsize, inputs.kernel, inputs.cp)
+                                           critic, inputs.param_itemsize, inputs.kernel, inputs.cp,
+                                           role.train.use_remove_padding)
     return RoleMemory(role.name, stage, state.params + params.fp32_buffer_numel * 4, state.grads, state.optimizer,
                       activations, logits, forward)
 

@@ -30,7 +30,8 @@ def render(plan, title: str = "") -> str:
              f"across nodes), {eff.cuda_context_gb:g} GB CUDA context per process",
              f"layout: {placement.nnodes} x {placement.per_node} GPUs, {placement.mode}; trainer TP{lay.tp} x PP{lay.pp}"
              + (f" (VPP{lay.vpp})" if lay.vpp > 1 else "") + (f" x EP{lay.ep}" if lay.ep > 1 else "")
-             + (f" x ETP{lay.etp}" if lay.etp > 1 else "") + f" x DP{inputs.dp}"
+             + (f" x ETP{lay.etp}" if lay.etp > 1 else "") + (f" x CP{inputs.cp}" if inputs.cp > 1 else "")
+             + f" x DP{inputs.dp}"
              + (" + SP" if lay.sequence_parallel else "") + f" on {inputs.trainer_world} GPUs; rollout "
              f"{rollout.replicas} x TP{rollout.tp}",
              f"batch: {inputs.prompts_per_step} prompts x {inputs.samples_per_prompt} samples of up to "
@@ -70,6 +71,7 @@ def render(plan, title: str = "") -> str:
                      f"{t.sync.bytes_delivered / GB:.1f} GB arrive; busiest GPU {slot}: network in "
                      f"{busiest.ib_in / GB:.1f} / out {busiest.ib_out / GB:.1f} GB, NVLink in {busiest.nvlink_in / GB:.1f} GB")
     lines.append(f"  {'step':14} {_s(t.step_s)}")
+    lines += _packing_lines(plan)
     lines.append("")
     if plan.fits:
         lines.append(f"fits: every phase fits in {mem.capacity / GB:.0f} GB per GPU")
@@ -87,6 +89,19 @@ def render(plan, title: str = "") -> str:
     return "\n".join(lines)
 
 
+def _packing_lines(plan) -> list[str]:
+    if not plan.packing:
+        return []
+    rollout = plan.inputs.rollout
+    lines = ["", f"sequence packing, per rank and step, at responses log-normal around a median of {plan.response_median} "
+                 f"tokens (sigma 1, at most {rollout.response_length}) after {rollout.prompt_length}-token prompts:"]
+    for p in plan.packing:
+        state = "packed" if p.packed else "padded (use_remove_padding=False)"
+        lines.append(f"  {p.name:16} real {p.real_tokens:12,.0f} tokens, padded {p.padded_tokens:12,.0f} ({p.ratio:.2f}x); "
+                     f"largest micro-batch {p.largest_packed:,.0f} vs {p.largest_padded:,.0f} tokens; this run: {state}")
+    return lines
+
+
 def as_dict(plan) -> dict:
     inputs, mem, t = plan.inputs, plan.memory, plan.time
     model = inputs.role("actor").model
@@ -94,7 +109,8 @@ def as_dict(plan) -> dict:
     return {
         **figures(plan.hardware, plan.efficiency),
         "model": {"architecture": model.dims.architecture, "parameters": model.hf_params, "active_parameters": model.active_params},
-        "layout": {"trainer": {"tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "ep": lay.ep, "etp": lay.etp, "dp": inputs.dp,
+        "layout": {"trainer": {"tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "ep": lay.ep, "etp": lay.etp, "cp": inputs.cp,
+                               "dp": inputs.dp,
                                "sequence_parallel": lay.sequence_parallel, "gpus": inputs.trainer_world},
                    "rollout": {"replicas": inputs.rollout.replicas, "tp": inputs.rollout.tp},
                    "placement": inputs.placement.mode},
@@ -109,6 +125,8 @@ def as_dict(plan) -> dict:
         "sync": {"bytes_sent": t.sync.bytes_sent, "bytes_delivered": t.sync.bytes_delivered} if t.sync else None,
         "fits": plan.fits,
         "findings": [asdict(f) for f in plan.findings],
+        "packing": {"response_median": plan.response_median,
+                    "passes": [{**asdict(p), "ratio": p.ratio} for p in plan.packing]} if plan.packing else None,
     }
 
 

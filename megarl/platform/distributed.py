@@ -6,6 +6,11 @@ is a thin wrapper over megatron's, followed by the seeding megatron's training l
 ``destroy`` undoes both. Both take the collectives' timeout (verl's ``actor_rollout_ref.nccl_timeout``,
 in seconds, for NCCL and gloo alike): a rank that waits longer in a collective fails instead of
 hanging the job.
+
+The rendezvous store of a multi-process world is hosted by rank 0 and listens on MASTER_ADDR's
+address only (``megarl.platform.network``; torch's ``env://`` would listen on every interface), and
+gloo's and NCCL's own sockets are pinned to the interface towards MASTER_ADDR. Under torchrun's
+agent store (``TORCHELASTIC_USE_AGENT_STORE``) the agent hosts the store and every rank connects.
 """
 
 import os
@@ -16,7 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megarl.platform import cpu_compat, hardware
+from megarl.platform import cpu_compat, hardware, network
 
 _TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -49,13 +54,12 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         dist.init_process_group(hardware.dist_backend(), store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         return
     hardware.set_device()
-    dist.init_process_group(
-        hardware.dist_backend(),
-        init_method="env://",
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=timeout,
-    )
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    master_addr, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    network.pin_socket_interfaces(master_addr)
+    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = network.tcp_store(master_addr, master_port, world_size, hosts_store, timeout_s, wait_for_workers=False)
+    dist.init_process_group(hardware.dist_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def initialize_model_parallel(

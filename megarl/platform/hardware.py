@@ -15,6 +15,11 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def device_count() -> int:
+    """The CUDA devices this process sees (0 without CUDA)."""
+    return torch.cuda.device_count() if has_cuda() else 0
+
+
 def local_rank() -> int:
     """This process's rank on its node, from torchrun's ``LOCAL_RANK`` (0 when unset)."""
     value = os.environ.get("LOCAL_RANK", "0")

@@ -8,13 +8,23 @@ sample's index and the exception. A function that returns something other than a
 finite number or a dict with a finite ``"score"`` is a bug in the function, so it
 always raises.
 
-Parallel scoring (``num_workers > 1``) splits the batch into chunks and scores
-them in a pool of worker processes (default; real parallelism for CPU-bound
-rules) or threads (for functions that wait on I/O, e.g. a remote judge). The
-result does not depend on the number of workers.
+Where the calls run, and how ``reward.compute_score_timeout`` (seconds; verl's naive-manager
+``compute_score_timeout``; null or 0: no limit) is enforced:
 
-A batch-form function (see :mod:`megarl.rewards.custom`) is called once with the whole batch,
-in the calling process. An ``async def`` function's calls are awaited concurrently, per chunk.
+* per-sample functions, ``reward.executor=process`` (default): in ``reward.num_workers`` worker
+  processes (``megarl.rewards.pool``); a call past the limit has its worker killed and replaced;
+* ``reward.executor=thread``, and functions that take a reward model's handles (which stay in
+  this process): threads; a call past the limit scores a timeout, but its thread cannot be
+  stopped and finishes in the background;
+* ``async def`` functions: awaited concurrently in this process, each cancelled at the limit;
+* batch-form functions (:mod:`megarl.rewards.custom`): one call with the whole batch, in a worker
+  process (the limit applies to that call), or in this process when they take reward-model handles;
+* no limit and one worker: in this process, as verl's naive manager.
+
+A call past the limit scores 0, like one that raises: counted in ``reward/num_errors`` and in
+``reward/num_timeouts``, logged, and the step goes on (``on_error="raise"`` stops instead). The
+result does not depend on the number of workers. A pass that takes long shows its progress
+(``megarl.logging.progress``: a bar on a terminal, a line every 30 s in a log).
 
 With a reward model or LLM judge (``model_reward``, a ``megarl.rewards.reward_models.RewardModelService``)
 the pass runs while its engines are awake. A discriminative reward model's scores are the rewards
@@ -30,30 +40,28 @@ and ``timeout`` (:mod:`megarl.rewards.rate_limit`); sync functions run in a thre
 
 Config keys read by :meth:`RewardManager.from_config`: ``custom_reward_function.*``
 (see :mod:`megarl.rewards.custom`), ``reward.num_workers`` [1], ``reward.executor``
-["process"], ``reward.on_error`` ["zero"], ``reward_model.reward_manager`` ["naive"] and the
-dapo manager's ``reward_kwargs`` (see :mod:`megarl.rewards.manager_keys`).
+["process"], ``reward.on_error`` ["zero"], ``reward.compute_score_timeout`` [30],
+``reward_model.reward_manager`` ["naive"] and the dapo manager's ``reward_kwargs`` (see
+:mod:`megarl.rewards.manager_keys`).
 """
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures as futures
 import contextlib
 import functools
-import inspect
 import logging
-import math
-import multiprocessing
 import numbers
 import pickle
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from megarl.logging.progress import Progress
 from megarl.rewards.custom import SAMPLE, _get, form_of, load_reward_function
-from megarl.rewards.manager_keys import OverlongPenalty, canonical_manager, function_kwargs, manager_name, overlong_penalty
-from megarl.rewards.reward_models.judge import JudgeError
-from megarl.rewards.rate_limit import CallTimedOut, LimitSettings, RateLimits
+from megarl.rewards.manager_keys import (OverlongPenalty, canonical_manager, compute_score_timeout, function_kwargs,
+                                     manager_name, overlong_penalty)
+from megarl.rewards.pool import RewardPool
+from megarl.rewards.rate_limit import LimitSettings
 from megarl.rewards.registry import default_compute_score
+from megarl.rewards.scoring import is_async, score_async, score_batch, score_in_threads, score_limited, score_one
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +77,9 @@ class RewardFunctionError(RuntimeError):
 class SampleError:
     index: int
     data_source: str
-    error: str  # "ExceptionType: message"
+    error: str  # "ExceptionType: message", or what ran past the time limit
     traceback: str
+    timed_out: bool = False  # the call ran past reward.compute_score_timeout
 
 
 @dataclass
@@ -81,114 +90,6 @@ class RewardResult:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-# ---- scoring one chunk (runs in the caller, a thread or a worker process) ----
-# A sample is (data_source, solution_str, ground_truth, extra_info, context): ``context`` holds the
-# reward-model arguments the function takes. An outcome is ("ok", score, extras, was_dict) |
-# ("error", message, traceback) | ("judge", message, timed_out) | ("bad_return", description).
-
-def _score_one(fn: Callable[..., Any], data_source: str, solution_str: str, ground_truth: Any, extra_info: Any,
-               context: dict[str, Any]) -> tuple:
-    try:
-        value = fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info,
-                   **context)
-    except Exception as exc:
-        return _error(exc)
-    return _check_value(value)
-
-
-def _error(exc: BaseException) -> tuple:
-    if isinstance(exc, (JudgeError, CallTimedOut)):
-        return ("judge", f"{type(exc).__name__}: {exc}", isinstance(exc, CallTimedOut))
-    return ("error", f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc)))
-
-
-def _check_value(value: Any) -> tuple:
-    extras: dict[str, Any] = {}
-    was_dict = isinstance(value, dict)
-    if was_dict:
-        if "score" not in value:
-            return ("bad_return", f"a dict without a 'score' key (keys: {sorted(value)})")
-        extras = {k: v for k, v in value.items() if k != "score"}
-        value = value["score"]
-    if not isinstance(value, numbers.Real) and hasattr(value, "item"):
-        try:
-            value = value.item()  # numpy scalars, 0-d tensors
-        except (TypeError, ValueError):
-            pass
-    if not isinstance(value, numbers.Real):  # bool counts (True -> 1.0)
-        return ("bad_return", f"{type(value).__name__} {value!r:.80}")
-    if not math.isfinite(float(value)):
-        return ("bad_return", f"a non-finite score {value!r}")
-    return ("ok", float(value), extras, was_dict)
-
-
-def _score_chunk(fn: Callable[..., Any], chunk: list[tuple]) -> list[tuple]:
-    if not getattr(fn, "is_async", False) and not inspect.iscoroutinefunction(fn):
-        return [_score_one(fn, *sample) for sample in chunk]
-
-    async def one(sample: tuple) -> tuple:
-        data_source, solution_str, ground_truth, extra_info, context = sample
-        try:
-            value = await fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                             extra_info=extra_info, **context)
-        except Exception as exc:
-            return _error(exc)
-        return _check_value(value)
-
-    async def every() -> list[tuple]:
-        return list(await asyncio.gather(*(one(sample) for sample in chunk)))
-
-    return asyncio.run(every())
-
-
-def _score_limited(fn: Callable[..., Any], samples: list[tuple], limits: LimitSettings) -> list[tuple]:
-    """The ``rate_limited`` manager: every call of the batch at once, within the limits."""
-    asynchronous = getattr(fn, "is_async", False) or inspect.iscoroutinefunction(fn)
-
-    async def every() -> list[tuple]:
-        gate, loop = RateLimits(limits), asyncio.get_running_loop()
-        threads = None if asynchronous else futures.ThreadPoolExecutor(limits.max_concurrent, "reward-limited")
-
-        async def one(sample: tuple) -> tuple:
-            data_source, solution_str, ground_truth, extra_info, context = sample
-            call = functools.partial(fn, data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                                     extra_info=extra_info, **context)
-            try:
-                value = await gate.run(call if asynchronous else lambda: loop.run_in_executor(threads, call))
-            except Exception as exc:
-                return _error(exc)
-            return _check_value(value)
-
-        try:
-            return list(await asyncio.gather(*(one(sample) for sample in samples)))
-        finally:
-            if threads is not None:
-                threads.shutdown(wait=False, cancel_futures=True)  # a call past its time limit keeps its thread
-
-    return asyncio.run(every())
-
-
-def _score_batch(fn: Any, samples: list[tuple], context: dict[str, Any]) -> list[tuple]:
-    """One call for the batch (batch-form functions); its result checked element by element."""
-    columns = [list(column) for column in zip(*samples)][:4] if samples else [[], [], [], []]
-    try:
-        result = fn.score_batch(*columns, **context)
-        if inspect.isawaitable(result):
-            async def wait() -> Any:
-                return await result
-
-            result = asyncio.run(wait())
-    except Exception as exc:
-        return [_error(exc)] * len(samples)
-    if hasattr(result, "tolist") and not isinstance(result, (list, tuple)):
-        result = result.tolist()  # numpy arrays, tensors
-    if not isinstance(result, (list, tuple)) or len(result) != len(samples):
-        what = f"{len(result)} values" if isinstance(result, (list, tuple)) else f"a {type(result).__name__}"
-        return [("bad_return", f"{what} for a batch of {len(samples)} responses (a batch reward function returns "
-                               "a list with one score or dict per response)")] * len(samples)
-    return [_check_value(value) for value in result]
-
-
 # ---- the manager ----
 
 class RewardManager:
@@ -197,7 +98,7 @@ class RewardManager:
     def __init__(self, compute_score: Callable[..., Any] | None = None, *, num_workers: int = 1,
                  executor: str = "process", on_error: str = "zero", kind: str = "naive",
                  overlong: OverlongPenalty | None = None, model_reward: Any = None,
-                 limits: LimitSettings | None = None, fallback_score: float = 0.0):
+                 limits: LimitSettings | None = None, fallback_score: float = 0.0, timeout_s: float | None = None):
         if on_error not in ON_ERROR_MODES:
             raise ValueError(f"reward.on_error={on_error!r} is not one of {ON_ERROR_MODES}")
         if executor not in EXECUTORS:
@@ -229,11 +130,14 @@ class RewardManager:
         self.num_workers = int(num_workers)
         self.executor = executor
         self.on_error = on_error
-        self._pool: futures.Executor | None = None
-        if self.num_workers > 1 and executor == "process":
-            try:
-                pickle.dumps(self.compute_score)
-            except Exception as exc:
+        self.timeout_s = float(timeout_s) if timeout_s else None  # reward.compute_score_timeout; None: no limit
+        self._pool: RewardPool | None = None
+        try:
+            pickle.dumps(self.compute_score)
+            self._picklable = True
+        except Exception as exc:
+            self._picklable = False
+            if self.num_workers > 1 and executor == "process":
                 raise ValueError(
                     f"reward function {self.compute_score!r} cannot be sent to worker processes ({exc}); define it at "
                     "module level, load it with custom_reward_function.path, or set reward.executor=thread"
@@ -254,6 +158,7 @@ class RewardManager:
             model_reward=model_reward,
             limits=LimitSettings.from_config(rm) if rm is not None and "max_concurrent" in rm else None,
             fallback_score=float(rm.judge.fallback_score) if rm is not None and "judge" in rm else 0.0,
+            timeout_s=compute_score_timeout(cfg),
         )
 
     def score_samples(self, samples: Sequence[dict[str, Any]]) -> RewardResult:
@@ -309,33 +214,32 @@ class RewardManager:
         return result
 
     def _run(self, samples: list[tuple], batch_context: dict[str, Any]) -> list[tuple]:
-        if self.form != SAMPLE:
-            return _score_batch(self.compute_score, samples, batch_context)
-        if self.kind == "rate_limited":
-            return _score_limited(self.compute_score, samples, self.limits)
-        if self.num_workers == 1 or len(samples) <= 1:
-            return _score_chunk(self.compute_score, samples)
-        pool = self._get_pool()
-        chunk_size = max(1, -(-len(samples) // (self.num_workers * 4)))
-        chunks = [samples[i:i + chunk_size] for i in range(0, len(samples), chunk_size)]
-        try:
-            results = list(pool.map(_score_chunk, [self.compute_score] * len(chunks), chunks))
-        except futures.process.BrokenProcessPool as exc:
-            self._pool = None
-            raise RewardFunctionError(
-                "a reward worker process died. With reward.executor=process the entry script needs an "
-                "`if __name__ == '__main__':` guard (workers are spawned), and the reward function must not "
-                "crash the interpreter; set reward.num_workers=1 to see the error in this process"
-            ) from exc
-        return [outcome for chunk in results for outcome in chunk]
+        with Progress("rewards", total=len(samples), unit="responses") as progress:
+            outcomes = self._dispatch(samples, batch_context, progress.update)
+            progress.set(len(samples))
+        return outcomes
 
-    def _get_pool(self) -> futures.Executor:
+    def _dispatch(self, samples: list[tuple], batch_context: dict[str, Any], done: Callable[[int], None]) -> list[tuple]:
+        """Score where the function can be stopped at ``timeout_s`` (see the module docstring)."""
+        fn, timeout = self.compute_score, self.timeout_s
+        stays_here = bool(self.context_names) or not self._picklable  # reward-model handles do not travel
+        if self.form != SAMPLE:
+            if timeout and not stays_here:
+                return self._get_pool().run("batch", [[(*s[:4], {}) for s in samples]])[0]
+            return score_batch(fn, samples, batch_context)
+        if self.kind == "rate_limited":
+            return score_limited(fn, samples, self.limits)
+        if is_async(fn):
+            return score_async(fn, samples, timeout)
+        if not timeout and (self.num_workers == 1 or len(samples) <= 1):
+            return [score_one(fn, *sample) for sample in samples]
+        if self.executor == "thread" or stays_here:
+            return score_in_threads(fn, samples, self.num_workers, timeout, done)
+        return self._get_pool().run("sample", samples, done)
+
+    def _get_pool(self) -> RewardPool:
         if self._pool is None:
-            if self.executor == "thread":
-                self._pool = futures.ThreadPoolExecutor(self.num_workers, thread_name_prefix="reward")
-            else:
-                # spawn: safe next to threads (Ray, torch) in the parent, unlike fork
-                self._pool = futures.ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = RewardPool(self.compute_score, self.num_workers, self.timeout_s)
         return self._pool
 
     def _collect(self, samples: list[tuple], outcomes: list[tuple], response_lengths: Sequence[int] | None = None) -> RewardResult:
@@ -356,12 +260,12 @@ class RewardManager:
                     f"reward function {self.compute_score!r} returned {outcome[1]} for sample {i} "
                     f"(data_source={data_source!r}); it must return a finite number or a dict with a 'score' number"
                 )
-            if kind == "error":
+            if kind in ("error", "timeout"):  # a failed sample: 0, counted, logged (or the run stops)
+                detail = outcome[2] if kind == "error" else ""
                 if self.on_error == "raise":
-                    raise RewardFunctionError(
-                        f"reward function raised on sample {i} (data_source={data_source!r}): {outcome[1]}\n{outcome[2]}"
-                    )
-                errors.append(SampleError(i, data_source, outcome[1], outcome[2]))
+                    raise RewardFunctionError(f"reward function {'raised' if kind == 'error' else 'timed out'} on "
+                                              f"sample {i} (data_source={data_source!r}): {outcome[1]}\n{detail}")
+                errors.append(SampleError(i, data_source, outcome[1], detail, timed_out=kind == "timeout"))
                 scores.append(0.0)
                 extras.append({})
             else:
@@ -376,15 +280,22 @@ class RewardManager:
                             extra.update(overlong_reward=penalty, overlong=penalty < 0)
                 scores.append(score)
                 extras.append(extra)
-
         keys = sorted({k for e in extras for k in e})
         extra = {k: [e.get(k) for e in extras] for k in keys}
-        metrics: dict[str, Any] = {"reward/num_errors": len(errors)}
+        metrics = self._metrics(len(samples), scores, extra, errors)
         if (self.model_reward is not None and not self.model_reward.scores_responses) or self.kind == "rate_limited":
             metrics.update({"reward/judge_failures": len(judge_failures), "reward/timeouts": timeouts})
         if judge_failures:
             logger.warning("the judge failed on %d of %d samples (scored %g, reward_model.judge.fallback_score); "
                            "first: %s", len(judge_failures), len(samples), self.fallback_score, judge_failures[0])
+        return RewardResult(scores=scores, extra=extra, errors=errors, metrics=metrics)
+
+    def _metrics(self, count: int, scores: list[float], extra: dict[str, list[Any]],
+                 errors: list[SampleError]) -> dict[str, Any]:
+        """The pass's metrics; failed samples are logged (the first one's traceback / the time limit)."""
+        timed_out = [e for e in errors if e.timed_out]
+        raised = [e for e in errors if not e.timed_out]
+        metrics: dict[str, Any] = {"reward/num_errors": len(errors), "reward/num_timeouts": len(timed_out)}
         if scores:
             metrics["reward/score/mean"] = sum(scores) / len(scores)
         for key, values in extra.items():
@@ -394,14 +305,21 @@ class RewardManager:
         if errors:
             first = errors[0]
             metrics["reward/first_error"] = f"sample {first.index} ({first.data_source}): {first.error}"
+        if raised:
             logger.error("reward function raised on %d of %d samples (scored 0); first, sample %d:\n%s",
-                         len(errors), len(samples), first.index, first.traceback)
-        return RewardResult(scores=scores, extra=extra, errors=errors, metrics=metrics)
+                         len(raised), count, raised[0].index, raised[0].traceback)
+        if timed_out:
+            batch_call = " (a batch-form function's call scores the whole batch)" if self.form != SAMPLE else ""
+            logger.warning("the reward function ran longer than reward.compute_score_timeout=%g s on %d of %d samples "
+                           "and they scored 0%s; first: sample %d (%s). Raise reward.compute_score_timeout if the "
+                           "function is merely slow", self.timeout_s or 0, len(timed_out), count, batch_call,
+                           timed_out[0].index, timed_out[0].data_source)
+        return metrics
 
     def close(self) -> None:
         """Stop the worker pool, if one was started."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.close()
             self._pool = None
 
     def __enter__(self) -> "RewardManager":

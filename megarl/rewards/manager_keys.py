@@ -10,7 +10,8 @@
   ``max_tpm`` and ``timeout`` (``megarl.rewards.rate_limit``), for judges and APIs with quotas.
 
 The manager's keyword arguments are ``reward_model.reward_kwargs`` (verl's place; 2026:
-``reward.reward_kwargs``): ``dapo`` takes ``max_resp_len`` and ``overlong_buffer_cfg``
+``reward.reward_kwargs``): every manager takes ``compute_score_timeout`` (verl's naive manager's;
+read as ``reward.compute_score_timeout``, ``compute_score_timeout``), ``dapo`` also ``max_resp_len`` and ``overlong_buffer_cfg``
 (``enable``, ``len``, ``penalty_factor``, ``log``); ``batch`` passes them on to the reward
 function, as verl's batch manager does; ``naive`` takes none. The DAPO recipe's older
 place, ``reward_model.overlong_buffer.*`` with ``max_resp_len = data.max_response_length``,
@@ -29,6 +30,7 @@ REWARD_MANAGERS = ("naive", "dapo", "batch", "rate_limited")
 MANAGER_ALIASES = {"limited": "rate_limited"}
 VERL_ONLY_MANAGERS = ("prime", "remote", "gdpo")  # verl registers these too
 DAPO_KWARGS = ("max_resp_len", "overlong_buffer_cfg")
+TIMEOUT_KWARG = "compute_score_timeout"  # verl's naive manager takes it; megarl's key is reward.compute_score_timeout
 OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
 
 
@@ -87,7 +89,17 @@ def function_kwargs(cfg: Any) -> dict[str, Any]:
     section = _section(cfg, "reward_model")
     if manager_name(cfg) != "batch" or section is None:
         return {}
-    return dict(_plain(section.get("reward_kwargs")) or {})
+    return {k: v for k, v in (_plain(section.get("reward_kwargs")) or {}).items() if k != TIMEOUT_KWARG}
+
+
+def compute_score_timeout(cfg: Any) -> float | None:
+    """The per-call time limit of the reward function in seconds (None: none): ``reward.compute_score_timeout``,
+    or verl's spelling ``reward_model.reward_kwargs.compute_score_timeout`` (``reward_manager_problems``
+    refuses the two with different values)."""
+    section, reward = _section(cfg, "reward_model"), _section(cfg, "reward")
+    kwargs = dict(_plain(section.get("reward_kwargs")) or {}) if section is not None else {}
+    value = kwargs.get(TIMEOUT_KWARG, reward.get("compute_score_timeout") if reward is not None else None)
+    return float(value) if value else None
 
 
 def reward_manager_problems(cfg: Any) -> list[Problem]:
@@ -109,7 +121,8 @@ def reward_manager_problems(cfg: Any) -> list[Problem]:
             problems.append(Problem(f"reward.num_workers={cfg.reward.num_workers}: the rate_limited manager runs "
                                     "its calls concurrently in the controller (reward_model.max_concurrent); set "
                                     "reward.num_workers=1"))
-    kwargs = _plain(cfg.reward_model.reward_kwargs) or {}
+    kwargs = dict(_plain(cfg.reward_model.reward_kwargs) or {})
+    problems += _timeout_problems(cfg, kwargs.pop(TIMEOUT_KWARG, None))
     if name == "batch":
         given = dict(_plain(cfg.custom_reward_function.reward_kwargs) or {})
         for key in sorted(set(given) & set(kwargs)):
@@ -152,4 +165,22 @@ def reward_manager_problems(cfg: Any) -> list[Problem]:
         elif penalty.buffer_len > penalty.max_resp_len:
             problems.append(Problem(f"{where}.len={penalty.buffer_len} exceeds the max response length "
                                     f"{penalty.max_resp_len} (max_resp_len / data.max_response_length)"))
+    return problems
+
+
+def _timeout_problems(cfg: Any, verl_value: Any) -> list[Problem]:
+    """``reward.compute_score_timeout`` and verl's ``reward_kwargs.compute_score_timeout``: seconds >= 0 (or
+    null); the verl spelling is read as the key, so the two set to different values is an error."""
+    from megarl.config.schema import RewardConfig
+
+    key, value = "reward.compute_score_timeout", cfg.reward.compute_score_timeout
+    verl_key = f"reward_model.reward_kwargs.{TIMEOUT_KWARG}"
+    problems = []
+    for where, given in ((key, value), (verl_key, verl_value)):
+        if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float)) or not given >= 0):
+            problems.append(Problem(f"{where}={given!r}: give the seconds a reward-function call may take (0 or null: "
+                                    "no limit)", key=where))
+    if verl_value is not None and value not in (verl_value, RewardConfig.compute_score_timeout):
+        problems.append(Problem(f"{key}={value} and {verl_key}={verl_value} (verl's spelling of the same limit) "
+                                "differ; give one", key=key))
     return problems

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from megarl.config.registry import Registry
 from megarl.rewards import arithmetic, gsm8k, math_reward
+
+# data_source -> its scoring function; ``prefix=True``: every data_source starting with the name.
+RULE_REWARDS = Registry("rule reward", "data_source (a column of the data; else custom_reward_function.path)",
+                        traits={"prefix": False})
 
 
 def _gsm8k(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs: Any) -> float:
@@ -34,17 +39,12 @@ def _arithmetic(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs:
     return arithmetic.compute_score(solution_str, str(ground_truth), **kwargs)
 
 
-RULE_REWARDS: dict[str, Callable[..., Any]] = {
-    "openai/gsm8k": _gsm8k,
-    "lighteval/MATH": _math,
-    "DigitalLearningGmbH/MATH-lighteval": _math,
-    "HuggingFaceH4/MATH-500": _math,
-    "math_dapo": _math_dapo,
-    "math": _math_dapo,  # verl scores "math" and "math_dapo_reasoning" with DAPO's reward too
-    "math_dapo_reasoning": _math_dapo,
-    "megarl/arithmetic": _arithmetic,
-}
-PREFIX_REWARDS: dict[str, Callable[..., Any]] = {"aime": _math_dapo}
+for _name, _fn in (("openai/gsm8k", _gsm8k), ("lighteval/MATH", _math), ("DigitalLearningGmbH/MATH-lighteval", _math),
+                   ("HuggingFaceH4/MATH-500", _math), ("math_dapo", _math_dapo),
+                   ("math", _math_dapo), ("math_dapo_reasoning", _math_dapo),  # verl scores these with DAPO's reward too
+                   ("megarl/arithmetic", _arithmetic)):
+    RULE_REWARDS.register(_name)(_fn)
+RULE_REWARDS.register("aime", prefix=True)(_math_dapo)
 
 # verl's other built-in rewards, which megarl does not have (what they grade).
 VERL_ONLY_REWARDS: dict[str, str] = {
@@ -62,14 +62,15 @@ class UnknownDataSourceError(ValueError):
 
 
 def find_rule_reward(data_source: str) -> Callable[..., Any]:
-    if data_source in RULE_REWARDS:
+    prefixes = RULE_REWARDS.having(prefix=True)
+    if data_source in RULE_REWARDS and data_source not in prefixes:
         return RULE_REWARDS[data_source]
-    for prefix, fn in PREFIX_REWARDS.items():
+    for prefix in sorted(prefixes):
         if data_source.startswith(prefix):
-            return fn
+            return RULE_REWARDS[prefix]
     raise UnknownDataSourceError(
-        f"no built-in reward for data_source={data_source!r}; built-in: {sorted(RULE_REWARDS)} and names starting "
-        f"with {sorted(PREFIX_REWARDS)}. Write compute_score(data_source, solution_str, ground_truth, extra_info=None) "
+        f"no built-in reward for data_source={data_source!r}; built-in: {sorted(set(RULE_REWARDS) - prefixes)} and "
+        f"names starting with {sorted(prefixes)}. Write compute_score(data_source, solution_str, ground_truth, extra_info=None) "
         "in a file and set custom_reward_function.path (and .name)"
     )
 

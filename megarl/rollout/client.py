@@ -29,6 +29,21 @@ class GenerateClient:
                        max_tokens: int | None = None) -> Generation:
         """One completion of ``prompt_ids`` with ``sampling`` (its ``n`` is ignored: one sample),
         at most ``max_tokens`` tokens (default ``sampling.max_tokens``), seeded with ``seed``."""
+        ids, limit = self._check(prompt_ids, sampling, max_tokens)
+        kwargs = {**sampling.engine_kwargs(), "n": 1, "max_tokens": limit}
+        return await self._handle.generate_tokens.remote(ids, kwargs, int(seed))
+
+    async def generate_group(self, prompt_ids: Sequence[int], sampling: Sampling, seed: int, n: int,
+                             max_tokens: int | None = None) -> list[Generation]:
+        """``n`` completions of ``prompt_ids`` in one engine request: the k-th equals
+        ``generate(prompt_ids, sampling, seed + k, max_tokens)``."""
+        if n < 1:
+            raise ValueError(f"n={n}: ask for at least one completion")
+        ids, limit = self._check(prompt_ids, sampling, max_tokens)
+        kwargs = {**sampling.engine_kwargs(), "n": int(n), "max_tokens": limit}
+        return await self._handle.generate_group.remote(ids, kwargs, int(seed))
+
+    def _check(self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int | None) -> tuple[list[int], int]:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("generate needs at least one prompt token")
@@ -41,5 +56,4 @@ class GenerateClient:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        kwargs = {**sampling.engine_kwargs(), "n": 1, "max_tokens": limit}
-        return await self._handle.generate_tokens.remote(ids, kwargs, int(seed))
+        return ids, limit

@@ -95,19 +95,26 @@ def segment_seed(seed: int, segment: int) -> int:
 
 async def generate_resumable(gate: GenerationGate, run_segment: RunSegment, prompt_ids: Sequence[int],
                              max_tokens: int, seed: int, version: Callable[[], int], tag: str,
-                             detokenize: Callable[[list[int]], str] | None = None) -> Generation:
+                             detokenize: Callable[[list[int]], str] | None = None,
+                             resume: Generation | None = None) -> Generation:
     """One completion of ``prompt_ids``, continued across weight syncs that abort it.
 
     Each segment enters the gate (so it starts on the weights of one version, read at its start),
     asks for the tokens still allowed, and appends what it got. A segment that ends other than by
     ``abort`` ends the request. The text of a request that ran in several segments is
-    ``detokenize(all tokens)`` (a stop string that straddles a sync is not seen).
+    ``detokenize(all tokens)`` (a stop string that straddles a sync is not seen). ``resume``: the
+    tokens of an aborted first segment that ran elsewhere (a group request); they are continued
+    from segment 1 on.
     """
     prompt = [int(t) for t in prompt_ids]
-    tokens: list[int] = []
-    logprobs: list[float] = []
-    versions: list[int] = []
-    for segment in itertools.count():
+    tokens = list(resume.token_ids) if resume else []
+    logprobs = list(resume.logprobs) if resume else []
+    versions = list(resume.versions) if resume else []
+    first = 1 if resume else 0
+    finish, stop, text = "length", None, None
+    for segment in itertools.count(first):
+        if len(tokens) >= max_tokens:
+            break
         request_id = f"{tag}-{next(_ids)}"
         await gate.enter(request_id)
         try:
@@ -122,10 +129,37 @@ async def generate_resumable(gate: GenerationGate, run_segment: RunSegment, prom
         if part.finish_reason != "abort":
             finish, stop, text = part.finish_reason, part.stop_string, part.text
             break
-        if len(tokens) >= max_tokens:
-            finish, stop, text = "length", None, None
-            break
     if segment > 0 or text is None:
         text = detokenize(tokens) if detokenize is not None else ""
     return Generation(token_ids=tokens, logprobs=logprobs, finish_reason=finish, stop_string=stop, text=text,
                       versions=versions)
+
+
+RunGroup = Callable[[str, list[int], int, int], Awaitable[list[Segment]]]  # (request_id, prompt, max_tokens, seed)
+
+
+async def generate_group_resumable(gate: GenerationGate, run_group: RunGroup, run_segment: RunSegment,
+                                   prompt_ids: Sequence[int], max_tokens: int, seed: int,
+                                   version: Callable[[], int], tag: str,
+                                   detokenize: Callable[[list[int]], str] | None = None) -> list[Generation]:
+    """The n completions of one prompt as one engine request (``run_group``: the k-th completion is
+    sampled with seed ``seed + k``, as vLLM seeds the samples of one request); a completion a sync
+    aborts continues alone (``generate_resumable`` from segment 1 on, seed ``seed + k``), so every
+    completion equals the one its own single request would give."""
+    request_id = f"{tag}-{next(_ids)}"
+    await gate.enter(request_id)
+    try:
+        current = version()
+        parts = await run_group(request_id, [int(t) for t in prompt_ids], max_tokens, seed)
+    finally:
+        gate.leave(request_id)
+
+    async def finish(k: int, part: Segment) -> Generation:
+        done = Generation(token_ids=part.token_ids, logprobs=part.logprobs, finish_reason=part.finish_reason,
+                          stop_string=part.stop_string, text=part.text, versions=[current] * len(part.token_ids))
+        if part.finish_reason != "abort":
+            return done
+        return await generate_resumable(gate, run_segment, prompt_ids, max_tokens, seed + k, version, f"{tag}.{k}",
+                                        detokenize, resume=done)
+
+    return list(await asyncio.gather(*[finish(k, part) for k, part in enumerate(parts)]))

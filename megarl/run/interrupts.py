@@ -14,7 +14,9 @@ stop the engines and workers and remove the Ray cluster's temp dir, exactly as a
 run. The workers block SIGINT (``worker_logs.capture_worker_output``), so a terminal's Ctrl-C,
 which reaches the whole process group, leaves the shutting-down to the driver. A second signal
 during that teardown kills every process the run started (SIGKILL), removes the temp dirs and
-exits at once. What the interrupted code leaves behind (a coroutine it never awaited, an object
+exits at once. A signal within ``REPEAT_WINDOW_S`` (1 s) of the first is the same request sent
+twice, not a second one: GNU ``timeout`` (and other supervisors) sends SIGTERM to the driver and
+then to its whole process group, which reaches the driver again microseconds later. What the interrupted code leaves behind (a coroutine it never awaited, an object
 half built when the exception arrived, such as an asyncio event loop whose ``__del__`` fails at
 exit) goes to the log, not the console: it is the interrupt's trace, not a new failure.
 
@@ -28,11 +30,15 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Callable
 
+from megarl.trainer.checkpointing import checkpoint_step, latest_checkpoint_step
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REPEAT_WINDOW_S = 1.0  # a signal this soon after the first is a duplicate (``timeout``'s pid + group), not a second one
 
 
 class Interrupted(KeyboardInterrupt):
@@ -70,6 +76,7 @@ class InterruptGuard:
     def __init__(self, on_kill: Callable[[], None] | None = None):
         self.on_kill = on_kill
         self.received: int | None = None
+        self.received_at = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, object] = {}
 
     def install(self) -> "InterruptGuard":
@@ -97,11 +104,13 @@ class InterruptGuard:
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is None:
-            self.received = signum
+            self.received, self.received_at = signum, time.monotonic()
             _write(f"\n{signal.Signals(signum).name}: stopping the engines and workers "
                    "(interrupt again to kill everything at once)\n")
             quiet_leftovers()
             raise Interrupted(signum)
+        if time.monotonic() - self.received_at < REPEAT_WINDOW_S:
+            return  # the first signal again (``timeout`` signals the driver, then its process group)
         self.kill_now(signum)
 
     def kill_now(self, signum: int) -> None:
@@ -152,32 +161,13 @@ def kill_descendants() -> None:
     psutil.wait_procs(children, timeout=5)
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """The step of a ``step_<N>`` checkpoint directory."""
-    name = Path(path).name
-    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
-
-
-def latest_checkpoint_step(root: str | Path) -> tuple[int, Path] | None:
-    """(step, directory) of ``<root>/actor/latest``, or None when the run has no checkpoint yet."""
-    from megarl.engine import latest_checkpoint
-
-    try:
-        path = latest_checkpoint(Path(root) / "actor")
-    except FileNotFoundError:
-        return None
-    if path is None or checkpoint_step(path) is None:
-        return None
-    return checkpoint_step(path), path
-
-
-def finished_run(trainer_cfg, root: str | Path, total_steps: int) -> tuple[int, Path] | None:
+def finished_run(trainer_cfg, root: str | Path, total_steps: int, critic: bool = False) -> tuple[int, Path] | None:
     """(step, checkpoint) when the checkpoint this run would resume from already holds its last step."""
-    from megarl.trainer.checkpointing import find_resume_checkpoint
+    from megarl.trainer.resume import find_resume_checkpoint
 
     if trainer_cfg.val_only:
         return None
-    found = find_resume_checkpoint(trainer_cfg, root)
+    found = find_resume_checkpoint(trainer_cfg, root, critic)
     if found is None:
         return None
     step = checkpoint_step(found[0])

@@ -4,6 +4,7 @@
     megarl plan grpo_moe_671b --gpu h200 --json             # packaged config by name, JSON for tools
     megarl plan my.yaml actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 --memory-gb 96
     megarl plan configs/grpo_70b.yaml --comment            # the plan as the comment block a config carries
+    megarl plan configs/grpo_70b.yaml --response-length-median 300   # what packing saves on long-tailed lengths
 
 The config is loaded and checked as ``megarl train`` does (files are not required, but the model's
 config.json is: ``actor_rollout_ref.model.path`` must name a directory holding it). Exit status:
@@ -20,19 +21,20 @@ EFFICIENCIES = {"--mfu": "mfu", "--decode-hbm": "decode_hbm", "--prefill-mfu": "
                 "--link-efficiency": "link", "--context-gb": "cuda_context_gb"}
 USAGE = ("usage: megarl plan [NAME | --config-path DIR --config-name NAME] [key=value ...] [--gpu "
          "a100|a100-40gb|h100|h200|b200] [--memory-gb X] [--tflops X] [--hbm-gbps X] [--nvlink-gbps X] "
-         "[--ib-gbps X] [--mfu X] [--decode-hbm X] [--prefill-mfu X] [--link-efficiency X] [--context-gb X] [--json | --comment]")
+         "[--ib-gbps X] [--mfu X] [--decode-hbm X] [--prefill-mfu X] [--link-efficiency X] [--context-gb X] "
+         "[--response-length-median N] [--json | --comment]")
 
 
 def _options(argv: list[str]) -> tuple[dict, list[str]]:
     """Split the planner's own options from the config command line."""
-    options: dict = {"gpu": "h100", "json": False, "comment": False, "figures": {}, "efficiency": {}}
+    options: dict = {"gpu": "h100", "json": False, "comment": False, "figures": {}, "efficiency": {}, "median": None}
     rest, i = [], 0
     while i < len(argv):
         arg = argv[i]
         name, eq, value = arg.partition("=")
         if name in ("--json", "--comment"):
             options[name[2:]] = True
-        elif name in ("--gpu", *FIGURES, *EFFICIENCIES):
+        elif name in ("--gpu", "--response-length-median", *FIGURES, *EFFICIENCIES):
             if not eq:
                 if i + 1 >= len(argv):
                     raise ValueError(f"{name} needs a value")
@@ -40,6 +42,10 @@ def _options(argv: list[str]) -> tuple[dict, list[str]]:
                 value = argv[i]
             if name == "--gpu":
                 options["gpu"] = value
+            elif name == "--response-length-median":
+                if not value.isdigit():
+                    raise ValueError(f"{name}={value!r}: give a whole number of tokens")
+                options["median"] = int(value)
             else:
                 try:
                     number = float(value)
@@ -73,7 +79,7 @@ def main(argv: list[str]) -> int:
         return 0
     try:
         cfg = load_config(cmd.name, cmd.overrides, config_path=cmd.config_path)
-        plan = plan_config(cfg, hardware, efficiency)
+        plan = plan_config(cfg, hardware, efficiency, response_median=options["median"])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

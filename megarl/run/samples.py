@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from megarl.logging.console import say
+from megarl.logging.metrics_logger import TRAIN_GENERATIONS_FILE
 
 logger = logging.getLogger(__name__)
 
-TRAIN_GENERATIONS_FILE = "train_generations.jsonl"
 HINT_STEPS = 2
 
 

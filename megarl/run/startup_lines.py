@@ -19,8 +19,8 @@ def data_line(train_loader, val_dataset, start_step: int, total_steps: int, batc
 
 def layout_line(cfg, plan, use_gpu: bool, ray_nodes: int) -> str:
     """The Ray cluster, the trainer's layout, the fleet's replicas x TP and the placement."""
-    from megarl.config import critic_enabled
-    from megarl.trainer.megatron_worker import needs_reference
+    from megarl.settings.derived import critic_enabled
+    from megarl.settings.engine import needs_reference
 
     megatron = cfg.actor_rollout_ref.actor.megatron
     tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size

@@ -7,6 +7,7 @@ validation and checkpoints) and prints a few lines when the run ends:
       step time by phase: gen 1m05s (26%) | old_log_prob 22 s (9%) | update 1m52s (45%) | sync 8 s (3%) | other ...
       throughput: 41,230 tokens/s (prompt + response, all devices); 9,870 response tokens/s while generating
       validation score: best 1.000 at step 100, final 1.000 at step 120 (0.080 at step 0)
+      optimizer steps skipped (non-finite gradients): actor 2 of 120        (only when some were)
       TensorBoard: ...; checkpoints: ...; samples: ...; reward curve: ...; logs: ...
 
 The step phases are the controller's ``timing_s/*`` (verl's names): ``gen`` (rollout, with the
@@ -39,6 +40,7 @@ class RunSummary:
         self.tokens = 0.0
         self.response_tokens = 0.0
         self.validations: list[tuple[int, float]] = []
+        self.skipped_steps = ""  # optimizer steps skipped for non-finite gradients ("actor 2 of 120"), if any
 
     @contextmanager
     def timed(self, part: str):
@@ -99,6 +101,8 @@ class RunSummary:
             if first[0] not in (final[0], best[0]):
                 text += f" ({first[1]:.3f} at step {first[0]})"
             out.append(text)
+        if self.skipped_steps:
+            out.append(f"  optimizer steps skipped (non-finite gradients): {self.skipped_steps}")
         for name, where in places.items():
             if where:
                 out.append(f"  {name}: {where}")

@@ -13,11 +13,14 @@ Order of events, each step logged:
   4. connect the weight sync between them;
   5. run the RL loop (resume, validate, train, checkpoint), then shut everything down.
 
-The console shows a few start-up lines, one line per step, validation and checkpoint, and a
+Which checkpoint a run resumes from is decided in step 1 (``megarl.trainer.resume``): checkpoints it
+passes over are named there, and a directory whose checkpoints cannot be resumed is refused rather
+than overwritten. The console shows a few start-up lines, one line per step, validation and checkpoint, and a
 summary (``megarl.logging.console``; ``--verbose`` shows everything); the workers' output goes
 to ``<trainer.default_local_dir>/logs/`` (``megarl.logging.worker_logs``). A run whose last
 step is checkpointed already says so before any process starts. Ctrl-C or SIGTERM stops the
-engines and workers and says how to resume (``megarl.run.interrupts``).
+engines and workers and says how to resume (``megarl.run.interrupts``). A run whose gradients
+or weights turn non-finite stops with status 1 and says why (``megarl.trainer.training_safety``).
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ def check_model(cfg) -> None:
     fleet loads it itself) that the actor's megatron layout can split."""
     from megarl.models import check_layout, load_hf_config, model_dims
     from megarl.models.fp8 import block_fp8
-    from megarl.trainer.megatron_worker import layout_from_config
+    from megarl.settings.engine import layout_from_config
 
     model_path = cfg.actor_rollout_ref.model.path
     if not (Path(model_path) / "config.json").is_file():
@@ -121,14 +124,18 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.cluster.startup import start_reward_model
     from megarl.rollout import RolloutFleet
     from megarl.run import startup_lines
-    from megarl.trainer.controller import RLTrainer, TrainingLoop, total_training_steps
-    from megarl.run.interrupts import InterruptGuard, checkpoint_step, finished_run, latest_checkpoint_step
-    from megarl.trainer.megatron_worker import MegatronWorker, initial_checkpoints
+    from megarl.run.loop import TrainingLoop
+    from megarl.trainer.controller import RLTrainer, total_training_steps
+    from megarl.run.interrupts import InterruptGuard, finished_run
+    from megarl.trainer.checkpointing import checkpoint_step, latest_checkpoint_step
+    from megarl.settings.engine import initial_checkpoints
+    from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.placement import ClusterPlacement, plan_from_config, reward_pool_from_config
     from megarl.cluster.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
     from megarl.run.summary import RunSummary, places
     from megarl.run.samples import SampleReporter
     from megarl.cluster.startup import start_together
+    from megarl.trainer.training_safety import TrainingHalted
     from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.adapter_updates import weight_updates
 
@@ -158,16 +165,19 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools)
     val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools) if cfg.data.val_files else None
     total = total_training_steps(cfg.trainer, len(train_loader))
-    finished = finished_run(cfg.trainer, log_dir, total)
+    from megarl.settings.derived import critic_enabled
+    from megarl.trainer.resume import resume_plan
+
+    resume = resume_plan(cfg.trainer, log_dir, critic_enabled(cfg))  # refuses here, before any process starts
+    finished = finished_run(cfg.trainer, log_dir, total, critic_enabled(cfg))
     if finished is not None:  # before Ray: nothing would run
         say("%s has finished already: its checkpoint %s holds step %d of %d. Nothing to train: raise "
             "trainer.total_training_steps to continue it, or set trainer.resume_mode=disable (or another "
             "trainer.default_local_dir) to start over", log_dir, finished[1], finished[0], total)
         return {"_history": checkpoint_history(finished[1]), "_finished": True}
-    from megarl.trainer.checkpointing import find_resume_checkpoint
-
-    resume_from = find_resume_checkpoint(cfg.trainer, log_dir)
-    start_step = (checkpoint_step(resume_from[0]) or 0) if resume_from is not None else 0
+    for note in resume.notes:  # checkpoints passed over (which file, which step instead), or started over
+        say("%s", note)
+    start_step = (checkpoint_step(resume.first[0]) or 0) if resume.first is not None else 0
     say("%s", startup_lines.data_line(train_loader, val_dataset, start_step, total, cfg.data.train_batch_size))
 
     plan = plan_from_config(cfg)
@@ -218,7 +228,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
             trainer = RLTrainer(cfg, workers, fleet, sync, tokenizer, train_loader, val_dataset, rollout=agent_rollout,
                                 reward_model=reward_model)
             samples = SampleReporter(cfg, metrics_logger, trainer.reward)
-            loop = TrainingLoop(trainer, metrics_logger, str(log_dir), summary, samples)
+            loop = TrainingLoop(trainer, metrics_logger, str(log_dir), summary, samples, resume)
         follower.poll()
         held_back = console_state().suppressed_line()
         say("%s", (held_back + "; " if held_back else "") + f"worker logs: {worker_logs}/")
@@ -240,6 +250,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
         interrupted = guard.interrupted(exc)
         interrupted.step, interrupted.total_steps = (loop.step if loop is not None else 0), total
         raise interrupted from None
+    except TrainingHalted:  # the run stopped itself; its message says why (main prints it)
+        raise
     except Exception:
         logging.getLogger("megarl.console").error("the run failed (worker logs: %s/)", worker_logs)
         raise
@@ -303,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if cmd.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    from megarl.trainer.training_safety import TrainingHalted
+
     guard = InterruptGuard().install()
     try:
         run(cfg, guard)
@@ -310,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         interrupted = guard.interrupted(exc)
         say("%s", interrupt_report(cfg.trainer, interrupted))
         return interrupted.exit_code
+    except TrainingHalted as exc:  # non-finite gradients or weights: the cause, where to look, the last checkpoint
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         guard.restore()
     return 0

@@ -7,7 +7,10 @@ Layout under ``trainer.default_local_dir``::
                        controller, weight version, config), which is always saved
       huggingface/     with ``hf_model`` in save_contents: an HF safetensors export (config, tokenizer)
     actor/latest       the name of the newest complete step directory (written last, atomically)
-    critic/step_<N>/   the critic, when there is one (``critic.checkpoint.*``)
+    critic/step_<N>/   the critic, when there is one (``critic.checkpoint.*``); saved before the
+                       actor's step, so ``actor/latest`` moves only when both are complete
+
+Each step directory holds ``megarl_manifest.json`` (every file's size and SHA-256), checked at load.
 
 Contents (verl's names): ``model`` (the megatron weights, required: resume needs them),
 ``optimizer`` (the distributed optimizer's fp32 master weights, Adam moments and step counts),
@@ -23,9 +26,7 @@ Retention: after each successful save, ``trainer.max_actor_ckpt_to_keep`` /
 never the one ``latest`` names, never a ``.tmp`` directory (an interrupted save, which the next
 save of that step replaces).
 
-``auto`` resumes from ``actor/latest`` if it exists and starts fresh otherwise; ``disable``
-always starts fresh; ``resume_path`` loads ``trainer.resume_from_path`` (a ``step_<N>``
-directory) and fails if it is missing.
+Which checkpoint a run resumes from (``trainer.resume_mode``) is ``megarl.trainer.resume``.
 """
 from __future__ import annotations
 
@@ -108,14 +109,16 @@ def save_engine(engine, save_contents, root: str, step: int, extra: dict | None,
                            exports=exports or None, model_part=model_part, meta=meta)
 
 
-def load_engine(engine, path: str, load_contents, key: str, load_rng: bool = True) -> dict | None:
-    """Load what ``load_contents`` (the config ``key``) asks for into an engine; returns the caller state."""
+def load_engine(engine, path: str, load_contents, key: str, load_rng: bool = True, verify: bool = True) -> dict | None:
+    """Load what ``load_contents`` (the config ``key``) asks for into an engine; returns the caller state
+    (``verify=False``: the caller has checked the files against the manifest)."""
     from megarl.engine import load_checkpoint
 
     check_loadable(path, load_contents, key)
     parts = engine_parts(load_contents)
     extra = load_checkpoint(path, engine.model, engine.optimizer if parts["optimizer"] else None,
-                            engine.scheduler if parts["scheduler"] else None, load_rng=load_rng and parts["rng"])
+                            engine.scheduler if parts["scheduler"] else None, load_rng=load_rng and parts["rng"],
+                            verify=verify)
     if not parts["optimizer"]:
         engine.optimizer.reload_model_params()  # master weights (bf16 training) from the loaded weights
     return extra
@@ -141,20 +144,33 @@ def prune_checkpoints(root: str | Path, keep: int | None) -> list[Path]:
     return doomed
 
 
-def find_resume_checkpoint(trainer_cfg, root: str | Path) -> tuple[Path, Path | None] | None:
-    from megarl.engine import latest_checkpoint
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a ``step_<N>`` checkpoint directory."""
+    name = Path(path).name
+    return int(name[5:]) if name.startswith("step_") and name[5:].isdigit() else None
 
-    mode = trainer_cfg.resume_mode
-    if mode == "disable":
+
+def latest_checkpoint_step(root: str | Path) -> tuple[int, Path] | None:
+    """(step, directory) of ``<root>/actor/latest`` (the newest whole step when ``latest`` names an
+    interrupted save: what a resume would use), or None when the run has no checkpoint yet."""
+    from megarl.engine import checkpoint_problems, latest_checkpoint, step_directories
+
+    try:
+        path = latest_checkpoint(Path(root) / "actor")
+    except FileNotFoundError:
+        path = next((p for p in step_directories(Path(root) / "actor") if not checkpoint_problems(p)), None)
+    if path is None or checkpoint_step(path) is None:
         return None
-    if mode == "resume_path":
-        actor = Path(trainer_cfg.resume_from_path)
-        if not actor.is_dir():
-            raise FileNotFoundError(f"trainer.resume_from_path={actor} is not a checkpoint directory "
-                                    "(expected .../actor/step_<N>)")
-    else:
-        actor = latest_checkpoint(Path(root) / "actor")
-        if actor is None:
-            return None
-    critic = actor.parent.parent / "critic" / actor.name
-    return actor, (critic if critic.is_dir() else None)
+    return checkpoint_step(path), path
+
+
+def save_on_workers(workers, root: str, step: int, state: dict, trainer_cfg) -> str:
+    """Every rank writes its part of ``<root>/*/step_<step>``; returns the actor's path. A rank that dies is
+    named at once (``WorkerGroup.wait``); a save longer than ``trainer.save_timeout_s`` fails the run."""
+    limit = trainer_cfg.save_timeout_s
+    refs = workers.call_async("save_checkpoint", root, step, state)
+    try:
+        return workers.wait(refs, f"save_checkpoint (step {step})", timeout_s=limit)[0]
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}: the checkpoint is incomplete ({root}/actor/step_{step}.tmp, never loaded); if "
+                           f"saves of this size take longer, raise trainer.save_timeout_s={limit:g}") from None

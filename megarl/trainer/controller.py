@@ -12,7 +12,8 @@ One step (``RLTrainer.train_step``):
   6. update: critic, then actor (after ``trainer.critic_warmup`` steps);
   7. weight sync: the trainer's shards go to the fleet, versioned (with colocated GPUs the engines
      sleep from after generation until the sync: ``rollout_memory``);
-  8. metrics to TensorBoard/console; validation every ``test_freq``; checkpoint every ``save_freq``.
+  8. metrics to TensorBoard/console. Around the steps, ``megarl.run.loop.TrainingLoop`` validates
+     every ``test_freq`` steps, saves every ``save_freq`` steps and resumes.
 
 Old log-probs: with one update per batch (on-policy: ``ppo_mini_batch_size`` = ``train_batch_size``,
 ``ppo_epochs=1``) they equal the update's own forward, so the separate pass (step 4) is skipped and
@@ -47,18 +48,20 @@ import ray
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from megarl.algorithms import filter_groups_by_metric, get_kl_controller, need_more_gen_batches, seq_metric_values
-from megarl.config.derived import critic_enabled, devices_for, old_log_prob_pass
-from megarl.logging.console import say
+from megarl.algorithms import (filter_groups_by_metric, get_kl_controller, masked_mean, need_more_gen_batches,
+                               seq_metric_values)
+from megarl.config.derived import devices_for, old_log_prob_pass
+from megarl.engine.offload_phases import offload_flags
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.rewards.reward_models import ResponsesToScore
+from megarl.settings.derived import critic_enabled, greedy_baselines
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
-from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel, initial_checkpoints
+from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel
 from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metrics, timing_metrics
 from megarl.trainer.off_policy import correct, staleness_metrics
-from megarl.engine.offload_phases import offload_flags
 from megarl.trainer.rollout_batch import PROMPT_COLUMNS, StepData, build_step_data, concat_step_data, reward_extra_info
 from megarl.trainer.rollout_memory import RolloutMemory
+from megarl.trainer.training_safety import refuse_nonfinite_weights
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,7 @@ class RLTrainer:
         self.use_critic = critic_enabled(cfg)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.global_step = 0
+        self.weights_published = True  # the fleet serves the trainer's weights (no update since the last sync)
         self.history: list[dict[str, float]] = []
         self.val_generations: list[dict[str, Any]] = []  # the last validation's samples to log
         self.last_data: StepData | None = None  # the last training step's samples (SampleReporter)
@@ -175,7 +179,8 @@ class RLTrainer:
             data, more = self.next_batch(step, timings, prompt_offset=offset, groups=want - have)
             offset += want
             for key, value in more.items():  # error counts add up; means are the last batch's
-                metrics[key] = metrics.get(key, 0) + value if key == "reward/num_errors" else value
+                metrics[key] = metrics.get(key, 0) + value if key in ("reward/num_errors", "reward/num_timeouts") \
+                    else value
         merged = concat_step_data(kept_parts)
         metrics["filter_groups/num_gen_batches"] = gen_batches
         return merged.select(list(range(want * n))), metrics
@@ -190,7 +195,7 @@ class RLTrainer:
         self.last_data = data
         will_sync = step > self.cfg.trainer.critic_warmup
         baselines = None
-        if self.cfg.algorithm.adv_estimator == "remax":  # greedy generations, while the engines are awake
+        if greedy_baselines(self.cfg):  # ReMax: greedy generations, while the engines are awake
             with timer(timings, "gen"):
                 baselines = self._greedy_baselines(data, step)
         self.rollout_memory.release(will_sync)
@@ -205,10 +210,10 @@ class RLTrainer:
         elif self.old_log_prob_pass:
             with timer(timings, "old_log_prob"):
                 old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
-            metrics["actor/entropy"] = masked_mean(entropy, mask) if entropy is not None else 0.0
+            metrics["actor/entropy"] = float(masked_mean(entropy, mask)) if entropy is not None else 0.0
             if verify:
                 diff = (old_log_probs - data["rollout_log_probs"]).abs() * mask
-                metrics["rollout/logprob_diff"] = masked_mean(diff, mask)
+                metrics["rollout/logprob_diff"] = float(masked_mean(diff, mask))
                 metrics["rollout/logprob_diff_max"] = float(diff.max())
         train_mask, is_weights = mask, None
         if old_log_probs is not None:  # without them (on-policy skip) old_log_prob_pass saw no correction to apply
@@ -244,10 +249,14 @@ class RLTrainer:
         if will_sync:
             with timer(timings, "update_actor"):
                 metrics.update(self._update("update_actor", train_ref))
+            self.weights_published = False
             if self.batches is None or self.batches.sync_due(step):
+                refuse_nonfinite_weights(self.workers, self.coords, ("actor",),
+                                         f"sync the weights to the rollout fleet after step {step}", self.cfg)
                 with timer(timings, "sync"):
                     self.rollout_memory.wake_for_sync()
                     metrics.update(self.weight_sync.sync(in_flight=self.in_flight))
+                self.weights_published = True
                 if self.batches is not None:
                     self.batches.published(self.weight_sync.version)
         with timer(timings, "wake"):
@@ -328,6 +337,7 @@ class RLTrainer:
     # ------------------------------------------------------------------ state for checkpoints
     def state_dict(self) -> dict[str, Any]:
         state = {"global_step": self.global_step, "version": self.weight_sync.version,
+                 "weights_published": self.weights_published,
                  "data_loader": self.train_loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(),
                  "history": self.history, "config": OmegaConf.to_container(self.cfg, resolve=True)}
         if self.batches is not None:  # the prompts drawn ahead of the trainer, started again on resume
@@ -336,7 +346,12 @@ class RLTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.global_step = int(state["global_step"])
-        self.weight_sync.resume_at(int(state["version"]))
+        # The resume's sync publishes the loaded weights: as the checkpoint's own version when they are
+        # that version's (synced after the last update: always so in the synchronous loop), so that the
+        # count goes on as in an uninterrupted run; else as a new one.
+        version = int(state["version"])
+        republish = state.get("weights_published", "async" not in state) and version > 0
+        self.weight_sync.resume_at(version - 1 if republish else version)
         self.train_loader.load_state_dict(state["data_loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))
@@ -349,9 +364,10 @@ class RLTrainer:
                            len(drawn["untrained"]), state["config"]["async_training"]["mode"])
 
     def close(self) -> None:
-        """Stop the producer of the asynchronous modes (before the fleet goes)."""
+        """Stop the producer of the asynchronous modes (before the fleet goes) and the reward workers."""
         if self.batches is not None:
             self.batches.close()
+        self.reward.close()
 
 
 def total_training_steps(trainer_cfg, batches_per_epoch: int) -> int:
@@ -380,11 +396,6 @@ def seqlen_balance_metrics(lengths: torch.Tensor, parts: list[list[int]]) -> dic
             "global_seqlen/balanced_max": max(after), "global_seqlen/mean": sum(after) / dp}
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    m = mask.to(values.dtype)
-    return float((values * m).sum() / m.sum().clamp(min=1))
-
-
 @contextmanager
 def timer(timings: dict, name: str):
     start = time.perf_counter()
@@ -392,122 +403,3 @@ def timer(timings: dict, name: str):
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
-
-
-class TrainingLoop:
-    """Drives ``RLTrainer`` over steps: validation, metrics, checkpoints and resume.
-
-    It says on the console what a person follows (one line per resume, validation and checkpoint,
-    with progress while they run), feeds the end-of-run ``RunSummary`` and, when given one, the
-    ``SampleReporter`` (train samples, rollout dumps, the constant-reward hint). ``step`` is the
-    step in progress, for the interrupt report.
-    """
-
-    def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str, summary=None, samples=None):
-        from megarl.run.summary import RunSummary
-
-        self.trainer, self.metrics_logger, self.root = trainer, metrics_logger, checkpoint_root
-        self.summary = summary if summary is not None else RunSummary(trainer.total_steps)
-        self.samples = samples
-        self.step = 0
-        self._checkpoint_bytes: int | None = None  # the last checkpoint's size: the next save's progress total
-
-    def resume(self) -> int:
-        """Load the checkpoint ``trainer.resume_mode`` asks for; return the step it holds (0: none)."""
-        from megarl.logging.progress import Progress, directory_bytes, duration, human
-        from megarl.trainer.checkpointing import find_resume_checkpoint
-
-        t = self.trainer
-        from megarl.trainer.lora_setup import starts_from_adapter
-
-        found = find_resume_checkpoint(t.cfg.trainer, self.root)
-        if found is None:
-            start = initial_checkpoints(t.cfg)["actor"] or starts_from_adapter(t.cfg)
-            if start:  # the actor starts from a megatron checkpoint or a LoRA adapter, the fleet from the HF one
-                self._sync_fleet(load=None)
-                say("actor started from %s; fleet synced to it", start)
-            return 0
-        actor_path, critic_path = found
-        self._checkpoint_bytes = directory_bytes(*[p for p in found if p is not None])
-        with Progress(f"loading {actor_path}", total=None) as progress:
-            self._sync_fleet(load=(str(actor_path), critic_path and str(critic_path)))
-        say("resumed from %s (%s): step %d of %d, in %s", actor_path, human(self._checkpoint_bytes, "B"),
-            t.global_step, t.total_steps, duration(progress.elapsed))
-        self.summary.add_history(t.history)
-        return t.global_step
-
-    def _sync_fleet(self, load: tuple | None) -> None:
-        """Outside a step: (load a checkpoint, then) sync the fleet, in a step's memory order."""
-        t = self.trainer
-        t.rollout_memory.release(will_sync=True)  # the fleet's weights are about to be rewritten
-        if load is not None:
-            t.load_state_dict(t.workers.call("load_checkpoint", *load)[0])
-        t.rollout_memory.wake_for_sync()
-        t.weight_sync.sync()  # the fleet must serve the trainer's weights
-        t.rollout_memory.wake_for_rollout()
-
-    def save(self, step: int) -> None:
-        from megarl.logging.progress import Progress, directory_bytes, duration, human
-        from megarl.trainer.checkpointing import prune_checkpoints
-
-        t = self.trainer
-        staging = [f"{self.root}/{role}/step_{step}.tmp" for role in ("actor", "critic")]
-        with Progress(f"checkpoint step {step}", total=self._checkpoint_bytes, unit="B",
-                      poll=lambda: directory_bytes(*staging)) as progress:
-            path = t.workers.call("save_checkpoint", self.root, step, t.state_dict())[0]
-        self._checkpoint_bytes = directory_bytes(path, f"{self.root}/critic/step_{step}")
-        seconds = progress.elapsed
-        say("checkpoint step %d: %s (%s in %s, %s/s)", step, path, human(self._checkpoint_bytes, "B"),
-            duration(seconds), human(self._checkpoint_bytes / max(seconds, 1e-9), "B"))
-        prune_checkpoints(f"{self.root}/actor", t.cfg.trainer.max_actor_ckpt_to_keep)
-        prune_checkpoints(f"{self.root}/critic", t.cfg.trainer.max_critic_ckpt_to_keep)
-
-    def validate(self, step: int) -> dict[str, float]:
-        from megarl.logging.progress import duration
-
-        t = self.trainer
-        start = time.perf_counter()
-        metrics = t.validate()
-        if metrics:
-            sources = {k[len("val-core/"):].removesuffix("/reward/mean@1"): v for k, v in metrics.items()
-                       if k.startswith("val-core/")}
-            per_source = " (" + ", ".join(f"{s} {v:.3f}" for s, v in sources.items()) + ")" if len(sources) > 1 else ""
-            say("validation at step %d: score %.3f%s over %d prompts in %s", step, metrics["val/score"], per_source,
-                len(t.val_dataset), duration(time.perf_counter() - start))
-            self.summary.record_validation(step, metrics["val/score"])
-        self.metrics_logger.log_generations(t.val_generations, step=step)
-        if self.samples is not None and t.last_val_data is not None:
-            self.samples.on_validation(step, t.last_val_data, t.reward_extra_keys, bool(t.val_generations))
-        return metrics
-
-    def run(self) -> dict[str, float]:
-        t, cfg, summary = self.trainer, self.trainer.cfg.trainer, self.summary
-        with summary.timed("start-up"):
-            start = self.resume()
-        self.step = start
-        last: dict[str, float] = {}
-        if (cfg.val_only or (start == 0 and cfg.val_before_train)) and t.val_dataset is not None:
-            with summary.timed("validation"):
-                last = self.validate(start)
-            t.history.append({"step": start, **last})
-            self.metrics_logger.log(last, step=start, console=False)  # the validation line said it
-        if cfg.val_only:
-            return last
-        for step in range(start + 1, t.total_steps + 1):
-            self.step = step
-            metrics = t.train_step(step)
-            t.global_step = step
-            summary.record_step(step, metrics)
-            if self.samples is not None:
-                self.samples.on_train_step(step, t.last_data, t.reward_extra_keys)
-            if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == t.total_steps):
-                with summary.timed("validation"):
-                    metrics.update(self.validate(step))
-            t.history.append({"step": step, **{k: v for k, v in metrics.items()
-                                               if k in ("critic/score/mean", "val/score", "critic/vf_loss")}})
-            self.metrics_logger.log(metrics, step=step)
-            if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or step == t.total_steps):
-                with summary.timed("checkpoints"):
-                    self.save(step)
-            last = metrics
-        return last

@@ -6,8 +6,9 @@ model-parallel group return the same tensors, so the controller keeps one result
 (``dp_leaders``) and concatenates them in DP order.
 
 Actor, reference and critic share one megatron parallel state, so they share one layout
-(``actor_rollout_ref.actor.megatron``, uneven pipeline stages included); the config validation
-rejects a different critic layout.
+(``actor_rollout_ref.actor.megatron``, uneven pipeline stages and context parallelism included); the
+config validation rejects a different critic layout. The CP ranks of one data-parallel replica work
+on the same samples (each on its share of every sequence) and return the same results.
 
 Offload (``megatron.*_offload``): every method enters its phase (``offload_phases.PHASES``), so
 what it does not use is in host memory while it runs; the controller enters ``sync`` and
@@ -29,49 +30,7 @@ import torch
 
 from megarl.engine.offload_phases import PHASES, offload_flags, rank_residency
 from megarl.cluster.worker_group import DistributedWorker
-
-
-def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayout":  # noqa: F821
-    """The layout of ``megatron`` (a ``*.megatron`` section); ``num_layers`` (the model's) is needed
-    to turn ``override_transformer_config.account_for_*_in_pipeline_split`` into stage sizes."""
-    from omegaconf import OmegaConf
-
-    from megarl.engine.overrides import pipeline_stage_layers
-    from megarl.models import ParallelLayout
-
-    tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
-    vpp = megatron.virtual_pipeline_model_parallel_size or 1
-    overrides = OmegaConf.to_container(megatron.override_transformer_config, resolve=True) \
-        if OmegaConf.is_config(megatron.override_transformer_config) else megatron.override_transformer_config
-    if num_layers is None and any((overrides or {}).get(k) for k in ("account_for_embedding_in_pipeline_split",
-                                                                     "account_for_loss_in_pipeline_split")):
-        raise ValueError("account_for_*_in_pipeline_split needs the model's layer count")
-    first, last = pipeline_stage_layers(overrides, num_layers or 0, pp, vpp)
-    return ParallelLayout(
-        tp=tp, pp=pp, ep=megatron.expert_model_parallel_size, etp=megatron.expert_tensor_parallel_size or 1,
-        vpp=vpp, sequence_parallel=bool(megatron.sequence_parallel and tp > 1),
-        first_stage_layers=first, last_stage_layers=last,
-        make_vocab_size_divisible_by=megatron.make_vocab_size_divisible_by)
-
-
-def needs_reference(cfg) -> bool:
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
-
-
-def initial_checkpoints(cfg) -> dict[str, str | None]:
-    """The megatron dist checkpoint each model starts from (None: its HF checkpoint).
-
-    ``actor_rollout_ref.actor.megatron.dist_checkpointing_path`` (e.g. written by ``conversion
-    hf-to-megatron`` under any layout) starts the actor, and the reference unless
-    ``actor_rollout_ref.ref.megatron.dist_checkpointing_path`` names its own; the critic only
-    loads ``critic.megatron.dist_checkpointing_path`` (a value model has its own head).
-    """
-    def path_of(megatron) -> str | None:
-        return megatron.dist_checkpointing_path if megatron.use_dist_checkpointing else None
-
-    actor = path_of(cfg.actor_rollout_ref.actor.megatron)
-    return {"actor": actor, "ref": path_of(cfg.actor_rollout_ref.ref.megatron) or actor,
-            "critic": path_of(cfg.critic.megatron)}
+from megarl.settings.engine import initial_checkpoints, layout_from_config, needs_reference
 
 
 ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -99,7 +58,7 @@ class MegatronWorker(DistributedWorker):
         from omegaconf import OmegaConf
 
         from megarl import platform
-        from megarl.config import critic_enabled
+        from megarl.settings.derived import critic_enabled
         from megarl.engine import (BaseModelReference, MegatronActor, MegatronCritic, MegatronReference,
                                    actor_settings, critic_settings, lora_settings, reference_settings)
         from megarl.models import model_dims
@@ -111,7 +70,7 @@ class MegatronWorker(DistributedWorker):
         path = cfg.actor_rollout_ref.model.path
         self.layout = layout_from_config(megatron, model_dims(path).num_layers)
         platform.initialize_model_parallel(
-            tp=self.layout.tp, pp=self.layout.pp, ep=self.layout.ep, etp=self.layout.etp,
+            tp=self.layout.tp, pp=self.layout.pp, cp=self.layout.cp, ep=self.layout.ep, etp=self.layout.etp,
             vpp=megatron.virtual_pipeline_model_parallel_size, seed=megatron.seed,
             timeout_s=cfg.actor_rollout_ref.nccl_timeout)
         from megatron.core import parallel_state
@@ -216,14 +175,15 @@ class MegatronWorker(DistributedWorker):
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, root: str, step: int, extra: dict | None) -> str:
-        """Save what ``<role>.checkpoint.save_contents`` asks for (the controller state ``extra`` always)."""
+        """Save what ``<role>.checkpoint.save_contents`` asks for (the controller state ``extra`` always).
+        The critic goes first: ``actor/latest`` moving is then the commit of the pair."""
         from megarl.trainer.checkpointing import save_engine
 
-        path = save_engine(self.actor, self.cfg.actor_rollout_ref.actor.checkpoint.save_contents, f"{root}/actor",
-                           step, extra, lambda out: self._export_hf("actor", self.actor, out), **self._lora_save("actor"))
         if self.critic is not None:
             save_engine(self.critic, self.cfg.critic.checkpoint.save_contents, f"{root}/critic", step, None,
                         lambda out: self._export_hf("critic", self.critic, out), **self._lora_save("critic"))
+        path = save_engine(self.actor, self.cfg.actor_rollout_ref.actor.checkpoint.save_contents, f"{root}/actor",
+                           step, extra, lambda out: self._export_hf("actor", self.actor, out), **self._lora_save("actor"))
         return str(path)
 
     def _lora_save(self, role: str) -> dict:
@@ -256,7 +216,7 @@ class MegatronWorker(DistributedWorker):
         """``hf_model``: the model as HF safetensors, config and tokenizer files (collective)."""
         import torch.distributed as dist
 
-        from conversion.megatron_to_hf import copy_tokenizer_files
+        from megarl.models.export import copy_tokenizer_files
         from megarl.models import default_transformer_impl, save_hf_checkpoint
 
         hf_path = self.cfg.critic.model.path if role == "critic" else self.cfg.actor_rollout_ref.model.path
@@ -267,18 +227,35 @@ class MegatronWorker(DistributedWorker):
             copy_tokenizer_files(Path(hf_path), Path(out))
 
     def load_checkpoint(self, actor_path: str, critic_path: str | None) -> dict | None:
-        """Resume: load what ``<role>.checkpoint.load_contents`` asks for; returns the controller state."""
+        """Resume: load what ``<role>.checkpoint.load_contents`` asks for; returns the controller state.
+        Both checkpoints are checked against their manifests first (collective), so a damaged one
+        raises ``CheckpointIntegrityError`` before any state changes."""
+        from megarl.engine import verify_checkpoint
         from megarl.trainer.checkpointing import load_engine
 
         self.enter_phase("load")
-        actor = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
-        extra = load_engine(self.actor, actor_path, actor, "actor_rollout_ref.actor.checkpoint.load_contents")
+        if self.critic is not None and critic_path is None:
+            raise FileNotFoundError(f"{actor_path} has no matching critic checkpoint")
+        verify_checkpoint(actor_path)
         if self.critic is not None:
-            if critic_path is None:
-                raise FileNotFoundError(f"{actor_path} has no matching critic checkpoint")
+            verify_checkpoint(critic_path)
+        actor = self.cfg.actor_rollout_ref.actor.checkpoint.load_contents
+        extra = load_engine(self.actor, actor_path, actor, "actor_rollout_ref.actor.checkpoint.load_contents", verify=False)
+        if self.critic is not None:
             load_engine(self.critic, critic_path, self.cfg.critic.checkpoint.load_contents,
-                        "critic.checkpoint.load_contents", load_rng=False)
+                        "critic.checkpoint.load_contents", load_rng=False, verify=False)
         return extra
+
+    def nonfinite_params(self, roles: list[str]) -> dict[str, dict]:
+        """Per role (``actor``, ``critic``): how many weight tensors hold inf/NaN on all ranks, and this
+        rank's first (collective: ``megarl.engine.finite``; the controller asks before a sync or a save)."""
+        from megarl.engine.finite import nonfinite_tensors
+
+        report = {}
+        for role in roles:
+            count, local = nonfinite_tensors(named_weights({"actor": self.actor, "critic": self.critic}[role].model))
+            report[role] = {"count": count, "first": local[0] if local else None}
+        return report
 
     # ------------------------------------------------------------------ weight sync (sender)
     def _local_shards(self):
@@ -323,6 +300,21 @@ class MegatronWorker(DistributedWorker):
 
     def sync_close(self) -> None:
         self.sync.close()
+
+
+def named_weights(chunks) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter of a rank's model chunks, named as in the whole model: ``decoder.layers.<n>`` counts
+    the layers of all pipeline stages (megatron numbers them within a stage)."""
+    named = []
+    for chunk in chunks:
+        model = getattr(chunk, "module", chunk)
+        layers = getattr(getattr(model, "decoder", None), "layers", None)
+        for name, param in model.named_parameters():
+            parts = name.split(".")
+            if parts[:2] == ["decoder", "layers"] and layers is not None:
+                parts[2] = str(layers[int(parts[2])].layer_number - 1)
+            named.append((".".join(parts), param))
+    return named
 
 
 def dp_leaders(coords: list[dict[str, Any]]) -> list[int]:

@@ -11,7 +11,6 @@ with the trainer, above the weight-sync layer it checks.
 """
 from __future__ import annotations
 
-import torch
 
 
 def verify_sync(fleet, workers, prompt_ids: list[list[int]], max_tokens: int = 8, pad_token_id: int = 0) -> dict[str, float]:

@@ -89,9 +89,6 @@ class SyncPlan:
             out[b.src] += b.nbytes
         return dict(out)
 
-    def buckets_for(self, rank: int) -> list[Bucket]:
-        return [b for b in self.buckets if b.src == rank or rank in b.dsts]
-
     def check(self) -> None:
         """Raise if any needed element is delivered zero or several times to a rank."""
         received: dict[tuple[int, str], list[Region]] = defaultdict(list)

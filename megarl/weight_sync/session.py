@@ -25,18 +25,11 @@ import time
 from megarl.weight_sync.errors import SyncError
 from megarl.weight_sync.planner import Piece, TensorMeta, plan_sync
 from megarl.weight_sync.rollout_layout import RolloutLayout, rollout_needs
+from megarl.weight_sync.transport import choose_transport
 
 logger = logging.getLogger(__name__)
 
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-
-
-def choose_transport(name: str, use_gpu: bool) -> str:
-    if name == "auto":
-        return "nccl" if use_gpu else "gloo"
-    if name in ("nccl", "cuda_ipc") and not use_gpu:
-        raise ValueError(f"actor_rollout_ref.rollout.weight_sync.transport={name!r} needs GPUs; use gloo or auto")
-    return name
 
 
 class WeightSyncSession:

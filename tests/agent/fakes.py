@@ -45,6 +45,9 @@ class ScriptedClient:
         return Generation(cut, [-0.5 - 0.001 * i for i in range(len(cut))], "length" if len(cut) < len(ids) else "stop",
                           None, self.tokenizer.decode(cut, skip_special_tokens=True))
 
+    async def generate_group(self, prompt_ids, sampling, seed, n, max_tokens=None) -> list[Generation]:
+        return [await self.generate(prompt_ids, sampling, seed + k, max_tokens) for k in range(n)]
+
 
 class EchoTool(BaseTool):
     """Replies with its ``text`` argument, after ``delay_s``; step reward 0.25 per call."""

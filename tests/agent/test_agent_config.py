@@ -86,3 +86,64 @@ def test_unknown_loops_are_refused_with_the_known_names(tmp_path):
     assert issubclass(resolve_agent_loop(f"{file}:Mine"), SingleTurnAgentLoop)
     with pytest.raises(TypeError, match="not a subclass"):
         resolve_agent_loop("megarl.agent.settings:MultiTurnSettings")
+
+
+EVIL_LOOP = '''
+import pathlib
+pathlib.Path({marker!r}).write_text("imported")  # code a downloaded dataset would run
+from megarl.agent.builtin_loops import SingleTurnAgentLoop
+class Loop(SingleTurnAgentLoop):
+    pass
+'''
+
+
+@pytest.mark.parametrize("named", ["file", "module"])
+def test_a_dataset_picks_among_the_configs_loops_and_never_imports_what_it_names(tmp_path, monkeypatch, named):
+    """A row's agent_name naming a file or module (a dataset that would run code when loaded) is refused,
+    naming the row and the allowed loops, and nothing is imported; the config may name the same file."""
+    from megarl.agent.loop import DisallowedAgentLoop
+    from megarl.agent.rollout import LoopSet, build_agent_context, default_loop_name, tool_schemas_for
+    from megarl.data import build_dataset
+    from megarl.data.rows import DataFormatError
+    from megarl.devtools.tiny_tokenizer import build_tokenizer
+
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "evil_loops.py").write_text(EVIL_LOOP.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target = f"{tmp_path / 'evil_loops.py'}:Loop" if named == "file" else "evil_loops:Loop"
+    rows = [{"data_source": "s", "prompt": [{"role": "user", "content": "What is 2 * 3?"}],
+             "reward_model": {"ground_truth": "6"}, "agent_name": name} for name in (None, "single_turn", target)]
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    cfg = load_config(None, BASE + [f"data.train_files={data}"])
+    tokenizer = build_tokenizer("qwen3")
+    loops = LoopSet(build_agent_context(cfg, tokenizer))
+    chat_tools = tool_schemas_for(loops, default_loop_name(cfg.actor_rollout_ref.rollout))
+    with pytest.raises(DataFormatError, match=rf"train\.parquet: row 2: key 'agent_name': agent loop '{target}' is not "
+                                              r"one of this run's: single_turn, single_turn_agent, tool_agent \("):
+        build_dataset(cfg.data, tokenizer, "train", chat_tools=chat_tools)
+    with pytest.raises(DisallowedAgentLoop):  # the rollout's own gate (rows that skipped the dataset's check)
+        loops.get(target)
+    assert not marker.exists(), "a name from the data was imported"
+
+    # the config names the loop: its default may be that path, and a row may then name it too
+    cfg = load_config(None, BASE + [f"data.train_files={data}", f"actor_rollout_ref.rollout.agent.default_agent_loop={target}"])
+    loops = LoopSet(build_agent_context(cfg, tokenizer))
+    dataset = build_dataset(cfg.data, tokenizer, "train", chat_tools=tool_schemas_for(loops, target))
+    assert [item.agent_name for item in dataset.items] == [None, "single_turn", target] and marker.exists()
+
+
+def test_agent_loop_config_names_are_what_rows_pick(tmp_path):
+    from megarl.agent.builtin_loops import SingleTurnAgentLoop
+    from megarl.agent.loop import allowed_loop_names
+    from megarl.agent.rollout import LoopSet, build_agent_context
+    from megarl.devtools.tiny_tokenizer import build_tokenizer
+
+    (tmp_path / "mine.py").write_text("from megarl.agent.builtin_loops import SingleTurnAgentLoop\n"
+                                      "class Mine(SingleTurnAgentLoop):\n    pass\n")
+    listed = tmp_path / "loops.yaml"
+    listed.write_text(f"- name: mine\n  _target_: {tmp_path / 'mine.py'}:Mine\n")
+    cfg = load_config(None, BASE + [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={listed}"])
+    context = build_agent_context(cfg, build_tokenizer("qwen3"))
+    assert allowed_loop_names(context) == ["mine", "single_turn", "single_turn_agent", "tool_agent"]
+    assert isinstance(LoopSet(context).get("mine"), SingleTurnAgentLoop)

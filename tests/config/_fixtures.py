@@ -31,3 +31,25 @@ def write_prompts(path: Path, rows: int = 8, data_source: str | None = "openai/g
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(columns), path)
     return path
+
+
+CHECKPOINT_FILES = {"__0_0.distcp": 4000, "__0_1.distcp": 3000, "common.pt": 700, ".metadata": 900, "metadata.json": 100}
+
+
+def write_saved_checkpoint(root: Path, role: str, step: int, latest: bool = True) -> Path:
+    """``root/role/step_<step>`` with the files a save leaves (random contents), ``megarl_checkpoint.json``
+    and the manifest, and ``root/role/latest`` naming it."""
+    import os
+
+    from megarl.engine.checkpoint import META_FILE
+    from megarl.engine.manifest import write_manifest
+
+    path = root / role / f"step_{step}"
+    path.mkdir(parents=True)
+    for name, size in CHECKPOINT_FILES.items():
+        (path / name).write_bytes(os.urandom(size))
+    (path / META_FILE).write_text(json.dumps({"step": step, "contents": ["model"]}) + "\n")
+    write_manifest(path)
+    if latest:
+        (root / role / "latest").write_text(f"step_{step}\n")
+    return path

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -115,12 +114,28 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     ("+reward.reward_model.rollout.load_format=dummy", "vLLM load formats other than auto", None),
     ("actor_rollout_ref.model.lora.dtype=bf16", "an adapter dtype apart from the model's", None),
     ("actor_rollout_ref.actor.profiler.enable=True", "profiling inside the workers", None),
-    ("actor_rollout_ref.actor.megatron.context_parallel_size=2", "context parallelism", None),
 ])
 def test_refusals_name_the_feature_what_megarl_does_and_the_issue(override, feature, issue):
     (problem,) = [p for p in problems_of(override, "trainer.n_gpus_per_node=4") if p.is_refusal]
     assert (problem.feature, problem.issue) == (feature, issue)
     assert override.lstrip("+").split("=")[0] in problem.message and "; " in problem.message  # the key as written
+
+
+def test_context_parallelism_is_honoured_and_needs_packed_sequences_in_every_role():
+    """verl's context_parallel_size loads (the reference follows the actor's, as in verl); with it, a role
+    that turns packing off is refused naming its key; model.use_remove_padding (FSDP's) is noted."""
+    cp2 = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.megatron.context_parallel_size=2"]
+    notes: list[str] = []
+    cfg = load_config(None, [*VALID, *cp2, "actor_rollout_ref.model.use_remove_padding=False"], notes=notes)
+    assert cfg.actor_rollout_ref.ref.megatron.context_parallel_size == 2
+    assert cfg.actor_rollout_ref.ref.megatron.use_remove_padding is True
+    assert any("its Megatron workers, like megarl, pack sequences by <role>.megatron.use_remove_padding" in n for n in notes)
+    for section, flagged in (("actor_rollout_ref.actor", {"actor_rollout_ref.actor", "actor_rollout_ref.ref"}),
+                             ("actor_rollout_ref.ref", {"actor_rollout_ref.ref"})):  # the reference follows the actor
+        problems = problems_of(*cp2, f"{section}.megatron.use_remove_padding=False")
+        assert {p.key for p in problems} == {f"{s}.megatron.use_remove_padding" for s in flagged}
+        assert all("context_parallel_size=2" in p.message for p in problems)
+    assert load_config(None, [*VALID, "actor_rollout_ref.actor.megatron.use_remove_padding=False"])  # fine at CP1
 
 
 def test_refused_keys_at_their_off_value_and_noted_keys_are_accepted():

@@ -1,6 +1,7 @@
 """The config system: YAML + overrides, typed schema, and validation errors that name key and fix."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,11 @@ def test_several_problems_are_reported_together():
     assert "tensor_model_parallel_size=3" in msg and "trainer.save_freq=0" in msg
 
 
+def test_a_save_needs_a_positive_time_bound():
+    assert load().trainer.save_timeout_s == 3600
+    assert "trainer.save_timeout_s=0.0: must be > 0" in error_of("trainer.save_timeout_s=0")
+
+
 def test_malformed_override():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["trainer.nnodes"])
@@ -214,3 +220,29 @@ def test_gspo_keeps_its_own_aggregation_unless_one_is_given(overrides, expected)
     cfg = load_config("quickstart", ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo"] + overrides)
     assert actor_settings(cfg, dp_size=1).loss.loss_agg_mode == expected
     assert inspect.signature(POLICY_LOSSES["gspo"]).parameters["loss_agg_mode"].default == "seq-mean-token-mean"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.actor.optim.lr=-1e-6", "actor_rollout_ref.actor.optim.lr=-1e-06: the learning rate must be a "
+                                               r"finite number >= 0 \(a negative one ascends the loss\)"),
+    ("actor_rollout_ref.actor.optim.lr=nan", "actor_rollout_ref.actor.optim.lr=nan: the learning rate must be"),
+    ("actor_rollout_ref.actor.optim.min_lr=1e-3", r"actor_rollout_ref.actor.optim.min_lr=0.001: the schedule's floor "
+                                                  r"must lie in \[0, lr=1e-06\]"),
+    ("actor_rollout_ref.actor.optim.min_lr_ratio=2", r"min_lr_ratio=2.0 gives min_lr=2e-06: the schedule's floor"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_init=1e-3", r"lr_warmup_init=0.001: the warmup starts in \[0, lr=1e-06\]"),
+    ("actor_rollout_ref.actor.optim.eps=-1", "actor_rollout_ref.actor.optim.eps=-1.0: must be >= 0"),
+    ("actor_rollout_ref.actor.optim.weight_decay=-0.1", "optim.weight_decay=-0.1: must be >= 0"),
+    ("actor_rollout_ref.actor.optim.betas=[0.9,1.0]", r"optim.betas=\[0.9, 1.0\]: each must lie in \[0, 1\)"),
+    ("critic.optim.lr=-1e-5", "critic.optim.lr=-1e-05: the learning rate must be"),
+])
+def test_optimizer_values_torch_or_megatron_would_refuse_late_fail_at_load(override, message):
+    """Values that torch's Adam or megatron's LR scheduler refuse only once the trainer ranks build their
+    optimizer (after Ray and the engines started) are config errors naming the key."""
+    critic = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"] if override.startswith("critic") else []
+    assert re.search(message, error_of(*critic, override))
+
+
+def test_a_zero_learning_rate_is_allowed_with_a_note():
+    notes: list[str] = []
+    load_config(None, [*BASE, "actor_rollout_ref.actor.optim.lr=0"], notes=notes)
+    assert "actor_rollout_ref.actor.optim.lr=0: that role's weights never change" in notes

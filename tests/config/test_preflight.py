@@ -1,6 +1,7 @@
 """The pre-flight checks: what a run will read (models, data, reward function), before anything starts."""
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from megarl.checks import ConfigError, load_config
 from megarl.models.locate import resolve_model_path
 from tests.config._fixtures import write_model_config, write_prompts
+from tests.data.data_helpers import verl_row, write_with_latin1
 
 BATCH = ["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=1", "data.train_batch_size=4",
          "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -81,6 +83,11 @@ def test_data_files_columns_rows_and_sources(files):
     renamed = write_prompts(root / "renamed.parquet", rows=8, data_source=None,
                             extra_columns={"task": ["megarl/arithmetic"] * 8})
     assert check(f"actor_rollout_ref.model.path={model}", f"data.train_files={renamed}", "data.reward_fn_key=task") == []
+    # a data source that is not UTF-8 (Latin-1 bytes in the string column): named by file, row and key
+    latin1 = write_with_latin1([verl_row("q", "1", i, data_source="café/arith") for i in range(8)],
+                               root / "latin1.parquet", bad_row=5, column="data_source")
+    (problem,) = check(f"actor_rollout_ref.model.path={model}", f"data.train_files={latin1}")
+    assert problem.startswith(f"{latin1}: row 5: key 'data_source': the text is not valid UTF-8 (byte 0xe9"), problem
 
 
 REWARDS = textwrap.dedent('''
@@ -146,3 +153,52 @@ def test_overlong_penalty_settings_are_checked(files):
     assert "exceeds the max response length 512" in check(
         *base, "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
         "reward_model.overlong_buffer.len=1000")[0]
+
+
+@pytest.mark.parametrize("fields, override, message", [
+    ({}, "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+     "actor_rollout_ref.rollout.tensor_model_parallel_size=3: vLLM cannot split actor_rollout_ref.model.path=.* over 3 "
+     "ranks: num_attention_heads=4 is not divisible by tp=3"),
+    ({"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 384}, "actor_rollout_ref.rollout.tensor_model_parallel_size=6",
+     "tp=6 is not a multiple of num_key_value_heads=4"),
+    ({"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 384}, "actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+     "num_key_value_heads=4 is not divisible by tp=3"),
+    ({"intermediate_size": 250}, "actor_rollout_ref.rollout.tensor_model_parallel_size=4", "intermediate_size=250 is not divisible by tp=4"),
+    ({}, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",
+     r"actor_rollout_ref.actor.megatron.\* for actor_rollout_ref.model.path=.*num_attention_heads=4 is not divisible by tp=3"),
+])
+def test_tp_that_does_not_split_the_model_fails_before_start(tmp_path, fields, override, message):
+    """vLLM's and megatron's own splitting rules, checked against config.json before anything starts (they
+    used to fail 90-100 s into a launch, after Ray, with vLLM's or torch's raw error)."""
+    model = write_model_config(tmp_path / "model", **{"intermediate_size": 256, **fields})
+    data = write_prompts(tmp_path / "train.parquet", rows=24, data_source="megarl/arithmetic")
+    sizes = ["trainer.n_gpus_per_node=12", "data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=12"]
+    (problem,) = check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", *sizes, override)
+    assert re.search(message, problem), problem
+    # a TP that splits every count passes; fewer KV heads than ranks are replicated (tp=4, 2 KV heads)
+    assert check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", *sizes,
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size=4" if not fields else
+                 "actor_rollout_ref.rollout.tensor_model_parallel_size=2") == []
+
+
+def test_checkpoints_to_start_or_resume_from_are_whole(files):
+    """A truncated file of the checkpoint a run starts from, and a run directory whose checkpoints
+    cannot be resumed, are named before anything starts."""
+    import os
+
+    from tests.config._fixtures import write_saved_checkpoint
+
+    root, model, data = files
+    base = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}"]
+    start = write_saved_checkpoint(root / "converted", "mcore", 0)
+    os.truncate(start / "__0_1.distcp", 100)
+    problems = check(*base, "actor_rollout_ref.actor.megatron.use_dist_checkpointing=true",
+                     f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={root / 'converted' / 'mcore'}")
+    assert problems == [f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={root / 'converted' / 'mcore'}: "
+                        "__0_1.distcp has 100 bytes, the manifest records 3000 (truncated or overwritten)"]
+    run = root / "run"
+    os.truncate(write_saved_checkpoint(run, "actor", 5) / "common.pt", 0)
+    problems = check(*base, f"trainer.default_local_dir={run}")
+    assert len(problems) == 1 and "holds checkpoints (actor/step_5) but none can be resumed" in problems[0]
+    assert "common.pt has 0 bytes" in problems[0] and "trainer.resume_mode=disable" in problems[0]
+    assert check(*base, f"trainer.default_local_dir={run}", "trainer.resume_mode=disable") == []

@@ -88,3 +88,53 @@ def test_interrupted_write_leaves_no_valid_output(tiny_models, tmp_path):
     done = run_cli(["megatron-to-hf", "--checkpoint", f"{out}.tmp", "--hf-config", tiny_models / "llama",
                     "--out", tmp_path / "hf"])
     assert done.returncode == 2 and ("not a complete" in done.stderr or "does not exist" in done.stderr), done.stderr
+
+
+class RunsCode:
+    """Unpickled, it runs ``touch MARKER``: what a crafted checkpoint does."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_whose_metadata_would_run_code_is_refused(to_megatron, tiny_models, tmp_path):
+    """A valid ``.metadata`` with a payload inside (its manifest rewritten, as an attacker would): the
+    conversion and verify refuse it naming the file, and the payload does not run."""
+    import pickle
+
+    from megarl.engine.manifest import write_manifest
+
+    crafted = tmp_path / "crafted"
+    shutil.copytree(to_megatron("llama"), crafted)
+    step, marker = crafted / "step_0", tmp_path / "marker"
+    metadata = pickle.loads((step / ".metadata").read_bytes())  # our own conversion output
+    metadata.storage_meta.modules = [RunsCode(marker)]
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    write_manifest(step)
+    for command in (["megatron-to-hf", "--checkpoint", crafted, "--hf-config", tiny_models / "llama", "--out", tmp_path / "out"],
+                    ["verify", "--hf", tiny_models / "llama", "--megatron", crafted]):
+        assert_error(run_cli(command), f"{step / '.metadata'}: refused to load (it asks for posix.system)")
+        assert not marker.exists(), f"{command[0]} ran the checkpoint's code"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_or_truncated_checkpoint_file_is_named(to_megatron, tiny_models, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(to_megatron("llama"), damaged)
+    step = damaged / "step_0"
+    size = (step / "common.pt").stat().st_size
+    original = (step / "common.pt").read_bytes()
+    os.truncate(step / "common.pt", size - 10)
+    convert = ["megatron-to-hf", "--checkpoint", damaged, "--hf-config", tiny_models / "llama", "--out", tmp_path / "out"]
+    assert_error(run_cli(convert), f"checkpoint {step} is damaged: common.pt has {size - 10} bytes, the manifest "
+                                   f"records {size} (truncated or overwritten)")
+    (step / "common.pt").write_bytes(original)
+    data = step / "__0_0.distcp"
+    flipped = bytearray(data.read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF  # same size: only the checksum tells
+    data.write_bytes(bytes(flipped))
+    assert_error(run_cli(convert), f"checkpoint {step} is damaged: __0_0.distcp has the recorded size but another sha256")
+    assert not (tmp_path / "out").exists()

@@ -3,7 +3,6 @@ import re
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from tests.conversion.conftest import assert_ok, run_cli

@@ -58,3 +58,29 @@ def verl_row(question: str, answer: str, index: int, data_source: str = "openai/
 def write_parquet(rows: list[dict], path) -> str:
     pq.write_table(pa.Table.from_pylist(rows), path)
     return str(path)
+
+
+def write_with_latin1(rows: list[dict], path, bad_row: int, column: str) -> str:
+    """``rows`` as verl's parquet, with row ``bad_row``'s text in ``column`` stored as Latin-1 bytes: what a
+    writer that does not check the encoding of a string column (a latin-1 export, raw bytes) leaves."""
+    table = pa.Table.from_pylist(rows)
+    kind = table.schema.field(column).type
+
+    def as_bytes(value, row):
+        if isinstance(value, str):
+            return value.encode("latin-1" if row == bad_row else "utf-8")
+        if isinstance(value, list):
+            return [as_bytes(v, row) for v in value]
+        return {k: as_bytes(v, row) for k, v in value.items()} if isinstance(value, dict) else value
+
+    def binary(t):  # the same layout with binary in place of string: bytes go in unchecked
+        if pa.types.is_string(t):
+            return pa.binary()
+        if pa.types.is_list(t):
+            return pa.list_(binary(t.value_type))
+        return pa.struct([(f.name, binary(f.type)) for f in t]) if pa.types.is_struct(t) else t
+
+    raw = pa.array([as_bytes(r[column], i) for i, r in enumerate(rows)], type=binary(kind))
+    table = table.set_column(table.column_names.index(column), column, raw.view(kind))
+    pq.write_table(table, path)
+    return str(path)

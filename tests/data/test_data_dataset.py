@@ -6,7 +6,7 @@ import logging
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests.data.data_helpers import VOCAB, expected_chatml_ids, verl_row, write_parquet
+from tests.data.data_helpers import VOCAB, expected_chatml_ids, verl_row, write_parquet, write_with_latin1
 from omegaconf import OmegaConf
 
 from megarl.data import DataFormatError, PromptDataset, build_dataset, build_train_loader, collate
@@ -136,6 +136,20 @@ def test_bad_row_names_file_row_and_key(tmp_path, tokenizer, bad_row, key):
     rows[2] = {**rows[2], **bad_row}
     path = write_parquet(rows, tmp_path / "bad.parquet")
     with pytest.raises(DataFormatError, match=rf"bad\.parquet: row 2: key {key}"):
+        PromptDataset(path, tokenizer)
+
+
+@pytest.mark.parametrize("rows, bad_row, column, key", [
+    (4, 2, "prompt", r"prompt\[0\]\.content"),
+    (5000, 4500, "data_source", "data_source"),  # past the first block of rows the search converts at once
+])
+def test_text_that_is_not_utf8_names_file_row_and_key(tmp_path, tokenizer, rows, bad_row, column, key):
+    rows = [verl_row(f"What is {i} + 1? café", str(i + 1), i, data_source="café/arith") for i in range(rows)]
+    path = write_with_latin1(rows, tmp_path / "latin1.parquet", bad_row, column)
+    with pytest.raises(UnicodeDecodeError):
+        pq.read_table(path).to_pylist()  # what the reader met before: no file, row or column
+    with pytest.raises(DataFormatError, match=rf"latin1\.parquet: row {bad_row}: key '{key}': the text is not "
+                                              r"valid UTF-8 \(byte 0xe9 at byte \d+: b'.*caf\\xe9"):
         PromptDataset(path, tokenizer)
 
 

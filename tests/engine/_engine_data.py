@@ -106,10 +106,13 @@ def actor_settings(
     mini_batch_size: int | None = None,
     loss: PolicyLossSettings = LOSS,
     optim: OptimizerSettings = OPTIM,
+    packed: bool = True,
 ) -> ActorSettings:
-    """One mini-batch of the whole (per-rank) batch by default, micro-batches of 2."""
-    train = BatchSettings(mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz, max_token_len=max_token_len)
-    log_prob = BatchSettings(micro_batch_size=3)
+    """One mini-batch of the whole (per-rank) batch by default, micro-batches of 2, packed sequences
+    (``packed=False``: padded rows)."""
+    train = BatchSettings(mini_batch_size=mini_batch_size, micro_batch_size=micro_batch_size, use_dynamic_bsz=use_dynamic_bsz,
+                          max_token_len=max_token_len, use_remove_padding=packed)
+    log_prob = BatchSettings(micro_batch_size=3, use_remove_padding=packed)
     return ActorSettings(train=train, log_prob=log_prob, loss=loss, optim=optim)
 
 

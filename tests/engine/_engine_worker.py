@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _engine_data as _data  # noqa: E402
+import _padded_scenario as _padded  # noqa: E402
 
 from megarl.engine import (  # noqa: E402
     BatchSettings,
@@ -151,6 +152,7 @@ def single(work: Path, data: dict) -> dict:
     results["nonfinite"] = nonfinite(work, layout, batch)
     results["learning"] = learning(work, layout)
     results["critic"] = critic(work, layout, batch)
+    results["padded"] = _padded.padded(work, layout, batch)
     return results
 
 
@@ -177,11 +179,12 @@ def loss_isolation(work: Path, layout: ParallelLayout, batch) -> dict:
             out = forward(model, micro_batch)
             if perturb is None:
                 return out
-            packed, trained = micro_batch.packed, micro_batch.batch.response_mask.bool()
-            pick = packed.response_valid & ~trained if perturb == "tool" else trained & (trained.cumsum(-1) == 1)
+            inputs, trained = micro_batch.inputs, micro_batch.batch.response_mask.bool()
+            pick = inputs.response_valid & ~trained if perturb == "tool" else trained & (trained.cumsum(-1) == 1)
             noise = torch.zeros_like(out)
+            flat = noise.view(-1, out.shape[-1])  # response_index counts positions over all rows
             for row, k in pick.nonzero().tolist():
-                noise[row, packed.response_index[row, k]] = 5.0 * torch.randn(out.shape[-1], generator=generator)
+                flat[inputs.response_index[row, k]] = 5.0 * torch.randn(out.shape[-1], generator=generator)
             return out + noise
 
         actor.runner.forward = perturbed_forward

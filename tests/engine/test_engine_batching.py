@@ -1,11 +1,11 @@
 """Batches, micro-/mini-batching and packing: pure functions, checked against straightforward
-loops and brute force (no processes, no megatron)."""
+loops and brute force (no processes; megatron only for its ``PackedSeqParams``)."""
 
 import pytest
 import torch
 
 from megarl.engine import RLBatch, data_parallel_shard, fixed_micro_batches, mini_batches, restore_order, token_budget_micro_batches
-from megarl.engine.packing import gather_response, pack, pad_to
+from megarl.engine.packing import gather_response, packed_lengths, packed_row, pad_to, padded_rows, scatter_response
 
 
 def padded_cost(lengths, part):
@@ -88,9 +88,9 @@ def make_batch():
     return RLBatch.from_parts(prompts, prompt_mask, responses, response_mask, advantages=torch.ones(2, 3))
 
 
-def test_pack_left_aligns_real_tokens_and_points_at_the_predicting_positions():
+def test_padded_rows_left_align_real_tokens_and_point_at_the_predicting_positions():
     batch = make_batch()
-    packed = pack(batch, multiple_of=4)
+    packed = padded_rows(batch, multiple_of=4)
     assert packed.tokens.tolist() == [[5, 6, 7, 8, 9, 0, 0, 0], [4, 3, 0, 0, 0, 0, 0, 0]]
     assert packed.position_ids[0, :5].tolist() == [0, 1, 2, 3, 4] and packed.position_ids[1, :2].tolist() == [0, 1]
     for row in range(len(batch)):  # a straightforward loop: the output before each response token
@@ -98,12 +98,71 @@ def test_pack_left_aligns_real_tokens_and_points_at_the_predicting_positions():
         for k in range(batch.response_length):
             if batch.attention_mask[row, batch.prompt_length + k]:
                 position = real.index(int(batch.responses[row, k]), batch.attention_mask[row, : batch.prompt_length].sum().item())
-                assert packed.response_index[row, k] == position - 1
+                assert packed.response_index[row, k] == row * 8 + position - 1
     assert packed.response_valid.tolist() == [[True, True, True], [True, False, False]]
     scores = torch.arange(16.0).reshape(2, 8)
-    assert gather_response(scores, packed)[0].tolist() == [1.0, 2.0, 3.0]
+    assert gather_response(scores, packed).tolist() == [1.0, 2.0, 3.0, 8.0]  # padding is never picked
+    assert scatter_response(gather_response(scores, packed), packed).tolist() == [[1.0, 2.0, 3.0], [8.0, 0.0, 0.0]]
     grown = pad_to(packed, rows=3, length=10)
     assert grown.tokens.shape == (3, 10) and torch.equal(grown.tokens[:2, :8], packed.tokens)
+    assert gather_response(torch.arange(30.0).reshape(3, 10), grown).tolist() == [1.0, 2.0, 3.0, 10.0]
+
+
+def test_packed_row_holds_only_real_tokens_with_restarting_positions():
+    """Sample 0 (5 real tokens) then sample 1 (2): one row, cu_seqlens [0, 5, 7], positions restarting,
+    each response token scored at the packed position before it."""
+    batch = make_batch()
+    packed = packed_row(batch)
+    assert packed.tokens.tolist() == [[5, 6, 7, 8, 9, 4, 3]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1]]
+    params = packed.packed_seq_params
+    assert params.qkv_format == "thd" and params.cu_seqlens_q_padded.tolist() == [0, 5, 7] and params.max_seqlen_q == 5
+    assert packed.global_length == 7
+    scores = torch.arange(7.0).reshape(1, 7)
+    assert scatter_response(gather_response(scores, packed), packed).tolist() == [[1.0, 2.0, 3.0], [5.0, 0.0, 0.0]]
+    # sequence parallelism over 4 ranks: the last sample grows to 5 + 3 = 8 tokens; TE keeps the real lengths
+    grown = packed_row(batch, multiple_of=4)
+    assert grown.packed_seq_params.cu_seqlens_q_padded.tolist() == [0, 5, 8]
+    assert grown.packed_seq_params.cu_seqlens_q.tolist() == [0, 5, 7]
+
+
+def test_context_parallel_ranks_hold_their_chunks_and_score_every_response_token_once():
+    """CP=2: samples padded to 8 and 4 tokens (2 x CP chunks each); rank r holds chunks r and 3 - r."""
+    batch = make_batch()
+    assert packed_lengths(batch, cp_size=2) == [8, 4]
+    assert packed_lengths(batch, cp_size=2, multiple_of=2) == [8, 4]
+    assert packed_lengths(batch, cp_size=2, multiple_of=4) == [8, 8]
+    whole = torch.tensor([5, 6, 7, 8, 9, 0, 0, 0, 4, 3, 0, 0])
+    scored = torch.zeros(2, 3)
+    for rank, chunks in ((0, [0, 1, 6, 7, 8, 11]), (1, [2, 3, 4, 5, 9, 10])):
+        packed = packed_row(batch, cp_size=2, cp_rank=rank)
+        assert packed.tokens[0].tolist() == whole[chunks].tolist()
+        assert packed.position_ids[0].tolist() == [[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3][c] for c in chunks]
+        global_index = torch.tensor(chunks, dtype=torch.float32).reshape(1, -1)
+        scored += scatter_response(gather_response(global_index, packed), packed)  # CP=1 group: no sum
+        assert packed.global_length == 12
+    assert scored.tolist() == [[1.0, 2.0, 3.0], [8.0, 0.0, 0.0]]
+
+
+def lpt_gap_ok(lengths, parts):
+    loads = [sum(lengths[i] for i in part) for part in parts]
+    return max(loads) - min(loads) <= max(lengths)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_token_budget_counts_real_tokens_and_balances_them(seed):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 20, (7,), generator=generator).tolist()
+    budget = max(lengths) + int(torch.randint(0, 30, (1,), generator=generator))
+    parts = token_budget_micro_batches(lengths, budget, packed=True)
+    assert sorted(i for part in parts for i in part) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in part) <= budget for part in parts)
+    fewest = min(len(p) for p in set_partitions(list(range(len(lengths)))) if all(sum(lengths[i] for i in g) <= budget for g in p))
+    assert fewest <= len(parts) <= fewest + 1 and lpt_gap_ok(lengths, parts)
+    padded = token_budget_micro_batches(lengths, budget)
+    assert len(parts) <= len(padded)  # real tokens never need more micro-batches than padded ones
+    more = token_budget_micro_batches(lengths, budget, count=len(lengths), packed=True)
+    assert sorted(len(p) for p in more) == [1] * len(lengths)
 
 
 def test_batch_selects_shards_and_rejects_bad_input():

@@ -13,7 +13,7 @@ from megarl.engine import balanced_partitions, model_overrides
 from megarl.engine.overrides import pipeline_stage_layers, transformer_overrides, without_cpu_conflicts
 from megarl.models import ParallelLayout
 from megarl.trainer.checkpointing import prune_checkpoints
-from megarl.trainer.megatron_worker import layout_from_config
+from megarl.settings.engine import layout_from_config
 
 BASE = ["data.train_files=x.parquet", "algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=2",
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",

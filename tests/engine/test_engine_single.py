@@ -110,7 +110,8 @@ def test_moe_log_probs_and_update_match_hugging_face(single, engine_work, data):
 
 def test_metrics_have_verl_names(single):
     metrics = single["update/mbs2"]["metrics"]
-    expected = {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss", "kl_coef", "grad_norm", "lr", "skipped_steps"}
+    expected = {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss", "kl_coef", "grad_norm", "lr", "skipped_steps",
+                "optimizer_steps"}
     assert {f"actor/{name}" for name in expected} <= set(metrics)
     assert metrics["actor/lr"] == _data.LR and metrics["actor/kl_coef"] == _data.LOSS.kl_loss_coef
     assert 0 < metrics["actor/pg_clipfrac"] < 1  # the noisy old log-probs make some ratios clip
@@ -118,7 +119,7 @@ def test_metrics_have_verl_names(single):
 
 def test_non_finite_grad_norm_skips_the_step(single):
     result = single["nonfinite"]
-    assert result["bad"]["actor/skipped_steps"] == 1.0
+    assert result["bad"]["actor/skipped_steps"] == result["bad"]["actor/optimizer_steps"] == 1.0
     assert math.isnan(result["bad"]["actor/grad_norm"])
     assert all(torch.equal(result["after_bad"][name], result["before"][name]) for name in result["before"])
     assert result["good"]["actor/skipped_steps"] == 0.0
@@ -174,3 +175,29 @@ def assert_on_policy_pair_identical(result: dict) -> None:
 
 def test_on_policy_update_without_the_old_log_prob_pass_is_identical(single):
     assert_on_policy_pair_identical(single["on_policy"])
+
+
+def test_packed_and_padded_micro_batches_give_the_same_results(single):
+    """use_remove_padding on (the default, every test above) and off: the same log-probs, entropy,
+    reference log-probs, values, losses, gradient norms and weights after the step, for fixed
+    micro-batches and token budgets (which cost real tokens packed, samples x longest padded)."""
+    padded = single["padded"]
+    assert (padded["log_probs"] - single["log_probs"]["log_probs"]).abs().max() <= TOLERANCE
+    assert (padded["entropy"] - single["log_probs"]["entropy"]).abs().max() <= TOLERANCE
+    assert (padded["reference"] - single["reference"]["log_probs"]).abs().max() <= TOLERANCE
+    assert (padded["values"] - single["critic"]["values"]).abs().max() <= TOLERANCE
+    for name in ("mbs2", "dynamic"):
+        ours, packed = padded[f"update/{name}"], single[f"update/{name}"]
+        for metric in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+            assert ours["metrics"][metric] == pytest.approx(packed["metrics"][metric], rel=1e-5, abs=1e-7), (name, metric)
+        assert max_weight_diff(ours["weights"], packed["weights"]) <= TOLERANCE
+
+
+def test_padding_never_enters_the_loss(single):
+    """Padded rows with other token ids at every padding position and noise on those positions' logits:
+    the loss pieces and every gradient are bit for bit those of the clean rows."""
+    isolation = single["padded"]["isolation"]
+    clean, noisy = isolation["clean"], isolation["noisy"]
+    assert isolation["padding_positions"] >= 8
+    assert noisy["loss"] == clean["loss"]
+    assert all(torch.equal(noisy["grads"][name], clean["grads"][name]) for name in clean["grads"])

@@ -68,3 +68,28 @@ def test_validation_generations_go_to_console_tensorboard_text_and_jsonl(tmp_pat
     (event,) = acc.Tensors("val/generations/text_summary")
     text = event.tensor_proto.string_val[0].decode()
     assert event.step == 5 and all(sample["prompt"] in text for sample in picked)
+
+
+def test_a_resumed_run_replaces_what_was_logged_after_its_checkpoint(tmp_path):
+    """Interrupted after step 5 with its checkpoint at step 3: the resumed run logs steps 4 and 5 again;
+    each step is then in TensorBoard and the JSONL files once, with the resumed run's values."""
+    first = MetricsLogger(["tensorboard", "jsonl"], tmp_path)
+    for step in range(1, 6):
+        first.log({"actor/pg_loss": float(step)}, step=step)
+        first.log_generations([{"prompt": "p", "response": f"first {step}"}], step=step)
+    first.close()
+    with open(tmp_path / "metrics.jsonl", "a") as cut:
+        cut.write('{"step": 6, "actor/pg')  # the interrupted run's last line, cut short
+    resumed = MetricsLogger(["tensorboard", "jsonl"], tmp_path)
+    resumed.rewind(3)
+    for step in (4, 5):
+        resumed.log({"actor/pg_loss": 10.0 * step}, step=step)
+        resumed.log_generations([{"prompt": "p", "response": f"resumed {step}"}], step=step)
+    resumed.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("actor/pg_loss")] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0)]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["actor/pg_loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0)]
+    samples = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert [s["response"] for s in samples] == ["first 1", "first 2", "first 3", "resumed 4", "resumed 5"]

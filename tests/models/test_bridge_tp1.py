@@ -63,6 +63,28 @@ def test_logits_match_hugging_face(world, model_zoo, name):
     assert (logits - reference["output"]).abs().max().item() <= TOLERANCE
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3"])
+def test_packed_sequences_match_hugging_face(world, model_zoo, name):
+    """A prefix of row 0 and all of row 1 packed into one row (megatron's THD with ``cu_seqlens``): RoPE
+    restarts at each sequence and nothing attends across them, so each equals HF on its own."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    [model] = build_model(model_zoo / name, ParallelLayout())
+    reference = _reference(model_zoo, name)
+    ids, expected = reference["input_ids"], reference["output"]
+    cut = ids.shape[1] // 2 + 1
+    tokens = torch.cat([ids[0, :cut], ids[1]]).unsqueeze(0)
+    positions = torch.cat([torch.arange(cut), torch.arange(ids.shape[1])]).unsqueeze(0)
+    cu = torch.tensor([0, cut, cut + ids.shape[1]], dtype=torch.int32)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=ids.shape[1],
+                             max_seqlen_kv=ids.shape[1])
+    model.eval()
+    with torch.no_grad():
+        logits = model(tokens, positions, None, packed_seq_params=params)[0]
+    assert (logits[:cut] - expected[0, :cut]).abs().max().item() <= TOLERANCE
+    assert (logits[cut:] - expected[1]).abs().max().item() <= TOLERANCE
+
+
 @pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
 def test_moe_dispatchers_match_hugging_face(world, model_zoo, dispatcher):
     [model] = build_model(model_zoo / "mixtral", ParallelLayout(), moe_token_dispatcher=dispatcher)

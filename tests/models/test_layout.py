@@ -68,23 +68,26 @@ def test_interleaved_chunks_by_hand():
         (ParallelLayout(tp=2, pp=2, ep=4, etp=1), 16),
         (ParallelLayout(tp=4, pp=2, ep=2, etp=2), 16),
         (ParallelLayout(tp=8, pp=4), 64),
+        (ParallelLayout(tp=2, pp=2, cp=2), 16),
+        (ParallelLayout(tp=2, cp=2, ep=4, etp=1), 8),
     ],
 )
 def test_rank_coords_match_megatron_rank_generator(layout, world_size):
     from megatron.core.parallel_state import RankGenerator
 
     order = "tp-cp-ep-dp-pp"  # megatron-core's default
-    dp = world_size // (layout.tp * layout.pp)
+    dp = world_size // (layout.tp * layout.pp * layout.cp)
     edp = world_size // (layout.etp * layout.ep * layout.pp)
-    dense = RankGenerator(tp=layout.tp, ep=1, dp=dp, pp=layout.pp, cp=1, order=order)
+    dense = RankGenerator(tp=layout.tp, ep=1, dp=dp, pp=layout.pp, cp=layout.cp, order=order)
     expert = RankGenerator(tp=layout.etp, ep=layout.ep, dp=edp, pp=layout.pp, cp=1, order=order)
     coords = [rank_coords(layout, world_size, rank) for rank in range(world_size)]
     # Within each megatron group the coordinate along that dimension is 0..size-1 in order, and
     # every other coordinate is constant.
     for generator, token, field, others in [
-        (dense, "tp", "tp", ("pp", "dp")),
-        (dense, "dp", "dp", ("pp", "tp")),
-        (dense, "pp", "pp", ("tp", "dp")),
+        (dense, "tp", "tp", ("pp", "dp", "cp")),
+        (dense, "cp", "cp", ("pp", "dp", "tp")),
+        (dense, "dp", "dp", ("pp", "tp", "cp")),
+        (dense, "pp", "pp", ("tp", "dp", "cp")),
         (expert, "tp", "etp", ("pp", "ep", "edp")),
         (expert, "ep", "ep", ("pp", "etp", "edp")),
         (expert, "dp", "edp", ("pp", "etp", "ep")),

@@ -9,7 +9,6 @@ import math
 from collections import Counter, defaultdict
 
 import pytest
-from pathlib import Path
 
 from transformers import LlamaConfig, MixtralConfig
 

@@ -59,6 +59,7 @@ CASES = (
     Case("tiny PP2 selective", "llama_small_tied", ParallelLayout(pp=2),
          {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "mlp"]}),
     Case("tiny MoE EP2", "qwen3_moe", ParallelLayout(ep=2), {}),
+    Case("tiny CP2", "llama_tied", ParallelLayout(cp=2), {}),
     Case("SmolLM2 shape TP1", "smollm2-135m", ParallelLayout(), {}),
     Case("SmolLM2 shape PP2", "smollm2-135m", ParallelLayout(pp=2), {}),
 )
@@ -69,7 +70,7 @@ def setup(layout: ParallelLayout) -> None:
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    initialize_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, seed=3)
+    initialize_model_parallel(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, seed=3)
 
 
 def local_batch(rank: int) -> RLBatch:
@@ -114,17 +115,17 @@ def run_case(case: Case, work: Path) -> dict:
                           settings(case.entropy_coeff))
     counter = SavedActivations(p for chunk in actor.model for p in chunk.parameters())
     with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-        actor.update_policy(local_batch(dist.get_rank()))
+        actor.update_policy(local_batch(ps.get_data_parallel_rank()))  # the same samples on TP, PP and CP peers
     measured = engine_counts(actor) | {"activations": counter.peak}
 
     model = ModelFacts(load_hf_config(path))
     stage = ps.get_pipeline_model_parallel_rank()
-    dp, edp = ps.get_data_parallel_world_size(), ps.get_expert_data_parallel_world_size()
+    dp, edp = ps.get_data_parallel_world_size(with_context_parallel=True), ps.get_expert_data_parallel_world_size()
     state = trained_bytes(model.stage_params(case.layout, stage), 4, dp, edp, True,
-                          ps.get_data_parallel_rank(), ps.get_expert_data_parallel_rank())
+                          ps.get_data_parallel_rank(with_context_parallel=True), ps.get_expert_data_parallel_rank())
     mb = MicroBatch(MICRO, PROMPT + RESPONSE, RESPONSE)
     activations, _ = activation_bytes(model, case.layout, stage, mb, SAMPLES // MICRO, Recompute.from_overrides(case.recompute),
-                                      case.entropy_coeff != 0, False, 4, "local")
+                                      case.entropy_coeff != 0, False, 4, "local", case.layout.cp)
     planned = {"params": state.params, "grads": state.grads, "optimizer": state.optimizer, "activations": activations,
                "param_tensors": model.stage_params(case.layout, stage).numel * 4}
     return {"rank": dist.get_rank(), "stage": stage, "measured": measured, "planned": planned}

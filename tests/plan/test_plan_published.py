@@ -146,3 +146,35 @@ def test_the_command_prints_json_and_exits_by_fit(capsys):
     assert "hardware: h100*: 40 GB" in out and "DOES NOT FIT" in out and "makes it fit" in out
     assert main([str(ROOT / "configs/grpo_70b.yaml"), model, "--gpu", "v100"]) == 2
     assert "unknown GPU 'v100'" in capsys.readouterr().err
+
+
+def test_context_parallelism_halves_the_update_activations_per_rank():
+    """The 70B config at CP2 on the same 64 GPUs (so DP halves): each rank holds half of every sequence,
+    so the update's activations per rank halve (as the logits' share); the layout line shows CP2."""
+    cp1, cp2 = (plan_config(config("grpo_70b", f"actor_rollout_ref.actor.megatron.context_parallel_size={cp}"),
+                            gpu("h100")) for cp in (1, 2))
+    assert cp2.inputs.dp * 2 == cp1.inputs.dp
+    actor1, actor2 = cp1.memory.roles["actor"], cp2.memory.roles["actor"]
+    assert 0.45 <= actor2.activations / actor1.activations <= 0.55 and actor2.logits < actor1.logits
+    from megarl.plan.report import render
+
+    assert " x CP2 x DP2 + SP" in render(cp2)
+
+
+def test_packing_saves_tokens_on_long_tailed_lengths(capsys):
+    """Responses log-normal around a median of 128 (cut at 1024): a token budget of real tokens computes
+    fewer tokens than padded micro-batches, never above the budget x CP; equal lengths save nothing."""
+    from megarl.engine.settings import BatchSettings
+    from megarl.plan.command import main
+    from megarl.plan.packing import Lengths, pass_packing
+
+    budget = BatchSettings(use_dynamic_bsz=True, max_token_len=8192)
+    skewed = pass_packing("update", budget, 64, Lengths(prompt=64, median=128, cap=1024), cp=2)
+    assert skewed.ratio > 1.3 and skewed.largest_packed <= 2 * 8192
+    equal = pass_packing("update", BatchSettings(micro_batch_size=8), 64, Lengths(64, 512, 512, sigma=0.0), cp=1)
+    assert equal.ratio == 1.0 and equal.real_tokens == 64 * 576
+    model = f"actor_rollout_ref.model.path={FIXTURES / 'llama-3.1-70b'}"
+    assert main([str(ROOT / "configs/grpo_70b.yaml"), model, "--response-length-median", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "sequence packing, per rank and step, at responses log-normal around a median of 200 tokens" in out
+    assert "actor update" in out and "this run: packed" in out

@@ -1,5 +1,4 @@
 """The planner's pieces on hand-checkable numbers (pure arithmetic)."""
-from pathlib import Path
 
 import pytest
 

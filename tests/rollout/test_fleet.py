@@ -272,10 +272,12 @@ def test_log_probs_are_those_of_the_distribution_sampled_from(fleet, prompts, hf
         assert min(gaps) > -TOLERANCE and max(gaps) > 1e-3  # -log(mass kept) >= 0, and > 0 somewhere
 
 
-def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, hf_model, model_dir, pusher):
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_sample", "group_of_3"])
+def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, hf_model, model_dir, pusher, grouped):
     """A weight sync with in_flight="abort" (partial rollouts) interrupts running requests: each keeps its
     tokens and continues on the new weights, every token stamped with the version that sampled it, and
-    its log-prob is that version's (HF forwards of the old and the new weights as references)."""
+    its log-prob is that version's (HF forwards of the old and the new weights as references). The same
+    for a prompt's samples sent as one group request: each aborted sample continues alone."""
     import asyncio
 
     from transformers import AutoModelForCausalLM
@@ -296,12 +298,18 @@ def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, h
     mixed, generations = [], []
     for attempt in range(6):  # a request must be cut mid-way at least once; the sync starts right after submission
         async def run():
-            calls = [client.generate(prompts[i % len(prompts)], params, seed=100 * attempt + i) for i in range(24)]
+            if grouped:  # 8 prompts x 3 samples: prompt j's samples are requests 3j..3j+2
+                calls = [client.generate_group(prompts[(3 * j) % len(prompts)], params, seed=100 * attempt + 3 * j, n=3)
+                         for j in range(8)]
+            else:
+                calls = [client.generate(prompts[(i - i % 3) % len(prompts)], params, seed=100 * attempt + i)
+                         for i in range(24)]
             tasks = [asyncio.ensure_future(c) for c in calls]
             await asyncio.sleep(0.05)
             sync = asyncio.get_running_loop().run_in_executor(None, lambda: pusher.push(
                 new_state if attempt % 2 == 0 else old_state, in_flight="abort"))
-            return await asyncio.gather(*tasks), await sync
+            done = await asyncio.gather(*tasks)
+            return [g for group in done for g in group] if grouped else done, await sync
 
         generations, metrics = asyncio.run(run())
         v_new = fleet.version()
@@ -311,7 +319,7 @@ def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, h
     assert mixed, "no request was interrupted by the sync in 6 attempts"
     models = {v_old + k: (new_model if k % 2 else old_model) for k in range(0, 7)}
     for g, i in zip(generations, range(24)):
-        prompt = prompts[i % len(prompts)]
+        prompt = prompts[(i - i % 3) % len(prompts)]
         assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == MAX_TOKENS and g.finish_reason == "length"
         assert g.versions == sorted(g.versions) and set(g.versions) <= {v_new - 1, v_new}  # old tokens first
         for version in set(g.versions):
@@ -319,6 +327,27 @@ def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, h
             picked = [(a, b) for a, b, v in zip(g.logprobs, reference, g.versions) if v == version]
             assert max(abs(a - b) for a, b in picked) < TOLERANCE, (version, picked)
     assert metrics["weight_sync/drain_seconds"] >= 0
+
+
+def test_a_group_request_samples_what_its_single_requests_do(fleet, prompts):
+    """Sample k of ``generate_group(seed)`` is ``generate(seed + k)``: tokens and log-probs."""
+    import asyncio
+
+    from megarl.rollout.sampling import resolve_sampling
+
+    params = resolve_sampling(fleet.config, None, n=1)
+    client = fleet.client(1)
+
+    async def run():
+        group = await client.generate_group(prompts[2], params, seed=321, n=3)
+        singles = await asyncio.gather(*[client.generate(prompts[2], params, seed=321 + k) for k in range(3)])
+        return group, singles
+
+    group, singles = asyncio.run(run())
+    assert [g.token_ids for g in group] == [g.token_ids for g in singles]
+    assert len({tuple(g.token_ids) for g in group}) > 1  # the samples differ: the seeds took effect
+    for a, b in zip(group, singles):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
 def seam(fleet, tokenizer):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from megarl.rollout.gate import GenerationGate, Segment, generate_resumable, segment_seed
+from megarl.rollout.gate import GenerationGate, Segment, generate_group_resumable, generate_resumable, segment_seed
 
 
 def test_close_waits_for_running_requests_or_aborts_them_and_nests():
@@ -68,5 +68,46 @@ def test_a_request_aborted_by_a_sync_continues_with_the_new_version_and_its_toke
         assert g.logprobs == [-1.0, -1.1, -1.2, -1.3, -1.4] and g.finish_reason == "length"
         assert calls[1] == ([1, 2, 10, 11], 3, segment_seed(77, 1)) and calls[0][2] == 77  # prompt + tokens so far
         assert g.text == "10-11-12-13-14"  # detokenised whole: it ran in two segments
+
+    asyncio.run(scenario())
+
+
+def test_a_group_request_aborted_by_a_sync_continues_each_sample_alone_as_its_own_request_would():
+    """Sample k of a group is seeded ``seed + k``; after an abort it continues alone from segment 1 with
+    ``segment_seed(seed + k, 1)``: exactly what a single request with seed ``seed + k`` would do."""
+    async def scenario():
+        gate, version, group_calls, calls = GenerationGate(), {"v": 3}, [], []
+        syncs = []
+
+        async def sync(abort):
+            await gate.close(abort)
+            version["v"] = 4
+            gate.open()
+
+        async def run_group(request_id, ids, max_tokens, seed):
+            group_calls.append((list(ids), max_tokens, seed))
+            aborted = asyncio.Event()
+
+            async def abort(request_ids):
+                assert request_ids == [request_id]
+                aborted.set()
+
+            syncs.append(asyncio.ensure_future(sync(abort)))
+            await aborted.wait()
+            # sample 0 had finished before the sync; sample 1 is cut after one token
+            return [Segment([20], [-2.0], "stop", None, "done"), Segment([30], [-3.0], "abort", None, "")]
+
+        async def run_segment(request_id, ids, max_tokens, seed):
+            calls.append((list(ids), max_tokens, seed))
+            return Segment([31, 32], [-3.1, -3.2], "stop", None, "")
+
+        first, second = await generate_group_resumable(gate, run_group, run_segment, [1, 2], 4, seed=50,
+                                                       version=lambda: version["v"], tag="g",
+                                                       detokenize=lambda ids: "-".join(map(str, ids)))
+        await syncs[0]
+        assert group_calls == [([1, 2], 4, 50)]
+        assert (first.token_ids, first.versions, first.text, first.finish_reason) == ([20], [3], "done", "stop")
+        assert calls == [([1, 2, 30], 3, segment_seed(51, 1))]  # sample 1 = seed 50 + 1, its segment 1
+        assert second.token_ids == [30, 31, 32] and second.versions == [3, 4, 4] and second.text == "30-31-32"
 
     asyncio.run(scenario())

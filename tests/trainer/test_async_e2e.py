@@ -48,6 +48,9 @@ class Recorder:
     def log_generations(self, samples, step):
         pass
 
+    def rewind(self, step):
+        self.steps = {s: m for s, m in self.steps.items() if s <= step}
+
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
@@ -85,7 +88,8 @@ def train(cfg, pools, record_batches: bool = False, record_correction: bool = Fa
     import megarl.trainer.controller as controller
     from megarl.agent import AgentRollout, build_agent_context
     from megarl.data import build_dataset, build_train_loader
-    from megarl.trainer.controller import RLTrainer, TrainingLoop
+    from megarl.run.loop import TrainingLoop
+    from megarl.trainer.controller import RLTrainer
     from megarl.trainer.megatron_worker import MegatronWorker
     from megarl.cluster.worker_group import WorkerGroup
     from megarl.weight_sync.session import WeightSyncSession

@@ -24,7 +24,7 @@ import ray
 
 from megarl.rollout.client import GenerateClient
 from megarl.rollout.fleet import split_evenly
-from megarl.rollout.gate import GenerationGate, Segment, generate_resumable
+from megarl.rollout.gate import GenerationGate, Segment, generate_group_resumable, generate_resumable
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 TOKEN_BASE = 400  # a sampled token is TOKEN_BASE + the version that sampled it
@@ -36,22 +36,38 @@ class FakeReplica:
         self.aborted: set[str] = set()
         self.bad: list[str] = []
 
+    async def _segment(self, original, request_id, ids, max_tokens):
+        if ids[:len(original)] != original:
+            self.bad.append(f"{request_id}: a resumed segment lost its prompt")
+        tokens = []
+        for _ in range(min(max_tokens, 1 + self.rng.randrange(6))):
+            await asyncio.sleep(0.004 * self.rng.paretovariate(1.3))
+            if request_id in self.aborted:
+                return Segment(tokens, [-0.5] * len(tokens), "abort", None, "")
+            tokens.append(TOKEN_BASE + self.version)
+        return Segment(tokens, [-0.5] * len(tokens), "length" if len(tokens) == max_tokens else "stop", None, "x")
+
     async def generate_tokens(self, prompt_ids, sampling_kwargs, seed):
         original = list(prompt_ids)
 
         async def run_segment(request_id, ids, max_tokens, segment_seed):
-            if ids[:len(original)] != original:
-                self.bad.append(f"{request_id}: a resumed segment lost its prompt")
-            tokens = []
-            for _ in range(min(max_tokens, 1 + self.rng.randrange(6))):
-                await asyncio.sleep(0.004 * self.rng.paretovariate(1.3))
-                if request_id in self.aborted:
-                    return Segment(tokens, [-0.5] * len(tokens), "abort", None, "")
-                tokens.append(TOKEN_BASE + self.version)
-            return Segment(tokens, [-0.5] * len(tokens), "length" if len(tokens) == max_tokens else "stop", None, "x")
+            return await self._segment(original, request_id, ids, max_tokens)
 
         return await generate_resumable(self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
                                         lambda: self.version, "fake")
+
+    async def generate_group(self, prompt_ids, sampling_kwargs, seed):
+        original = list(prompt_ids)
+
+        async def run_group(request_id, ids, max_tokens, group_seed):
+            return list(await asyncio.gather(*[self._segment(original, request_id, ids, max_tokens)
+                                               for _ in range(sampling_kwargs["n"])]))
+
+        async def run_segment(request_id, ids, max_tokens, segment_seed):
+            return await self._segment(original, request_id, ids, max_tokens)
+
+        return await generate_group_resumable(self.gate, run_group, run_segment, prompt_ids,
+                                              int(sampling_kwargs["max_tokens"]), seed, lambda: self.version, "fake")
 
     async def sync_receive(self, version, in_flight):
         async def abort(ids):
@@ -97,7 +113,6 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from megarl.checks import load_config
     from megarl.devtools.tiny_tokenizer import build_tokenizer
     from tests.config._fixtures import write_prompts
 

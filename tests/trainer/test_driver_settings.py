@@ -72,7 +72,7 @@ class _Trainer:
 
 
 def test_val_only_validates_once_and_does_not_train(tmp_path):
-    from megarl.trainer.controller import TrainingLoop
+    from megarl.run.loop import TrainingLoop
 
     cfg = load_config(None, [*BASE, "actor_rollout_ref.model.path=/m", "trainer.val_only=True",
                              "trainer.val_before_train=False"])

@@ -2,10 +2,11 @@
 
 The quickstart task ("What is a + 1?") with the quickstart's format warm-up; GRPO must raise the
 validation accuracy by at least 0.3. Also PPO with a critic (its 120-step curve in ``make test-all``),
-resume equality, bad input and logs.
+resume equality (after a crash, from a checkpoint older than a damaged one), bad input and logs.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from statistics import mean
@@ -83,38 +84,60 @@ def test_grpo_learns_and_logs(quickstart_inputs, tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_resume_continues_with_identical_metrics(quickstart_inputs, tmp_path):
-    """Interrupted at step 3 and resumed, a run equals the uninterrupted one. The interrupted run also
-    keeps the actor's and the reference's weights, grads and optimizer state in host memory between
-    phases, exports an HF checkpoint with every save and keeps only the newest one: none of that
-    may change a number."""
+def test_resume_continues_with_identical_metrics(quickstart_inputs, tmp_path, monkeypatch):
+    """Interrupted and resumed, a run equals the uninterrupted one: the same numbers and weight versions
+    at every step, each step logged once. The interrupted run crashes after step 5 is logged, before
+    its checkpoint; its step-4 checkpoint is then damaged (one byte changed: the checksum tells, not the
+    size), so the resume passes it over, loads step 2 and trains steps 3-5 again. That run also keeps
+    the actor's and the reference's weights, grads and optimizer state in host memory between phases,
+    exports an HF checkpoint with every save and keeps the newest two: none of that may change a number."""
     from transformers import AutoModelForCausalLM
 
+    from megarl.run.loop import TrainingLoop
     from megarl.run.train import run
 
-    common = ["trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=3",
-              "actor_rollout_ref.actor.use_kl_loss=true"]
+    common = ["trainer.test_freq=-1", "trainer.val_before_train=false", "actor_rollout_ref.actor.use_kl_loss=true",
+              "trainer.logger=[console,tensorboard,jsonl]", "trainer.total_training_steps=5"]
     memory = [f"actor_rollout_ref.actor.megatron.{kind}_offload=true" for kind in ("param", "grad", "optimizer")]
     memory += ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-               "trainer.max_actor_ckpt_to_keep=1"]
+               "trainer.max_actor_ckpt_to_keep=2", "trainer.save_freq=2"]
     full = tmp_path / "full"
-    run(load_config("quickstart", overrides(quickstart_inputs, full, *common, "trainer.total_training_steps=5")))
+    run(load_config("quickstart", overrides(quickstart_inputs, full, *common, "trainer.save_freq=3")))
     part = tmp_path / "part"
-    run(load_config("quickstart", overrides(quickstart_inputs, part, *common, *memory, "trainer.total_training_steps=3")))
-    assert (part / "actor" / "latest").read_text().strip() == "step_3"
-    run(load_config("quickstart", overrides(quickstart_inputs, part, *common, *memory, "trainer.total_training_steps=5")))
-    assert sorted(p.name for p in (part / "actor").iterdir()) == ["latest", "step_5"]  # step_3 pruned after step 5
+    real_save = TrainingLoop.save
+
+    def crash_before_step_5s_checkpoint(loop, step):
+        if step == 5:
+            raise RuntimeError("simulated crash")
+        real_save(loop, step)
+
+    monkeypatch.setattr(TrainingLoop, "save", crash_before_step_5s_checkpoint)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(load_config("quickstart", overrides(quickstart_inputs, part, *common, *memory)))
+    monkeypatch.undo()
+    assert sorted(p.name for p in (part / "actor").iterdir()) == ["latest", "step_2", "step_4"]
+    damaged = part / "actor" / "step_4" / "__0_0.distcp"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    run(load_config("quickstart", overrides(quickstart_inputs, part, *common, *memory)))
+    driver_log = (part / "logs" / "driver.log").read_text()
+    assert (f"checkpoint {part / 'actor' / 'step_4'} is damaged: __0_0.distcp has the recorded size but another "
+            f"sha256 (its contents changed); resuming from {part / 'actor' / 'step_2'} instead") in driver_log
+    assert sorted(p.name for p in (part / "actor").iterdir()) == ["latest", "step_4", "step_5"]  # step_2 pruned
     assert sorted(p.name for p in (full / "actor").iterdir()) == ["latest", "step_3", "step_5"]
     AutoModelForCausalLM.from_pretrained(str(part / "actor" / "step_5" / "huggingface"))  # the export loads
 
     a, b = scalars(full), scalars(part)
     for name in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss",
-                 "response_length/mean"]:
-        steps_a = dict(a[name])
-        steps_b = dict(b[name])
-        assert sorted(steps_b) == [1, 2, 3, 4, 5], (name, sorted(steps_b))  # no step replayed or skipped
-        for step in (1, 2, 3, 4, 5):
-            assert math.isclose(steps_a[step], steps_b[step], rel_tol=1e-5, abs_tol=1e-6), (name, step, steps_a, steps_b)
+                 "response_length/mean", "rollout/weight_version"]:
+        assert [step for step, _ in b[name]] == [1, 2, 3, 4, 5], (name, b[name])  # no step replayed or skipped
+        for (step, value_a), (_, value_b) in zip(a[name], b[name]):
+            assert math.isclose(value_a, value_b, rel_tol=1e-5, abs_tol=1e-6), (name, step, a[name], b[name])
+    logged = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in logged] == [1, 2, 3, 4, 5]
+    for row, (_, value) in zip(logged, b["actor/pg_loss"]):  # TensorBoard keeps float32
+        assert math.isclose(row["actor/pg_loss"], value, rel_tol=1e-6, abs_tol=1e-7), (logged, b["actor/pg_loss"])
 
 
 PLUS_MINUS_ONE = '''
@@ -250,3 +273,30 @@ def test_grpo_trains_deepseek_v3_with_expert_parallelism(quickstart_inputs, tmp_
     assert all(v > 0 for _, v in logged["actor/grad_norm"])
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
     assert len(diffs) == 3 and max(diffs) < 1e-4, diffs
+
+
+@pytest.mark.timeout(1500)
+def test_grpo_at_context_parallel_2_with_packing_takes_the_steps_of_cp1_padded(quickstart_inputs, tmp_path):
+    """Two trainer ranks as CP=2 with packed sequences (the actor and the reference) against one rank with
+    padded rows (CP=1, the same single data-parallel replica, so the same mini-batches): from the same
+    seeds the first three steps score the same samples and take the same steps (losses, KL, entropy,
+    gradient norms), and the fleet follows the CP=2 trainer."""
+    from megarl.train import run
+
+    common = ["actor_rollout_ref.rollout.num_replicas=1", "actor_rollout_ref.actor.use_kl_loss=true",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.total_training_steps=3",
+              "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
+    runs = {}
+    for name, layout in (("cp2", ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.context_parallel_size=2"]),
+                         ("cp1", ["trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.megatron.use_remove_padding=false"])):
+        out = tmp_path / name
+        run(load_config("quickstart", overrides(quickstart_inputs, out, *common, *layout)))
+        runs[name] = scalars(out)
+    cp2, cp1 = runs["cp2"], runs["cp1"]
+    for tag in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+                "actor/grad_norm"):
+        ours, theirs = dict(cp2[tag]), dict(cp1[tag])
+        assert sorted(ours) == sorted(theirs) == [1, 2, 3], tag
+        for step in ours:
+            assert math.isclose(ours[step], theirs[step], rel_tol=1e-4, abs_tol=1e-6), (tag, step, ours, theirs)
+    assert max(v for _, v in cp2["rollout/logprob_diff"]) < 1e-4

@@ -114,6 +114,7 @@ def test_second_signal_kills_the_processes_at_once(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)
         except Interrupted:
+            time.sleep(1.5)  # a second signal sooner than 1 s is the first one sent twice (timeout's pid + group)
             os.kill(os.getpid(), signal.SIGINT)  # during the teardown
             time.sleep(5)
         print("not reached")
@@ -126,6 +127,37 @@ def test_second_signal_kills_the_processes_at_once(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)
     assert (tmp_path / "killed").exists()
+
+
+def test_sigterm_to_the_driver_then_to_its_group_is_one_interrupt(tmp_path):
+    """GNU timeout (and other supervisors) send SIGTERM to the driver, then to its whole process group:
+    when the driver's handler has run between the two (a busy machine), it gets a second SIGTERM
+    milliseconds after the first. That is one interrupt: the teardown runs to its end (the resume line),
+    instead of the hard kill a real second interrupt gets."""
+    script = textwrap.dedent("""
+        import sys, time
+        from megarl.run.interrupts import Interrupted, InterruptGuard
+        guard = InterruptGuard().install()
+        try:
+            print("ready", flush=True)
+            time.sleep(60)
+        except Interrupted as exc:
+            time.sleep(0.5)  # the teardown, during which the group's copy of the signal arrives
+            print("torn down", flush=True)
+            sys.exit(exc.exit_code)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)  # to the driver ...
+        assert "SIGTERM: stopping the engines and workers" in proc.stderr.readline() + proc.stderr.readline()
+        os.killpg(proc.pid, signal.SIGTERM)  # ... then to its process group, once its handler has run
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert out == "torn down\n" and proc.returncode == 128 + signal.SIGTERM, (proc.returncode, out, err)
+    assert "SIGTERM again" not in err, err
 
 
 def test_what_the_interrupted_code_leaves_behind_stays_off_the_console(tmp_path):

@@ -15,7 +15,8 @@ import torch
 from omegaconf import OmegaConf
 
 from megarl.checks import load_config
-from megarl.trainer.megatron_worker import check_same_architecture, initial_checkpoints
+from megarl.trainer.megatron_worker import check_same_architecture
+from megarl.settings.engine import initial_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [[5, 17, 42, 9], [7, 7, 3, 100, 12]]
@@ -62,14 +63,15 @@ def test_a_missing_start_checkpoint_fails_before_any_process_starts(tmp_path):
 
 
 def test_the_loop_syncs_the_fleet_to_a_megatron_start_checkpoint(tmp_path):
-    from megarl.trainer.controller import TrainingLoop
+    from megarl.run.loop import TrainingLoop
 
     from megarl.trainer.rollout_memory import RolloutMemory
 
     synced = []
+    finite = SimpleNamespace(call=lambda method, roles: [{role: {"count": 0, "first": None} for role in roles}])
     trainer = SimpleNamespace(cfg=config("m", "/ckpt/actor", f"trainer.default_local_dir={tmp_path}"), total_steps=1,
                               weight_sync=SimpleNamespace(sync=lambda: synced.append("sync")),
-                              rollout_memory=RolloutMemory(None, False))
+                              rollout_memory=RolloutMemory(None, False), workers=finite, coords=[{}])
     assert TrainingLoop(trainer, None, str(tmp_path)).resume() == 0
     assert synced == ["sync"]
 

@@ -12,7 +12,6 @@ import json
 import textwrap
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import math
 
-import pytest
 
 from pathlib import Path
 
 from megarl.checks import load_config
 from megarl.models import ParallelLayout, hf_tensor_shapes
-from megarl.trainer.megatron_worker import layout_from_config
+from megarl.settings.engine import layout_from_config
 from megarl.weight_sync.layouts import plan_for_layouts
 from megarl.weight_sync.rollout_layout import RolloutLayout
 from tests.models.test_shards import deepseek_v3, llama3_70b

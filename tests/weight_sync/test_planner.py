@@ -204,3 +204,23 @@ def test_rollout_ranks_are_numbered_replica_major():
     with pytest.raises(ValueError, match="mode"):
         RolloutLayout(1, 1, mode="half")
     assert list(itertools.islice(layout.ranks, 1)) == [4]
+
+
+def test_context_parallel_ranks_are_replicas_and_each_byte_is_sent_once():
+    """TP2 x CP2 x DP2 on 8 trainer ranks: CP ranks hold the same shards as their TP peers (holders
+    of every piece include both CP ranks) and the plan sends every byte of the model once, as at CP1."""
+    from megarl.models import ParallelLayout, hf_tensor_shapes, rank_coords
+    from megarl.weight_sync.layouts import plan_for_layouts, trainer_sources
+
+    config = build_config("llama", "tiny")
+    total = sum(int(np.prod(s)) * 2 for s in hf_tensor_shapes(config).values())
+    rollout = RolloutLayout(replicas=1, tp=2, first_rank=8)
+    layout = ParallelLayout(tp=2, cp=2)
+    holders = {}
+    for piece in trainer_sources(config, layout, 8):
+        holders.setdefault((piece.name, piece.region), set()).add(rank_coords(layout, 8, piece.rank).cp)
+    assert holders and all(cps == {0, 1} for cps in holders.values())
+    for cp in (1, 2):
+        plan = plan_for_layouts(config, ParallelLayout(tp=2, cp=cp), 8, rollout)
+        plan.check()
+        assert plan.bytes_sent == total

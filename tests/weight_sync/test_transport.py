@@ -222,3 +222,14 @@ def test_nccl_needs_cuda():
         pytest.skip("this machine has CUDA; the guard is for CPU-only machines")
     with pytest.raises(SyncError, match="needs CUDA .* use transport 'gloo'"):
         make_transport("nccl").connect(0, 2, "127.0.0.1", 1, _world.make_plan("full", 4096), timeout_s=1)
+
+
+def test_auto_picks_by_device_and_gpu_only_transports_are_refused_on_cpu():
+    from megarl.weight_sync.transport import TRANSPORTS, choose_transport
+
+    assert choose_transport("auto", use_gpu=False) == "gloo" and choose_transport("auto", use_gpu=True) == "nccl"
+    assert TRANSPORTS.having(needs_gpu=True) == {"nccl", "cuda_ipc"}
+    for name in ("nccl", "cuda_ipc"):
+        with pytest.raises(ValueError, match=rf"transport='{name}' needs GPUs; use auto or one of \['gloo'\]"):
+            choose_transport(name, use_gpu=False)
+        assert choose_transport(name, use_gpu=True) == name

@@ -28,17 +28,19 @@ import yaml
 
 from megarl.agent.loop import load_module, load_object
 from megarl.agent.tools.base import BaseTool, ToolResponse, check_schema
+from megarl.config.registry import Registry
 
 VERL_CLASS_NAMES = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "megarl.agent.tools.answer_check:Gsm8kTool",
     "verl.tools.geo3k_tool.Geo3kTool": "megarl.agent.tools.answer_check:Geo3kTool",
 }
-BUILTIN_TOOLS = {
-    "calculator": "megarl.agent.tools.calculator:CalculatorTool",
-    "python": "megarl.agent.tools.python_code:PythonCodeTool",
-    "gsm8k": "megarl.agent.tools.answer_check:Gsm8kTool",
-    "geo3k": "megarl.agent.tools.answer_check:Geo3kTool",
-}
+# The built-in tools a tool config names by ``class_name`` (a class path each; imported when used).
+BUILTIN_TOOLS = Registry("built-in tool", "class_name in actor_rollout_ref.rollout.multi_turn.tool_config_path")
+for _name, _path in (("calculator", "megarl.agent.tools.calculator:CalculatorTool"),
+                     ("python", "megarl.agent.tools.python_code:PythonCodeTool"),
+                     ("gsm8k", "megarl.agent.tools.answer_check:Gsm8kTool"),
+                     ("geo3k", "megarl.agent.tools.answer_check:Geo3kTool")):
+    BUILTIN_TOOLS.register(_name)(_path)
 _METHODS = ("create", "execute", "calc_reward", "release")
 
 

@@ -40,7 +40,6 @@ derives ``W_UK_T``/``W_UV`` from ``kv_b_proj`` after every load; it needs ``topk
 """
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import replace
 
@@ -206,31 +205,6 @@ def transformer_engine(param: ParamMap, dims: ModelDims, layer: int) -> ParamMap
     return fused_pre_mlp_norm(param, dims, layer)
 
 
-@functools.cache
-def _mla_core_attention():
-    """megatron's local core attention, accepting MLA's ``k_channels``/``v_channels``.
-
-    megatron-core 0.16.1's MLA passes them to the core attention, which the local
-    ``DotProductAttention`` does not take (Megatron-LM issue 1589). The output width per head is
-    ``kv_channels``, which the family sets to ``v_head_dim``; the scores use the query's own width.
-    """
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    class MLADotProductAttention(DotProductAttention):
-        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
-            super().__init__(*args, **kwargs)
-
-    return MLADotProductAttention
-
-
-def prepare_layer_spec(layer_spec) -> None:
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    attention = layer_spec.submodules.self_attention.submodules
-    if attention.core_attention is DotProductAttention:
-        attention.core_attention = _mla_core_attention()
-
-
 def mtp_layers(config) -> re.Pattern | None:
     """The checkpoint names of the multi-token-prediction layers (skipped)."""
     count = getattr(config, "num_nextn_predict_layers", 0) or 0
@@ -253,6 +227,5 @@ SPEC = FamilySpec(
     transformer_engine=transformer_engine,
     vllm_replicated=("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
     vllm_hf_overrides=VLLM_HF_OVERRIDES,
-    prepare_layer_spec=prepare_layer_spec,
     skipped_hf_tensors=mtp_layers,
 )

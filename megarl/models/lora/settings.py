@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 LORA_TYPES = ("lora",)
 INIT_METHODS_A = ("xavier", "kaiming", "uniform", "normal")

@@ -30,7 +30,7 @@ import time
 from typing import Any, Sequence
 
 from megarl.rollout.vllm.engine_config import ReplicaSpec, llm_kwargs
-from megarl.rollout.gate import GenerationGate, Segment, generate_resumable
+from megarl.rollout.gate import GenerationGate, Segment, generate_group_resumable, generate_resumable
 from megarl.rollout.sample import Generation, RolloutSample
 from megarl.weight_sync.endpoints import ReceiverEndpoint
 
@@ -56,7 +56,14 @@ class EngineReplica:
                 raise ValueError(f"replica {index}: {len(device_ids)} GPUs {list(device_ids)} for "
                                  f"TP={spec.tensor_parallel_size}")
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, device_ids))
+        import ray
+
         from megarl.platform import has_cuda
+        from megarl.platform.network import pin_socket_interfaces
+
+        # vLLM's gloo groups (TP on CPU), NCCL and the weight-sync receivers listen on this node's cluster
+        # interface only (lo on one node); its TP workers inherit the environment
+        pin_socket_interfaces(ray.util.get_node_ip_address())
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -66,8 +73,6 @@ class EngineReplica:
         args = AsyncEngineArgs(**llm_kwargs(spec, self.on_gpu))
         vllm_config = args.create_engine_config()
         if spec.ray_executor:  # the engine core process is not this actor: hand it the actor's placement group
-            import ray
-
             vllm_config.parallel_config.placement_group = ray.util.get_current_placement_group()
         self.engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=spec.disable_log_stats)
         self.model_config = vllm_config.model_config
@@ -185,6 +190,30 @@ class EngineReplica:
         return await generate_resumable(
             self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
             lambda: self.weights.version, f"turn-{self.index}",
+            detokenize=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None)
+
+    async def generate_group(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> list[Generation]:
+        """The ``n`` completions of one prompt as one engine request (single-turn agent loops): the
+        k-th is what ``generate_tokens`` gives with seed ``seed + k``, sampled once for all with the
+        prompt's prefix computed once. A sync that aborts them continues each alone."""
+        what = f"a group request of {len(prompt_ids)} tokens"
+
+        async def run_group(request_id: str, ids: list[int], max_tokens: int, group_seed: int) -> list[Segment]:
+            self.weights.check_fresh()
+            params = self._params({**sampling_kwargs, "max_tokens": max_tokens}, group_seed)
+            output = await self._final_output(ids, params, "group", request_id)
+            return [self._segment(c, what, allow_abort=True) for c in sorted(output.outputs, key=lambda c: c.index)]
+
+        async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
+            self.weights.check_fresh()
+            params = self._params({**sampling_kwargs, "n": 1, "max_tokens": max_tokens}, segment_seed)
+            output = await self._final_output(ids, params, "turn", request_id)
+            return self._segment(output.outputs[0], what, allow_abort=True)
+
+        tokenizer = self.engine.tokenizer
+        return await generate_group_resumable(
+            self.gate, run_group, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
+            lambda: self.weights.version, f"group-{self.index}",
             detokenize=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None)
 
     async def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:

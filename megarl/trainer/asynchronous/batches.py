@@ -20,7 +20,6 @@ last sync, in prompt order: the synchronous loop's batches, token for token.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,8 +116,3 @@ class AsyncBatches:
 
     def close(self) -> None:
         self.producer.stop()
-
-
-def lag_bound(settings: AsyncSettings | None) -> int:
-    """The most versions a sample may lag in this mode (0 for sync)."""
-    return 0 if settings is None else int(math.ceil(settings.bound.threshold))

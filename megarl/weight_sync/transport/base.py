@@ -7,7 +7,8 @@ interface, so the trainer and the rollout workers never depend on which one carr
 The sync world is its own: the trainer ranks (sync ranks ``0..T-1``, rank 0 = the first trainer
 rank, which hosts the rendezvous store) plus the rollout workers (the following ranks, see
 ``RolloutLayout.first_rank``). They live in different processes and jobs and never join each
-other's training process groups; they meet through a ``TCPStore`` on ``master_addr:master_port``.
+other's training process groups; they meet through a ``TCPStore`` on ``master_addr:master_port``, which
+listens on that address only.
 
 Life cycle, on every participant, in the same sequence::
 
@@ -25,12 +26,12 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from megarl.platform import network
 from megarl.weight_sync.errors import SyncError
 from megarl.weight_sync.packing import GetRegion
 from megarl.weight_sync.planner import Bucket, SyncPlan, Transfer
@@ -87,14 +88,14 @@ class Transport(abc.ABC):
 
 
 def rendezvous(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> dist.TCPStore:
-    """The sync world's store: rank 0 hosts it, the others connect (retrying until ``timeout_s``)."""
+    """The sync world's store: rank 0 hosts it, listening on ``master_addr`` only (``platform.network``;
+    a port ``reserve_port`` holds there, or ``master_port``), the others connect (retrying until ``timeout_s``)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"sync rank {rank} is outside the sync world of {world_size} ranks")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     try:
-        return dist.TCPStore(master_addr, int(master_port), world_size, rank == 0,
-                             timedelta(seconds=timeout_s), wait_for_workers=False)
+        return network.tcp_store(master_addr, int(master_port), world_size, rank == 0, timeout_s)
     except Exception as exc:  # noqa: BLE001 - re-raised with the address and role
         role = "host" if rank == 0 else "reach"
         raise SyncError(f"sync rank {rank} could not {role} the weight-sync store at {master_addr}:{master_port} "

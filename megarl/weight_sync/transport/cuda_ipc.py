@@ -6,8 +6,9 @@ a bucket into one of ``window`` buffers it owns, publishes an IPC handle to that
 the sync store, and every destination maps the buffer, copies its regions out and acknowledges.
 The source reuses a buffer once all destinations acknowledged the bucket in it.
 
-Handles. On GPUs a handle is ``torch.multiprocessing.reductions.reduce_tensor`` of the buffer (a
-CUDA IPC memory handle; a receiver on another GPU of the node maps it through peer access). On a
+Handles (``ipc_handles``: a fixed JSON format, checked field by field; nothing read from the store
+is unpickled). On GPUs a handle holds the fields of torch's CUDA IPC reduction of the buffer (a CUDA
+IPC memory handle; a receiver on another GPU of the node maps it through peer access). On a
 machine without CUDA the buffers are files in ``/dev/shm`` mapped by both sides
 (``torch.from_file(shared=True)``), which is the same protocol over host shared memory; the
 tests run that variant with real processes. ``close()`` removes a source's files; a source that
@@ -22,7 +23,6 @@ acknowledgements (the source), and the ``SyncError`` names those ranks.
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 import time
 import uuid
@@ -38,6 +38,7 @@ from megarl.weight_sync.errors import SyncError
 from megarl.weight_sync.packing import GetRegion, pack_bucket, unpack_bucket
 from megarl.weight_sync.planner import SyncPlan
 from megarl.weight_sync.schedule import Route, members, rank_schedule, routes_of
+from megarl.weight_sync.transport import ipc_handles
 from megarl.weight_sync.transport.base import OnBucket, RecvInto, SyncStats, Transport, check_run, leave, rendezvous
 from megarl.weight_sync.transport.liveness import FAILURE_GRACE_S, Heartbeat, describe_silent
 
@@ -60,15 +61,15 @@ class _CudaIpcBuffers:
         self._opened: dict[bytes, torch.Tensor] = {}
 
     def allocate(self, nbytes: int) -> tuple[torch.Tensor, bytes]:
-        from torch.multiprocessing.reductions import reduce_tensor
-
         buffer = torch.empty(nbytes, dtype=torch.uint8, device=platform.device())
-        return buffer, pickle.dumps(reduce_tensor(buffer))
+        return buffer, ipc_handles.encode_cuda(buffer)
 
     def open(self, handle: bytes) -> torch.Tensor:
         if handle not in self._opened:
-            rebuild, args = pickle.loads(handle)
-            self._opened[handle] = rebuild(*args)
+            found = ipc_handles.decode(handle)
+            if not isinstance(found, ipc_handles.CudaHandle):
+                raise ipc_handles.HandleError("a host shared-memory handle reached a CUDA receiver")
+            self._opened[handle] = ipc_handles.open_cuda(found)
         return self._opened[handle]
 
     def ready(self) -> None:
@@ -86,15 +87,17 @@ class _HostSharedBuffers:
         self._opened: dict[bytes, torch.Tensor] = {}
 
     def allocate(self, nbytes: int) -> tuple[torch.Tensor, bytes]:
-        path = f"/dev/shm/megarl-sync-{os.getpid()}-{uuid.uuid4().hex}"
+        path = f"{ipc_handles.HOST_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
         buffer = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
         self._owned.append(path)
-        return buffer, pickle.dumps((path, nbytes))
+        return buffer, ipc_handles.encode_host(path, nbytes)
 
     def open(self, handle: bytes) -> torch.Tensor:
         if handle not in self._opened:
-            path, nbytes = pickle.loads(handle)
-            self._opened[handle] = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+            found = ipc_handles.decode(handle)
+            if not isinstance(found, ipc_handles.HostHandle):
+                raise ipc_handles.HandleError("a CUDA handle reached a receiver without CUDA")
+            self._opened[handle] = ipc_handles.open_host(found)
         return self._opened[handle]
 
     def ready(self) -> None:

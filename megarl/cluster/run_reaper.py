@@ -1,0 +1,200 @@
+"""What a local Ray cluster leaves when its driver dies without cleaning up: found and removed.
+
+After a SIGKILL of the driver (the kernel's out-of-memory killer, ``kill -9``) Ray's GCS and raylet
+die with it (they fate-share with the process that started them), and the trainer ranks and the
+vLLM engines within 6 s (Ray ends a job's actors when their raylet goes). What lingered (measured:
+62 s) were the raylet's two agents (dashboard, runtime-env): they notice the raylet's death in 2 s,
+then wait 60 s for the dead GCS to take their last report. And the cluster's temp dir
+(``/tmp/ray_*``) was never removed.
+
+* The reaper: ``start_reaper`` runs ``python -m megarl.cluster.run_reaper`` beside a local cluster,
+  in a session of its own (a Ctrl-C or a signal to the driver's process group does not reach it).
+  Every second it records the driver's descendants (pid and start time: Ray renames its processes
+  and overwrites their environment, and orphans leave the tree, so only a record made while the
+  tree is whole finds them all) into ``<temp dir>/megarl-processes.json``. It holds the read end
+  of a pipe only the driver writes to, which ends when the driver does (it checks the driver's pid
+  and start time each second as well); then it kills every recorded process still running, with
+  its descendants, and removes the temp dir. A normal shutdown closes the pipe after the cluster is
+  gone, while the driver lives: the reaper then ends and touches nothing.
+* Stale temp dirs: each local cluster's temp dir holds ``megarl-run.json`` (the driver's pid and
+  start time). ``remove_stale_temp_dirs``, run before a new local cluster starts, removes the temp
+  dirs (of this user) whose driver is provably gone (no process with that pid and start time),
+  after killing the processes their last record names: what is left when the reaper died too
+  (``kill -9`` of every process of the run).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MARKER = "megarl-run.json"
+RECORD = "megarl-processes.json"
+_START_TIME_TOLERANCE_S = 0.01
+
+
+def identity(process) -> tuple[int, float]:
+    return process.pid, process.create_time()
+
+
+def write_marker(temp_dir: str) -> None:
+    """Record in the temp dir which driver owns it: this process."""
+    import psutil
+
+    pid, create_time = identity(psutil.Process())
+    Path(temp_dir, MARKER).write_text(json.dumps({"pid": pid, "create_time": create_time}))
+
+
+def running(pid: int, create_time: float):
+    """The process running under ``pid`` with that start time (a reused pid is another one), or None."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if abs(process.create_time() - create_time) < _START_TIME_TOLERANCE_S and process.status() != psutil.STATUS_ZOMBIE:
+            return process
+    except psutil.Error:
+        pass
+    return None
+
+
+def kill_recorded(recorded: list[tuple[int, float]], wait_s: float = 10.0) -> int:
+    """SIGKILL the recorded processes still running and their descendants; return how many there were."""
+    import psutil
+
+    found: dict[int, psutil.Process] = {}
+    for pid, create_time in recorded:
+        process = running(pid, create_time)
+        if process is None:
+            continue
+        found[pid] = process
+        try:
+            found.update((child.pid, child) for child in process.children(recursive=True))
+        except psutil.Error:
+            pass
+    for process in found.values():
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(found.values()), timeout=wait_s)
+    return len(found)
+
+
+def read_record(temp_dir: str | Path) -> list[tuple[int, float]]:
+    try:
+        return [(int(pid), float(start)) for pid, start in json.loads(Path(temp_dir, RECORD).read_text())]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def remove_stale_temp_dirs(parent: str = "/tmp") -> list[str]:
+    """Remove the temp dirs under ``parent`` of local clusters (this user's) whose driver is gone; return them."""
+    removed = []
+    for marker in sorted(Path(parent).glob(f"ray_*/{MARKER}")):
+        try:
+            if marker.stat().st_uid != os.getuid():
+                continue
+            record = json.loads(marker.read_text())
+            pid, create_time = int(record["pid"]), float(record["create_time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written, or not ours: leave it
+        if running(pid, create_time) is not None:
+            continue
+        killed = kill_recorded(read_record(marker.parent))
+        shutil.rmtree(marker.parent, ignore_errors=True)
+        removed.append(str(marker.parent))
+        logger.info("removed %s, the temp dir of a run whose driver (pid %d) is gone%s", marker.parent, pid,
+                    f", and {killed} process(es) it left" if killed else "")
+    return removed
+
+
+class Reaper:
+    """The driver's end of the reaper (a child process): ``stop()`` once the cluster is down."""
+
+    def __init__(self, temp_dir: str):
+        import psutil
+
+        read_end, self._write_end = os.pipe()
+        pid, create_time = identity(psutil.Process())
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "megarl.cluster.run_reaper", temp_dir, str(read_end), str(pid), repr(create_time)],
+                pass_fds=(read_end,), start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        finally:
+            os.close(read_end)
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        if self._write_end is not None:
+            os.close(self._write_end)
+            self._write_end = None
+        try:
+            self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_reaper(temp_dir: str) -> Reaper:
+    return Reaper(temp_dir)
+
+
+def _watch(temp_dir: str, fd: int, driver) -> list[tuple[int, float]]:
+    """Record the driver's descendants every second until the pipe ends or the driver is gone; the record."""
+    import psutil
+
+    recorded: dict[int, float] = {}
+    while True:
+        try:
+            now = dict(identity(p) for p in driver.children(recursive=True) if p.pid != os.getpid())
+        except psutil.Error:
+            now = {}
+        if any(recorded.get(pid) != start for pid, start in now.items()):
+            recorded.update(now)
+            recorded = {pid: start for pid, start in recorded.items() if running(pid, start) is not None}
+            staging = Path(temp_dir, RECORD + ".tmp")
+            try:
+                staging.write_text(json.dumps(sorted(recorded.items())))
+                os.replace(staging, Path(temp_dir, RECORD))
+            except OSError:
+                pass  # the temp dir is being removed
+        readable, _, _ = select.select([fd], [], [], 1.0)
+        if (readable and not os.read(fd, 4096)) or not _alive(driver):
+            return sorted(recorded.items())
+
+
+def _alive(driver) -> bool:
+    import psutil
+
+    try:
+        return driver.is_running() and driver.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def main(argv: list[str]) -> int:
+    temp_dir, fd, pid, create_time = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    driver = running(pid, create_time)
+    if driver is None:  # gone before this process looked
+        recorded = read_record(temp_dir)
+    else:
+        recorded = _watch(temp_dir, fd, driver)
+        if _alive(driver):
+            return 0  # a normal stop: the driver shut its cluster down itself
+    kill_recorded(recorded)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

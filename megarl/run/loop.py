@@ -1,0 +1,154 @@
+"""The loop around the RL steps: resume, validation, metrics, checkpoints.
+
+``TrainingLoop.run`` resumes (``megarl.trainer.resume`` picks the checkpoint; the newest whole one is
+loaded and the fleet synced to it; what an earlier run logged after that step is dropped from the
+metrics), validates when asked, then runs ``RLTrainer.train_step`` step by step, logging each,
+stopping a run whose optimizer steps keep being skipped (``trainer.max_consecutive_skipped_steps``)
+and saving every ``trainer.save_freq`` steps (retention after each save; never non-finite weights).
+It says on the console what a person follows and feeds the end-of-run summary.
+"""
+from __future__ import annotations
+
+import time
+
+from megarl.logging.console import say
+from megarl.logging.progress import Progress, directory_bytes, duration, human
+from megarl.run.summary import RunSummary
+from megarl.settings.derived import critic_enabled
+from megarl.settings.engine import initial_checkpoints
+from megarl.trainer.checkpointing import prune_checkpoints, save_on_workers
+from megarl.trainer.controller import RLTrainer
+from megarl.trainer.lora_setup import starts_from_adapter
+from megarl.trainer.resume import load_first_whole, resume_plan
+from megarl.trainer.training_safety import SkippedSteps, refuse_nonfinite_weights
+
+
+class TrainingLoop:
+    """Drives ``RLTrainer`` over steps: validation, metrics, checkpoints and resume.
+
+    It says on the console what a person follows (one line per resume, validation and checkpoint,
+    with progress while they run), feeds the end-of-run ``RunSummary`` and, when given one, the
+    ``SampleReporter`` (train samples, rollout dumps, the constant-reward hint). ``step`` is the
+    step in progress, for the interrupt report.
+    """
+
+    def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str, summary=None, samples=None,
+                 plan=None):
+        self.trainer, self.metrics_logger, self.root = trainer, metrics_logger, checkpoint_root
+        self.plan = plan  # a ResumePlan decided (and said) before start-up; None: decided in resume()
+        self.summary = summary if summary is not None else RunSummary(trainer.total_steps)
+        self.samples = samples
+        self.skips = SkippedSteps.from_config(trainer.cfg.trainer)  # non-finite gradients: stop a run that has diverged
+        self.step = 0
+        self._checkpoint_bytes: int | None = None  # the last checkpoint's size: the next save's progress total
+
+    def resume(self) -> int:
+        """Load the checkpoint ``trainer.resume_mode`` asks for (``megarl.trainer.resume``); return the step
+        it holds (0: none). The metrics logged after that step by an earlier run are dropped."""
+        t = self.trainer
+        plan = self.plan
+        if plan is None:
+            plan = resume_plan(t.cfg.trainer, self.root, critic_enabled(t.cfg))
+            for note in plan.notes:
+                say("%s", note)
+        if plan.first is None:
+            start = initial_checkpoints(t.cfg)["actor"] or starts_from_adapter(t.cfg)
+            if start:  # the actor starts from a megatron checkpoint or a LoRA adapter, the fleet from the HF one
+                self._sync_fleet(None, source=str(start))
+                say("actor started from %s; fleet synced to it", start)
+            return 0
+        with Progress(f"loading {plan.first[0]}", total=None) as progress:
+            loaded = self._sync_fleet(plan.candidates, source="the resumed checkpoint")
+        self._checkpoint_bytes = directory_bytes(*[p for p in loaded if p is not None])
+        say("resumed from %s (%s): step %d of %d, in %s", loaded[0], human(self._checkpoint_bytes, "B"),
+            t.global_step, t.total_steps, duration(progress.elapsed))
+        self.summary.add_history(t.history)
+        if self.metrics_logger is not None:
+            self.metrics_logger.rewind(t.global_step)
+        return t.global_step
+
+    def _sync_fleet(self, candidates: list | None, source: str) -> tuple | None:
+        """Outside a step: (load the newest whole checkpoint of ``candidates``, then) sync the fleet, in a
+        step's memory order; returns the (actor, critic) loaded. ``source`` names where the weights come from."""
+        t = self.trainer
+        t.rollout_memory.release(will_sync=True)  # the fleet's weights are about to be rewritten
+        loaded = None
+        if candidates:
+            loaded, state = load_first_whole(
+                lambda actor, critic: t.workers.call("load_checkpoint", str(actor), critic and str(critic))[0],
+                candidates)
+            t.load_state_dict(state)
+            source = str(loaded[0])
+        refuse_nonfinite_weights(t.workers, t.coords, ("actor",), f"sync the weights of {source} to the rollout fleet",
+                                 t.cfg)
+        t.rollout_memory.wake_for_sync()
+        t.weight_sync.sync()  # the fleet must serve the trainer's weights
+        t.rollout_memory.wake_for_rollout()
+        return loaded
+
+    def save(self, step: int) -> None:
+        t = self.trainer
+        refuse_nonfinite_weights(t.workers, t.coords, ("actor", "critic") if t.use_critic else ("actor",),
+                                 f"save the step-{step} checkpoint", t.cfg)
+        staging = [f"{self.root}/{role}/step_{step}.tmp" for role in ("actor", "critic")]
+        with Progress(f"checkpoint step {step}", total=self._checkpoint_bytes, unit="B",
+                      poll=lambda: directory_bytes(*staging)) as progress:
+            path = save_on_workers(t.workers, self.root, step, t.state_dict(), t.cfg.trainer)
+        self._checkpoint_bytes = directory_bytes(path, f"{self.root}/critic/step_{step}")
+        seconds = progress.elapsed
+        say("checkpoint step %d: %s (%s in %s, %s/s)", step, path, human(self._checkpoint_bytes, "B"),
+            duration(seconds), human(self._checkpoint_bytes / max(seconds, 1e-9), "B"))
+        prune_checkpoints(f"{self.root}/actor", t.cfg.trainer.max_actor_ckpt_to_keep)
+        prune_checkpoints(f"{self.root}/critic", t.cfg.trainer.max_critic_ckpt_to_keep)
+
+    def validate(self, step: int) -> dict[str, float]:
+        t = self.trainer
+        start = time.perf_counter()
+        metrics = t.validate()
+        if metrics:
+            sources = {k[len("val-core/"):].removesuffix("/reward/mean@1"): v for k, v in metrics.items()
+                       if k.startswith("val-core/")}
+            per_source = " (" + ", ".join(f"{s} {v:.3f}" for s, v in sources.items()) + ")" if len(sources) > 1 else ""
+            say("validation at step %d: score %.3f%s over %d prompts in %s", step, metrics["val/score"], per_source,
+                len(t.val_dataset), duration(time.perf_counter() - start))
+            self.summary.record_validation(step, metrics["val/score"])
+        self.metrics_logger.log_generations(t.val_generations, step=step)
+        if self.samples is not None and t.last_val_data is not None:
+            self.samples.on_validation(step, t.last_val_data, t.reward_extra_keys, bool(t.val_generations))
+        return metrics
+
+    def run(self) -> dict[str, float]:
+        t, cfg, summary = self.trainer, self.trainer.cfg.trainer, self.summary
+        with summary.timed("start-up"):
+            start = self.resume()
+        self.step = start
+        last: dict[str, float] = {}
+        if (cfg.val_only or (start == 0 and cfg.val_before_train)) and t.val_dataset is not None:
+            with summary.timed("validation"):
+                last = self.validate(start)
+            t.history.append({"step": start, **last})
+            self.metrics_logger.log(last, step=start, console=False)  # the validation line said it
+        if cfg.val_only:
+            return last
+        for step in range(start + 1, t.total_steps + 1):
+            self.step = step
+            metrics = t.train_step(step)
+            t.global_step = step
+            summary.record_step(step, metrics)
+            if self.samples is not None:
+                self.samples.on_train_step(step, t.last_data, t.reward_extra_keys)
+            if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == t.total_steps):
+                with summary.timed("validation"):
+                    metrics.update(self.validate(step))
+            t.history.append({"step": step, **{k: v for k, v in metrics.items()
+                                               if k in ("critic/score/mean", "val/score", "critic/vf_loss")}})
+            self.metrics_logger.log(metrics, step=step)
+            diverged = self.skips.record(step, metrics)
+            summary.skipped_steps = self.skips.summary()
+            if diverged is not None:
+                raise self.skips.halt(diverged, t.cfg)
+            if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or step == t.total_steps):
+                with summary.timed("checkpoints"):
+                    self.save(step)
+            last = metrics
+        return last

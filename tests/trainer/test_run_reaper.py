@@ -1,0 +1,111 @@
+"""A dead driver's processes and temp dir are removed: by its reaper at once, or by the next run.
+
+Real processes stand in for the cluster (no Ray here; ``test_run_processes.py`` kills real runs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+from megarl.cluster import run_reaper
+
+REPO = Path(__file__).resolve().parents[2]
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
+
+
+def stale_dir(directory: Path, driver: tuple[int, float], processes: list[subprocess.Popen]) -> Path:
+    """A temp dir as a cluster leaves it: the driver's marker and the reaper's last record."""
+    directory.mkdir()
+    (directory / run_reaper.MARKER).write_text(json.dumps({"pid": driver[0], "create_time": driver[1]}))
+    record = [run_reaper.identity(psutil.Process(p.pid)) for p in processes]
+    (directory / run_reaper.RECORD).write_text(json.dumps(record))
+    return directory
+
+
+def test_the_next_run_removes_only_dead_runs_temp_dirs(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_driver = run_reaper.identity(psutil.Process(gone.pid))
+    gone.wait()
+    me = psutil.Process()
+    leftover, untouched, recycled = (subprocess.Popen(SLEEPER) for _ in range(3))
+    try:
+        dead = stale_dir(tmp_path / "ray_dead", gone_driver, [leftover])
+        reused = stale_dir(tmp_path / "ray_reused", (me.pid, me.create_time() - 100), [])  # the pid is another's now
+        live = stale_dir(tmp_path / "ray_live", run_reaper.identity(me), [untouched])
+        other = stale_dir(tmp_path / "ray_other", gone_driver, [])
+        record = json.loads((other / run_reaper.RECORD).read_text())
+        (other / run_reaper.RECORD).write_text(json.dumps(record + [[recycled.pid, 1.0]]))  # same pid, other start
+        foreign = tmp_path / "ray_foreign"
+        foreign.mkdir()  # no marker: not a megarl cluster's
+        removed = run_reaper.remove_stale_temp_dirs(str(tmp_path))
+        assert sorted(removed) == sorted(map(str, [dead, reused, other]))
+        assert live.exists() and foreign.exists()
+        leftover.wait(timeout=10)  # the dead run's leftover went with its dir (psutil reaped it: no exit code)
+        assert untouched.poll() is None and recycled.poll() is None  # a live run's, and a reused pid's, untouched
+    finally:
+        for process in (leftover, untouched, recycled):
+            process.kill()
+            process.wait()
+
+
+DRIVER = textwrap.dedent('''
+    import subprocess, sys, tempfile, time
+    import psutil
+    from megarl.cluster import run_reaper
+
+    temp_dir = tempfile.mkdtemp(prefix="ray_", dir=sys.argv[1])
+    run_reaper.write_marker(temp_dir)
+    reaper = run_reaper.start_reaper(temp_dir)
+    # a raylet stand-in that dies with the driver, and its agent, which then leaves the driver's tree
+    raylet = subprocess.Popen([sys.executable, "-c", "import ctypes, signal, subprocess, sys, time; "
+                               "ctypes.CDLL(None).prctl(1, signal.SIGKILL); "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+                               "time.sleep(300)"])
+    time.sleep(2.5)  # the reaper records the tree every second
+    agent = psutil.Process(raylet.pid).children()[0]
+    print(temp_dir, reaper.process.pid, raylet.pid, agent.pid, flush=True)
+    time.sleep(300)
+''')
+
+
+def test_the_reaper_cleans_up_after_a_killed_driver(tmp_path):
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    temp_dir, *pids = driver.stdout.readline().split()
+    processes = [psutil.Process(int(pid)) for pid in pids]  # the reaper, the raylet and its agent
+    try:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        _, alive = psutil.wait_procs(processes, timeout=20)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], \
+            f"left running after the driver was killed: {alive}"
+        assert not Path(temp_dir).exists()
+    finally:
+        for process in processes:
+            if process.is_running():
+                process.kill()
+
+
+def test_a_normal_stop_ends_the_reaper_and_touches_nothing(tmp_path):
+    temp_dir = tmp_path / "ray_x"
+    temp_dir.mkdir()
+    child = subprocess.Popen(SLEEPER)  # a child of this "driver", recorded by the reaper
+    try:
+        reaper = run_reaper.start_reaper(str(temp_dir))
+        time.sleep(2.5)
+        assert reaper.process.poll() is None  # it waits while the driver lives
+        assert child.pid in dict(run_reaper.read_record(temp_dir))
+        reaper.stop()
+        assert reaper.process.returncode == 0
+        assert child.poll() is None and temp_dir.exists()  # the driver's own shutdown does the rest
+    finally:
+        child.kill()
+        child.wait()
