@@ -20,17 +20,20 @@ What a backend declares (``RolloutBackend``):
   between generations), ``adapters`` (serves LoRA adapters), ``pooling`` (scores with a pooling
   head: reward models).
 
-The replica actor's methods (every backend has them; coroutines, the actor is async):
+The replica actor's methods (every backend has them, ``REPLICA_METHODS``; coroutines, the actor is
+async; a backend with the ``pooling`` trait also has ``POOLING_METHODS``):
 
     info() -> {index, pid, on_gpu, max_model_len, vocab_size, dtype, import_seconds, start_seconds}
     generate(requests=[(prompt_index, prompt_ids, seed)], sampling_kwargs) -> [RolloutSample]
     generate_tokens(prompt_ids, sampling_kwargs, seed) -> Generation       # one request (agent loops)
+    generate_group(prompt_ids, sampling_kwargs, seed) -> [Generation]      # n samples, k-th seeded seed + k
     score(sequences, skip) -> [[log-prob of each token after the first `skip`]]
     sync_connect(plan, first_rank, world, addr, port, transport, timeout_s) / sync_receive(version, in_flight)
         / sync_close()                                                      # the weight sync's receiving end
     weights_version() -> int; pause(in_flight) / resume(); sleep(level) / wake_up(tags)
     load_adapter(adapter, version)                                          # with the ``adapters`` trait
     close()
+    classify(sequences) -> [float]; serve_http(host) -> "host:port"        # with the ``pooling`` trait
 
 ``sampling_kwargs`` is ``Sampling.engine_kwargs()``: vLLM's ``SamplingParams`` names, which every
 backend reads (``n``, ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``,
@@ -49,6 +52,10 @@ from megarl.config.registry import Registry
 
 ROLLOUT_BACKENDS = Registry("rollout backend", "actor_rollout_ref.rollout.name",
                             traits={"needs_gpu": False, "sleeps": False, "adapters": False, "pooling": False})
+# What the fleet, its clients and the weight sync call on a replica actor (the list above).
+REPLICA_METHODS = ("info", "generate", "generate_tokens", "generate_group", "score", "sync_connect", "sync_receive",
+                   "sync_close", "weights_version", "pause", "resume", "sleep", "wake_up", "load_adapter", "close")
+POOLING_METHODS = ("classify", "serve_http")  # reward models' replicas (``pooling`` trait)
 # Engines verl runs that megarl does not, with what to use instead (checked before anything starts).
 REFUSED_BACKENDS = {
     "sglang": ("SGLang as the rollout engine", "SGLang has no CPU build here (its engine imports CUDA-only kernels), "

@@ -128,6 +128,27 @@ def test_sampling_is_reproducible_and_independent_of_the_replica(fleet, prompts)
     assert all(len(set(tuple(s.response_ids) for s in samples[p * 3:p * 3 + 3])) > 1 for p in range(len(prompts)))
 
 
+def test_a_group_request_through_the_fleet_samples_what_its_single_requests_do(fleet, prompts):
+    """The agent seam's group request (``GenerateClient.generate_group``) on either hf replica: sample
+    k is ``generate(seed + k)`` (tokens, log-probs), the same on both replicas and for the same seed."""
+    params = resolve_sampling(fleet.config, None, n=1)
+
+    async def run(replica: int, seed: int):
+        client = fleet.client(replica)
+        group = await client.generate_group(prompts[2], params, seed=seed, n=3)
+        singles = await asyncio.gather(*[client.generate(prompts[2], params, seed=seed + k) for k in range(3)])
+        return group, singles
+
+    group, singles = asyncio.run(run(1, 321))
+    assert [g.token_ids for g in group] == [g.token_ids for g in singles]
+    assert len({tuple(g.token_ids) for g in group}) > 1  # the samples differ: the seeds took effect
+    for a, b in zip(group, singles):
+        assert len(a.token_ids) == len(a.logprobs) == len(a.versions) and a.finish_reason == b.finish_reason
+        assert a.text == b.text and max_diff(a.logprobs, b.logprobs) < ENGINE_TOLERANCE
+    on_replica_0, _ = asyncio.run(run(0, 321))
+    assert [g.token_ids for g in on_replica_0] == [g.token_ids for g in group]
+
+
 def test_synced_weights_serve_exactly_like_hf_with_the_same_weights(fleet, prompts, hf_model, model_dir, pusher):
     from transformers import AutoModelForCausalLM
 
@@ -148,9 +169,11 @@ def test_synced_weights_serve_exactly_like_hf_with_the_same_weights(fleet, promp
     assert fleet.generate(prompts[:2], {"do_sample": False}, n=1) == probe and fleet.version() == start + 2
 
 
-def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, hf_model, model_dir, pusher):
+@pytest.mark.parametrize("grouped", [False, True], ids=["per-sample", "groups"])
+def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, hf_model, model_dir, pusher, grouped):
     """in_flight="abort": running requests keep their tokens and continue on the new weights, each
-    token stamped with its version and carrying that version's log-prob."""
+    token stamped with its version and carrying that version's log-prob; with a prompt's samples
+    sent as one group request, each aborted sample continues alone."""
     from transformers import AutoModelForCausalLM
 
     old_state = {name: t.clone() for name, t in hf_model.state_dict().items()}
@@ -164,15 +187,24 @@ def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, h
     v_old = fleet.version()
     params = resolve_sampling(fleet.config, {"ignore_eos": True}, n=1)
     client = fleet.client(0)
+
+    def prompt_of(i: int) -> int:
+        return ((i - i % 3) if grouped else i) % len(prompts)
+
     mixed, generations = [], []
     for attempt in range(6):  # a request must be cut mid-way at least once; the sync starts right after submission
         async def run():
-            tasks = [asyncio.ensure_future(client.generate(prompts[i % len(prompts)], params, seed=100 * attempt + i))
-                     for i in range(192)]
+            if grouped:  # 64 groups of 3: group j's samples are requests 3j..3j+2, all of prompt 3j
+                calls = [client.generate_group(prompts[prompt_of(3 * j)], params, seed=100 * attempt + 3 * j, n=3)
+                         for j in range(64)]
+            else:
+                calls = [client.generate(prompts[prompt_of(i)], params, seed=100 * attempt + i) for i in range(192)]
+            tasks = [asyncio.ensure_future(c) for c in calls]
             await asyncio.sleep(0.05)
             sync = asyncio.get_running_loop().run_in_executor(None, lambda: pusher.push(
                 new_state if attempt % 2 == 0 else old_state, in_flight="abort"))
-            return await asyncio.gather(*tasks), await sync
+            done = await asyncio.gather(*tasks)
+            return [g for group in done for g in group] if grouped else done, await sync
 
         generations, _ = asyncio.run(run())
         v_new = fleet.version()
@@ -185,7 +217,7 @@ def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, h
         assert len(g.token_ids) == len(g.logprobs) == len(g.versions) == MAX_TOKENS and g.finish_reason == "length"
         assert g.versions == sorted(g.versions) and set(g.versions) <= {v_new - 1, v_new}
         for version in set(g.versions):
-            reference = hf_logprobs(by_version[version], prompts[i % len(prompts)], g.token_ids)
+            reference = hf_logprobs(by_version[version], prompts[prompt_of(i)], g.token_ids)
             picked = [(a, b) for a, b, v in zip(g.logprobs, reference, g.versions) if v == version]
             assert max(abs(a - b) for a, b in picked) < TOLERANCE, (version, picked)
     pusher.push(old_state)

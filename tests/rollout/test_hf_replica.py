@@ -237,6 +237,66 @@ def test_bad_settings_are_refused_with_the_key(run, prompts, model_dir):
         HFReplica(3, spec(model_dir, max_model_len=4096))
 
 
+def test_a_group_request_samples_what_its_single_requests_and_the_batch_do(run, prompts, hf_model):
+    """generate_group(seed): sample k is generate_tokens(seed + k) and the batch generate's sample k
+    of a request seeded ``seed`` (tokens, log-probs, text, finish); the same seed, the same group."""
+    group = run(lambda r: r.generate_group(prompts[1], kwargs(n=3), 77))
+
+    async def singles(replica):
+        return await asyncio.gather(*[replica.generate_tokens(prompts[1], kwargs(), 77 + k) for k in range(3)])
+
+    alone = run(singles)
+    batch = run(lambda r: r.generate([(1, prompts[1], 77)], kwargs(n=3)))
+    assert [g.token_ids for g in group] == [g.token_ids for g in alone] == [s.response_ids for s in batch]
+    assert [(g.text, g.finish_reason, g.stop_string) for g in group] == \
+        [(g.text, g.finish_reason, g.stop_string) for g in alone] == \
+        [(s.response_text, s.finish_reason, s.stop_string) for s in batch]
+    assert all(g.versions == [0] * len(g.token_ids) for g in group)
+    for g, single, sample in zip(group, alone, batch):
+        assert max_diff(g.logprobs, single.logprobs) < TOLERANCE and max_diff(g.logprobs, sample.logprobs) < TOLERANCE
+        assert max_diff(g.logprobs, hf_logprobs(hf_model, prompts[1], g.token_ids)) < TOLERANCE
+    assert len({tuple(g.token_ids) for g in group}) == 3  # the seeds took effect
+    assert [g.token_ids for g in run(lambda r: r.generate_group(prompts[1], kwargs(n=3), 77))] == \
+        [g.token_ids for g in group]
+    assert [g.token_ids for g in run(lambda r: r.generate_group(prompts[1], kwargs(n=3), 78))] != \
+        [g.token_ids for g in group]
+
+
+def test_an_aborted_group_continues_each_sample_alone_on_its_own_seed(run, prompts, hf_model):
+    """pause("abort") mid-way: every sample keeps its tokens and continues as a request of its own,
+    seeded as sample k's own request would be (``segment_seed(seed + k, 1)``)."""
+    from megarl.rollout.gate import segment_seed
+
+    settings = kwargs(n=3, ignore_eos=True)
+    whole = run(lambda r: r.generate_group(prompts[0], settings, 5))
+
+    async def interrupted(replica):
+        task = asyncio.ensure_future(replica.generate_group(prompts[0], settings, 5))
+        await decoded(replica, 3)
+        await replica.pause("abort")
+        assert replica.gate.running == 0 and not task.done()  # aborted, waiting at the closed gate
+        await replica.resume()
+        return await task
+
+    group = run(interrupted)
+    for g in group:
+        assert len(g.token_ids) == len(g.logprobs) == MAX_TOKENS and g.versions == [0] * MAX_TOKENS
+        assert g.finish_reason == "length"
+        assert max_diff(g.logprobs, hf_logprobs(hf_model, prompts[0], g.token_ids)) < TOLERANCE
+    agree = min(next((i for i, (a, b) in enumerate(zip(w.token_ids, g.token_ids)) if a != b), MAX_TOKENS)
+                for w, g in zip(whole, group))
+    assert 3 <= agree < MAX_TOKENS  # the same tokens up to the abort, then the continuation's own seed
+
+    async def continued_alone(replica, cut: int) -> bool:
+        rest = await asyncio.gather(*[replica.generate_tokens(prompts[0] + g.token_ids[:cut],
+                                                              kwargs(ignore_eos=True, max_tokens=MAX_TOKENS - cut),
+                                                              segment_seed(5 + k, 1)) for k, g in enumerate(group)])
+        return all(r.token_ids == g.token_ids[cut:] for r, g in zip(rest, group))
+
+    # the abort cut every sample at the same step; one cut at or before the first difference explains all three
+    assert any(run(lambda r, cut=cut: continued_alone(r, cut)) for cut in range(3, agree + 1))
+
+
 def test_pause_with_abort_resumes_the_request_and_a_failed_sync_stops_generation(run, prompts, hf_model):
     """generate_tokens survives an abort (it continues from its tokens, as after a sync); a sync that
     fails (here: receive before connect) leaves the weights stale, and the replica refuses to serve."""

@@ -5,7 +5,8 @@ and guarantees (see ``megarl.rollout.backend`` for the seam): the fleet cannot t
 but by speed and by the random numbers of sampled tokens. The model runs in this process
 (``engine.HFEngine``: a KV-cache decoding loop over ``AutoModelForCausalLM``), on one device, no
 tensor parallelism; ``scheduler.Scheduler`` batches the requests in flight continuously (the batch
-``generate`` of the fleet and the per-request ``generate_tokens`` of agent loops alike).
+``generate`` of the fleet, and the per-request ``generate_tokens`` and ``generate_group`` of agent
+loops alike).
 
 Weights: ``self.weights`` (``ReceiverEndpoint``) records the version served and whether the weights
 are stale; the sync's tensors go straight into the model's parameters (``weights.SyncReceiver``),
@@ -23,7 +24,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from megarl.rollout.gate import GenerationGate, Segment, generate_resumable
+from megarl.rollout.gate import GenerationGate, Segment, generate_group_resumable, generate_resumable
 from megarl.rollout.hf.registration import HFReplicaSpec
 from megarl.rollout.sample import Generation, RolloutSample
 from megarl.weight_sync.endpoints import ReceiverEndpoint
@@ -188,6 +189,31 @@ class HFReplica:
         return await generate_resumable(
             self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
             lambda: self.weights.version, f"turn-{self.index}",
+            detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+
+    async def generate_group(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> list[Generation]:
+        """The ``n`` completions of one prompt as one request (single-turn agent loops): the k-th is
+        what ``generate_tokens`` gives with seed ``seed + k`` (its own ``torch.Generator``, as in
+        ``generate``). A sync that aborts them continues each alone, as ``generate_tokens`` would."""
+        what = f"a group request of {len(prompt_ids)} tokens"
+        self._settings(sampling_kwargs)  # bad settings fail before the request enters the gate
+
+        async def run_group(request_id: str, ids: list[int], max_tokens: int, group_seed: int) -> list[Segment]:
+            self.weights.check_fresh()
+            settings = self._settings({**sampling_kwargs, "max_tokens": max_tokens})
+            sequences = await self.scheduler.generate(request_id, ids, settings, group_seed)
+            return [self._segment(s, what, allow_abort=True) for s in sequences]
+
+        async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
+            self.weights.check_fresh()
+            settings = self._settings({**sampling_kwargs, "n": 1, "max_tokens": max_tokens})
+            [sequence] = await self.scheduler.generate(request_id, ids, settings, segment_seed)
+            return self._segment(sequence, what, allow_abort=True)
+
+        tokenizer = self.tokenizer
+        return await generate_group_resumable(
+            self.gate, run_group, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
+            lambda: self.weights.version, f"group-{self.index}",
             detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
 
     async def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
