@@ -167,6 +167,21 @@ class HFReplica:
                     stop_string=g.stop_string, response_text=g.text, replica=self.index))
         return samples
 
+    def _segment_runner(self, sampling_kwargs: dict[str, Any], what: str):
+        """``run_segment`` of ``generate_resumable``: one sample of ``prompt + tokens so far`` on the
+        current weights, ``max_tokens`` at most, seeded ``segment_seed``; it may end aborted."""
+        async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
+            self.weights.check_fresh()
+            settings = self._settings({**sampling_kwargs, "n": 1, "max_tokens": max_tokens})
+            [sequence] = await self.scheduler.generate(request_id, ids, settings, segment_seed)
+            return self._segment(sequence, what, allow_abort=True)
+
+        return run_segment
+
+    def _detokenize(self, ids: list[int]) -> str:
+        """The text of a completion that ran in several segments (as vLLM's detokenizer: no special tokens)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> Generation:
         """One completion of ``prompt_ids`` (token in, token out): one turn of an agent loop.
 
@@ -176,20 +191,10 @@ class HFReplica:
         """
         if sampling_kwargs.get("n", 1) != 1:
             raise ValueError(f"generate_tokens returns one completion; got n={sampling_kwargs['n']}")
-        what = f"a request of {len(prompt_ids)} tokens"
         self._settings(sampling_kwargs)  # bad settings fail before the request enters the gate
-
-        async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
-            self.weights.check_fresh()
-            settings = self._settings({**sampling_kwargs, "max_tokens": max_tokens})
-            [sequence] = await self.scheduler.generate(request_id, ids, settings, segment_seed)
-            return self._segment(sequence, what, allow_abort=True)
-
-        tokenizer = self.tokenizer
-        return await generate_resumable(
-            self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
-            lambda: self.weights.version, f"turn-{self.index}",
-            detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        run_segment = self._segment_runner(sampling_kwargs, f"a request of {len(prompt_ids)} tokens")
+        return await generate_resumable(self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
+                                        lambda: self.weights.version, f"turn-{self.index}", self._detokenize)
 
     async def generate_group(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> list[Generation]:
         """The ``n`` completions of one prompt as one request (single-turn agent loops): the k-th is
@@ -204,17 +209,10 @@ class HFReplica:
             sequences = await self.scheduler.generate(request_id, ids, settings, group_seed)
             return [self._segment(s, what, allow_abort=True) for s in sequences]
 
-        async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
-            self.weights.check_fresh()
-            settings = self._settings({**sampling_kwargs, "n": 1, "max_tokens": max_tokens})
-            [sequence] = await self.scheduler.generate(request_id, ids, settings, segment_seed)
-            return self._segment(sequence, what, allow_abort=True)
-
-        tokenizer = self.tokenizer
         return await generate_group_resumable(
-            self.gate, run_group, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
-            lambda: self.weights.version, f"group-{self.index}",
-            detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+            self.gate, run_group, self._segment_runner(sampling_kwargs, what), prompt_ids,
+            int(sampling_kwargs["max_tokens"]), seed, lambda: self.weights.version, f"group-{self.index}",
+            self._detokenize)
 
     async def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
         """Log-probs (``log_softmax(logits)``, as vLLM's prompt log-probs) of each sequence's own tokens
