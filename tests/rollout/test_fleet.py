@@ -413,7 +413,8 @@ def test_agent_loop_workers_give_the_same_trajectories(fleet, prompts, tokenizer
     from megarl.agent.workers import start_workers
 
     cfg = OmegaConf.create({"data": {"apply_chat_template_kwargs": {}}, "actor_rollout_ref": {"rollout": {
-        "response_length": MAX_TOKENS, "multi_turn": {"enable": False}, "agent": {"agent_loop_config_path": None}}}})
+        "response_length": MAX_TOKENS, "multi_turn": {"enable": False},
+        "agent": {"agent_loop_config_path": None, "default_agent_loop": "single_turn_agent"}}}})
     context = AgentContext(tokenizer=tokenizer, response_length=MAX_TOKENS, multi_turn=MultiTurnSettings())
     in_workers = AgentRollout(context, fleet, fleet.config, num_workers=2,
                               worker_factory=lambda count: start_workers(cfg, str(model_dir), count))
