@@ -1,6 +1,6 @@
 """megarl against TRL's ``GRPOTrainer`` on the same model, data, reward and hyper-parameters.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/peers.py run --side megarl --seed 1 [--steps 30] [--json FILE]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/peers.py run --side megarl --seed 1 [--steps 30] [--rollout vllm|hf] [--json FILE]
     OMP_NUM_THREADS=1 .venv/bin/python bench/peers.py run --side trl --seed 1 [--steps 30] [--json FILE]
     .venv/bin/python bench/peers.py report [--json FILE]        # summarise every run appended so far
     .venv/bin/python bench/peers.py mapping                     # the hyper-parameter mapping of both sides
@@ -9,7 +9,9 @@ One ``run`` is one side and one seed (a chunk short enough for the shared heavy-
 appends one JSON line to ``--json`` (default ``runs/bench/peers.jsonl``) and ``report`` prints, per
 side: start-up (process start to the first step), the median step time and its phase split, the
 mean reward of the first and last ``--window`` steps (mean and spread over seeds), and the ratios
-megarl/TRL.
+megarl/TRL. ``--rollout hf`` runs megarl with its hf rollout backend (``actor_rollout_ref.rollout.name=hf``:
+transformers generating in the replicas, as TRL does) instead of vLLM; ``report`` lists it as the side
+``megarl-hf``, against TRL and against megarl with vLLM.
 
 Operating points: the quickstart task (``megarl.run.quickstart.prepare``'s format-warmed tiny model and
 arithmetic data under ``runs/bench/quickstart``; answers are one digit), 16 prompts x 8 samples, at
@@ -71,7 +73,8 @@ MAPPING = [
     ("optimizer", f"Adam (megatron), lr={LR}, betas 0.9/0.999, eps 1e-8, weight_decay=0",
      f"adamw_torch, learning_rate={LR}, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0"),
     ("LR schedule", "constant, no warm-up (verl's default)", "lr_scheduler_type='constant', warmup_steps=0"),
-    ("sampling", f"vLLM, temperature={TEMPERATURE}, top_p=1, top_k=-1, max_response_length=8 | 128",
+    ("sampling", f"vLLM (--rollout vllm) or transformers in megarl's hf replicas (--rollout hf), temperature="
+     f"{TEMPERATURE}, top_p=1, top_k=-1, max_response_length=8 | 128",
      f"HF generate, temperature={TEMPERATURE}, top_p=1, top_k=0, max_completion_length=8 | 128"),
     ("long point: full length", "actor_rollout_ref.rollout.ignore_eos=True", "generation_kwargs={'min_new_tokens': 128}"),
     ("precision", "fp32 (CPU)", "fp32 (use_cpu=True, bf16=False)"),
@@ -130,6 +133,7 @@ def run_megarl(args) -> dict:
         "trainer.save_freq=-1", "trainer.logger=[console]", f"trainer.default_local_dir={out}",
         f"data.seed={args.seed}", f"actor_rollout_ref.rollout.seed={args.seed}",
         f"actor_rollout_ref.actor.megatron.seed={args.seed}",
+        f"actor_rollout_ref.rollout.name={args.rollout}",
     ] + (["actor_rollout_ref.rollout.ignore_eos=True"] if args.point == "long" else []) + (
         # 32 x 172 tokens in one micro-batch peak at 18 GB in fp32 (its 49k-vocab logits and 30 layers'
         # activations); 8 per micro-batch is the same update (token-mean summed over the mini-batch)
@@ -240,7 +244,7 @@ def summarise(records: list[dict], window: int) -> None:
 def summarise_point(records: list[dict], window: int, point: str) -> None:
     sides = {}
     for r in records:
-        sides.setdefault(r["side"], []).append(r)
+        sides.setdefault(side_name(r), []).append(r)
     medians = {}
     for side, runs in sides.items():
         steady = [s for r in runs for s in r["step_s"][1:]]  # the first step pays warm-ups
@@ -264,6 +268,15 @@ def summarise_point(records: list[dict], window: int, point: str) -> None:
     if "megarl" in medians and "trl" in medians:
         target = "<= 1.0" if point == "short" else "<= 0.5"
         print(f"step time megarl/TRL-HF: {medians['megarl'] / medians['trl']:.2f} (target {target})")
+    if "megarl-hf" in medians:
+        for other, label in (("trl", "TRL-HF"), ("megarl", "megarl (vLLM)")):
+            if other in medians:
+                print(f"step time megarl-hf/{label}: {medians['megarl-hf'] / medians[other]:.2f}")
+
+
+def side_name(record: dict) -> str:
+    """``megarl``, ``megarl-hf`` (megarl with its hf rollout backend) or ``trl``."""
+    return record["side"] + ("-hf" if record["side"] == "megarl" and record.get("rollout") == "hf" else "")
 
 
 def print_mapping() -> None:
@@ -282,6 +295,8 @@ def main() -> None:
     one.add_argument("--point", choices=sorted(POINTS), default="short", help="short (8) or long (128) responses")
     one.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
                      help="the quickstart's tiny model (16 x 8 per step) or SmolLM2-135M-Instruct (4 x 8)")
+    one.add_argument("--rollout", choices=["vllm", "hf"], default="vllm",
+                     help="megarl's rollout backend (actor_rollout_ref.rollout.name); TRL always generates with HF")
     one.add_argument("--model-path", help=argparse.SUPPRESS)
     one.add_argument("--json", type=Path, default=ROOT / "runs" / "bench" / "peers.jsonl")
     one.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -300,6 +315,8 @@ def main() -> None:
         return summarise(records, args.window)
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is left out of the step time)")
+    if args.side == "trl" and args.rollout != "vllm":
+        parser.error("--rollout picks megarl's rollout backend; TRL's side always generates with HF")
     if args.side == "trl" and not args.inside_trl_venv:
         paths = prepared(args.model)  # the model and data, made with the project's environment
         python = ensure_trl_venv()
@@ -310,8 +327,8 @@ def main() -> None:
         sys.exit(subprocess.run(command, env=env).returncode)
     result = run_megarl(args) if args.side == "megarl" else run_trl(args)
     record = {"side": args.side, "seed": args.seed, "steps": args.steps, "point": args.point, "model": args.model,
-              "overrides": list(args.set), **result}
-    print(f"{args.side} seed {args.seed}: start-up {result['startup_s']:.1f} s, median step "
+              "rollout": args.rollout if args.side == "megarl" else None, "overrides": list(args.set), **result}
+    print(f"{side_name(record)} seed {args.seed}: start-up {result['startup_s']:.1f} s, median step "
           f"{statistics.median(result['step_s'][1:]):.3f} s, reward first/last {result['reward'][0]:.3f}/"
           f"{result['reward'][-1]:.3f}", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
                         "strategy=megatron and the layout in actor_rollout_ref.actor.megatron.*"))
         elif value != "megatron":
             add(f"{key}={value!r}: megarl's only training backend is 'megatron'", key)
-    from megarl.rollout.backend import REFUSED_BACKENDS, backend_names
+    from megarl.rollout.backend import REFUSED_BACKENDS, backend_names, rollout_backend
 
     name = arr.rollout.name
     if name in REFUSED_BACKENDS:
@@ -67,6 +67,9 @@ def _check_backends(cfg, add, notes: list[str]) -> None:
         add(refusal(f"actor_rollout_ref.rollout.name={name}", feature, instead))
     elif name not in backend_names():
         add(f"actor_rollout_ref.rollout.name={name!r}: megarl's rollout backends are {backend_names()}")
+    elif rollout_backend(name).config_problems is not None:  # what this engine cannot do (hf: TP, LoRA adapters...)
+        for problem in rollout_backend(name).config_problems(arr.rollout, arr.model.lora, notes):
+            add(problem)
     mode = arr.rollout.mode
     if mode not in ROLLOUT_MODES:
         add(f"actor_rollout_ref.rollout.mode={mode!r}: use one of {ROLLOUT_MODES}")
@@ -317,8 +320,9 @@ def _check_rollout(cfg, add) -> None:
             "(the default, verl's).", "actor_rollout_ref.rollout.logprobs_mode")
     if rollout.scheduling_policy not in SCHEDULING_POLICIES:
         add(f"actor_rollout_ref.rollout.scheduling_policy={rollout.scheduling_policy!r}: use one of {SCHEDULING_POLICIES}.")
-    for message in engine_kwargs_problems(rollout.engine_kwargs.vllm):
-        add(message)
+    if rollout.name == "vllm":  # other backends refuse vLLM's engine arguments (their config_problems)
+        for message in engine_kwargs_problems(rollout.engine_kwargs.vllm):
+            add(message)
     sync = rollout.weight_sync
     if sync.transport != "auto" and sync.transport not in TRANSPORTS:
         add(f"actor_rollout_ref.rollout.weight_sync.transport={sync.transport!r}: use auto or one of {sorted(TRANSPORTS)}.")

@@ -13,21 +13,27 @@ What a backend declares (``RolloutBackend``):
 * ``replica_env(spec, on_gpu)``: the replica process's environment, set before the engine imports;
 * ``tensor_splits(model_path)``: how each HF tensor is split over the engine's TP ranks, for the
   weight sync's shard mode (``None``: the engine receives full tensors only);
+* ``config_problems(rollout, lora, notes)``: what a config's rollout and LoRA sections ask of this
+  backend that it cannot do, as ``megarl.config.errors.Problem``s (the config check reports them before anything starts),
+  plus notes for settings it takes but reads differently;
 * traits: ``needs_gpu`` (no CPU build: refused on a CPU cluster), ``sleeps`` (frees device memory
   between generations), ``adapters`` (serves LoRA adapters), ``pooling`` (scores with a pooling
   head: reward models).
 
-The replica actor's methods (every backend has them; coroutines, the actor is async):
+The replica actor's methods (every backend has them, ``REPLICA_METHODS``; coroutines, the actor is
+async; a backend with the ``pooling`` trait also has ``POOLING_METHODS``):
 
     info() -> {index, pid, on_gpu, max_model_len, vocab_size, dtype, import_seconds, start_seconds}
     generate(requests=[(prompt_index, prompt_ids, seed)], sampling_kwargs) -> [RolloutSample]
     generate_tokens(prompt_ids, sampling_kwargs, seed) -> Generation       # one request (agent loops)
+    generate_group(prompt_ids, sampling_kwargs, seed) -> [Generation]      # n samples, k-th seeded seed + k
     score(sequences, skip) -> [[log-prob of each token after the first `skip`]]
     sync_connect(plan, first_rank, world, addr, port, transport, timeout_s) / sync_receive(version, in_flight)
         / sync_close()                                                      # the weight sync's receiving end
     weights_version() -> int; pause(in_flight) / resume(); sleep(level) / wake_up(tags)
     load_adapter(adapter, version)                                          # with the ``adapters`` trait
     close()
+    classify(sequences) -> [float]; serve_http(host) -> "host:port"        # with the ``pooling`` trait
 
 ``sampling_kwargs`` is ``Sampling.engine_kwargs()``: vLLM's ``SamplingParams`` names, which every
 backend reads (``n``, ``temperature``, ``top_p``, ``top_k``, ``max_tokens``, ``stop``,
@@ -46,6 +52,10 @@ from megarl.config.registry import Registry
 
 ROLLOUT_BACKENDS = Registry("rollout backend", "actor_rollout_ref.rollout.name",
                             traits={"needs_gpu": False, "sleeps": False, "adapters": False, "pooling": False})
+# What the fleet, its clients and the weight sync call on a replica actor (the list above).
+REPLICA_METHODS = ("info", "generate", "generate_tokens", "generate_group", "score", "sync_connect", "sync_receive",
+                   "sync_close", "weights_version", "pause", "resume", "sleep", "wake_up", "load_adapter", "close")
+POOLING_METHODS = ("classify", "serve_http")  # reward models' replicas (``pooling`` trait)
 # Engines verl runs that megarl does not, with what to use instead (checked before anything starts).
 REFUSED_BACKENDS = {
     "sglang": ("SGLang as the rollout engine", "SGLang has no CPU build here (its engine imports CUDA-only kernels), "
@@ -81,6 +91,7 @@ class RolloutBackend:
     replica_spec: Callable[[ReplicaRequest], Any]
     replica_env: Callable[[Any, bool], dict[str, str]]
     tensor_splits: Callable[[str], Mapping[str, Any]] | None = None
+    config_problems: Callable[[Any, Any, list[str]], list[Any]] | None = None
 
     def actor_class(self) -> type:
         module, _, name = self.replica_class.partition(":")

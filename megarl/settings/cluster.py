@@ -5,6 +5,8 @@ devices, or its own pool: ``reward_model.enable_resource_pool``, ``nnodes``, ``n
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from megarl.cluster.placement import PlacementPlan, plan_placement, plan_reward_pool, with_colocated_reward_model
 from megarl.config.derived import cluster_shape
 
@@ -17,6 +19,21 @@ def plan_from_config(cfg) -> PlacementPlan:
     if rm.enable and not rm.enable_resource_pool:
         plan = with_colocated_reward_model(plan, rm.rollout.tensor_model_parallel_size)
     return plan
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """How the driver joins or starts Ray: ``trainer.ray_address``, ``ray_kwargs.ray_init.num_cpus``
+    (None: the machine's cores, at least one per device slot), ``ray_kwargs.timeline_json_file``."""
+
+    address: str | None
+    num_cpus: int | None
+    timeline_json_file: str | None
+
+
+def ray_settings(cfg) -> RaySettings:
+    ray = cfg.ray_kwargs
+    return RaySettings(cfg.trainer.ray_address, ray.ray_init.num_cpus, ray.timeline_json_file)
 
 
 def reward_pool_from_config(cfg) -> PlacementPlan | None:

@@ -71,3 +71,15 @@ def build_train_loader(data_cfg: Any, tokenizer: Any, need_reward_fn_key: bool =
         seed=int(_get(data_cfg, "seed", 1)),
         drop_last=bool(_get(data_cfg, "drop_last", True)),
     )
+
+
+def load_tokenizer(cfg):
+    """The driver's tokenizer (verl: ``data.trust_remote_code``), with ``model.custom_chat_template``."""
+    from transformers import AutoTokenizer
+
+    model = cfg.actor_rollout_ref.model
+    tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path,
+                                              trust_remote_code=cfg.data.trust_remote_code)
+    if model.custom_chat_template:
+        tokenizer.chat_template = model.custom_chat_template
+    return tokenizer

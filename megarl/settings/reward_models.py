@@ -60,8 +60,10 @@ def reward_model_problems(cfg: Any) -> list[Problem]:
         problems.append(Problem("reward_model.enable=True needs reward_model.model.path (a "
                                 "...ForSequenceClassification reward model or a causal-LM judge)", key=KEY))
     if engine.name != "vllm":
+        why = (" (the hf rollout backend has no classifier head runner and no OpenAI-compatible server, which reward "
+               "models and judges are served through)" if engine.name == "hf" else "")
         problems.append(refusal(f"reward_model.rollout.name={engine.name}", f"{engine.name} as the reward model's "
-                                "engine", "megarl serves reward models with vLLM: set reward_model.rollout.name=vllm"))
+                                f"engine", f"megarl serves reward models with vLLM{why}: set reward_model.rollout.name=vllm"))
     tokenizer = rm.model.input_tokenizer
     if tokenizer is not None and str(tokenizer) not in policy_tokenizers(cfg):
         problems.append(refusal(f"reward_model.model.input_tokenizer={tokenizer}", "decoding the responses with a "

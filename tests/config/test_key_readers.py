@@ -21,8 +21,12 @@ from tests.config._fixtures import write_model_config, write_prompts
 
 PACKAGE = Path(__file__).resolve().parents[2] / "megarl"
 
-# Keys that have no effect by nature, with the reason: the only hand-kept list (empty now: every key is read).
-INERT: dict[str, str] = {}
+# Keys that have no effect by nature, with the reason: the only hand-kept list.
+INERT = {
+    "actor_rollout_ref.ref.megatron.use_distributed_optimizer": "the reference model is frozen: it has no optimizer",
+    "actor_rollout_ref.ref.megatron.seed": "the reference runs in the actor's parallel state (seeded by "
+                                           "actor_rollout_ref.actor.megatron.seed) and has no dropout (eval mode)",
+}
 
 
 @contextlib.contextmanager
@@ -81,13 +85,16 @@ class _Recorded:
 
 
 def read_by_the_door(cfg, tmp_path, monkeypatch) -> None:
-    """Run what a launch runs on ``cfg`` before and while it builds the components' settings."""
+    """Run what a launch runs on ``cfg`` before and while it builds the components' settings: the checks,
+    ``prepare`` (tokenizer, agent loops, data, resume plan), Ray's settings and every settings constructor."""
+    import transformers
+
     import megarl.settings.sync as sync
     from megarl.checks import launch_problems
     from megarl.devtools.tiny_tokenizer import build_tokenizer
-    from megarl.settings.agent import agent_settings
-    from megarl.settings.cluster import plan_from_config, reward_pool_from_config
-    from megarl.settings.data import build_dataset
+    from megarl.run.build import prepare
+    from megarl.settings.cluster import plan_from_config, ray_settings, reward_pool_from_config
+    from megarl.settings.data import load_tokenizer
     from megarl.settings.reward_models import reward_engine, settings_from_config
     from megarl.settings.rewards import reward_manager
     from megarl.settings.rollout import fleet_arguments
@@ -96,10 +103,12 @@ def read_by_the_door(cfg, tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(sync, "WeightSyncSession", _Recorded)
     monkeypatch.setattr(sync, "AdapterUpdates", _Recorded)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: build_tokenizer("qwen3"))
     notes: list[str] = []
     problems = launch_problems(cfg, notes)
     assert problems == [], problems
-    agent_settings(cfg)
+    prepare(cfg, tmp_path / "run", load_tokenizer)
+    ray_settings(cfg)
     trainer_settings(cfg)
     plan = plan_from_config(cfg)
     worker_settings(cfg, plan.trainer_world)
@@ -110,7 +119,6 @@ def read_by_the_door(cfg, tmp_path, monkeypatch) -> None:
         reward_engine(cfg, model)
     reward_pool_from_config(cfg)
     reward_manager(cfg)
-    build_dataset(cfg.data, build_tokenizer("qwen3"), "train")
 
 
 def configs(tmp_path) -> dict[str, list[str]]:
@@ -120,7 +128,8 @@ def configs(tmp_path) -> dict[str, list[str]]:
             "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
             "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2"]
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+            "trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'run'}"]
     return {
         "grpo": base,
         "ppo with a critic and a KL loss": [*base, "algorithm.adv_estimator=gae", f"critic.model.path={model}",
@@ -129,8 +138,18 @@ def configs(tmp_path) -> dict[str, list[str]]:
                         "async_training.partial_rollout=True", "algorithm.rollout_correction.rollout_is=token",
                         "trainer.placement=split", "trainer.rollout_gpus=1",
                         "actor_rollout_ref.rollout.tensor_model_parallel_size=1"],
-        "lora": [*base, "actor_rollout_ref.model.lora.rank=8"],
-        "reward model": [*base, "reward_model.enable=True", f"reward_model.model.path={model}"],
+        "lora, for the critic too": [*base, "actor_rollout_ref.model.lora.rank=8", "algorithm.adv_estimator=gae",
+                                     f"critic.model.path={model}", "critic.model.lora.rank=8",
+                                     *[f"{role}.optim.{k}" for role in ("actor_rollout_ref.actor", "critic")
+                                       for k in ("lr_warmup_steps=-1", "total_training_steps=10")]],
+        "reward model on its own devices": [*base, "reward_model.enable=True", f"reward_model.model.path={model}",
+                                            "reward_model.enable_resource_pool=True", "reward_model.nnodes=1",
+                                            "reward_model.n_gpus_per_node=2"],
+        "verl's rollout pool and global micro-batch size": [
+            *[o for o in base if "actor.ppo_micro_batch_size_per_gpu" not in o],
+            "actor_rollout_ref.actor.ppo_micro_batch_size=4", "async_training.mode=one_step_off",
+            "rollout.nnodes=1", "rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "algorithm.rollout_correction.rollout_is=token"],
         "overlong penalty, adaptive KL": [*base, "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
                                           "reward_model.overlong_buffer.len=4",
                                           "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive"],

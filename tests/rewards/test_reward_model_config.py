@@ -186,3 +186,10 @@ def test_placement_of_a_reward_model(files):
     cfg = load(files, "reward_model.enable=True", f"reward_model.model.path={files['rm']}",
                "reward_model.rollout.tensor_model_parallel_size=1", preflight=False)
     assert plan_from_config(cfg).reward_replicas == ((0,), (1,)) and reward_pool_from_config(cfg) is None
+
+
+def test_the_hf_rollout_backend_serves_no_reward_model(files):
+    rm = ["reward_model.enable=True", f"reward_model.model.path={files['rm']}", "reward_model.rollout.tensor_model_parallel_size=1"]
+    text = "\n".join(problems(files, *rm, "reward_model.rollout.name=hf"))
+    assert "reward_model.rollout.name=hf: hf as the reward model's engine is not supported" in text
+    assert "no classifier head runner and no OpenAI-compatible server" in text and "set reward_model.rollout.name=vllm" in text

@@ -15,7 +15,7 @@ BASE = ["data.train_files=/d/train.parquet", "data.val_files=/d/val.parquet", "a
 def test_tokenizer_takes_data_trust_remote_code_and_the_custom_chat_template(monkeypatch):
     import transformers
 
-    from megarl.run.train import load_tokenizer
+    from megarl.settings.data import load_tokenizer
 
     calls = []
 

@@ -222,6 +222,25 @@ def test_remax_with_dapo_dynamic_sampling_runs(quickstart_inputs, tmp_path):
     assert len(logged["actor/pg_loss"]) == 3
 
 
+@pytest.mark.timeout(900)
+def test_grpo_runs_on_the_hf_rollout_backend(quickstart_inputs, tmp_path):
+    """rollout.name=hf: the quickstart's GRPO with transformers generating in the replicas, 3 steps and
+    validation before and after; the fleet serves the trainer's weights after every sync."""
+    from megarl.run.train import run
+
+    out = tmp_path / "hf"
+    run(load_config("quickstart", overrides(quickstart_inputs, out, "actor_rollout_ref.rollout.name=hf",
+                                            "trainer.total_training_steps=3", "trainer.save_freq=-1",
+                                            "trainer.test_freq=3")))
+    logged = scalars(out)
+    assert len(logged["actor/pg_loss"]) == 3 and [s for s, _ in logged["val/score"]] == [0, 3]
+    diffs = [v for _, v in logged["rollout/logprob_diff"]]
+    assert len(diffs) == 3 and max(diffs) < 1e-5, diffs
+    assert "transformers imported in" in (out / "logs" / "rollout_replica0.log").read_text()
+    driver = (out / "logs" / "driver.log").read_text()
+    assert "rollout 1 hf (transformers) replica x TP1" in driver and "(hf (transformers) CPU float32" in driver
+
+
 VARIED_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return sum(map(ord, solution_str)) % 7 / 6.0  # differs between samples of a prompt: GRPO has advantages

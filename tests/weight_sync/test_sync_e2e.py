@@ -1,4 +1,6 @@
-"""Weight sync end to end: Megatron trainer layouts TP=2, PP=2 and EP=2 (MoE) -> 2 vLLM replicas.
+"""Weight sync end to end: Megatron trainer layouts TP=2, PP=2 and EP=2 (MoE) -> 2 vLLM replicas,
+and TP=2 / EP=2 -> 2 hf replicas (``rollout.name=hf``: the trainer's per-expert tensors land in
+transformers' fused expert tensors).
 
 After one training step (random advantages: the weights really change), the sync makes the
 fleet's greedy log-probs equal the trainer's to 1e-4, and different from before the sync.
@@ -15,8 +17,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest
 PROMPTS = [[5, 17, 42, 9], [7, 7, 3, 100, 12], [250, 11], [31, 64, 128, 5, 6, 7]]
 
 
-def config(model, data, tp=1, pp=1, ep=1):
-    return load_config(None, [
+def config(model, data, tp=1, pp=1, ep=1, rollout="vllm"):
+    return load_config(None, [f"actor_rollout_ref.rollout.name={rollout}",
         f"data.train_files={data}", f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=grpo",
         "trainer.n_gpus_per_node=2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -79,8 +81,8 @@ def train_one_step(workers, cfg):
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("layout", [
-    dict(tp=2), dict(pp=2), dict(ep=2),
-], ids=["tp2", "pp2", "ep2"])
+    dict(tp=2), dict(pp=2), dict(ep=2), dict(tp=2, rollout="hf"), dict(ep=2, rollout="hf"),
+], ids=["tp2", "pp2", "ep2", "tp2-hf", "ep2-hf"])
 def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
     from megarl.settings.worker import worker_settings
     from megarl.rollout import RolloutFleet
@@ -91,9 +93,10 @@ def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
 
     model = models["moe"] if layout.get("ep") else models["dense"]
     cfg = config(model, models["data"], **layout)
-    if str(model) not in fleets:
-        fleets[str(model)] = RolloutFleet(cfg.actor_rollout_ref.rollout, str(model))
-    fleet = fleets[str(model)]
+    key = (str(model), layout.get("rollout", "vllm"))
+    if key not in fleets:
+        fleets[key] = RolloutFleet(cfg.actor_rollout_ref.rollout, str(model))
+    fleet = fleets[key]
     workers = WorkerGroup(MegatronWorker, 2, init_args=(worker_settings(cfg, 2),))
     session = None
     try:
@@ -109,6 +112,9 @@ def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
         assert metrics["weight_sync/bytes_sent"] == session.plan.bytes_sent
         after = verify_sync(fleet, workers, PROMPTS)
         assert after["rollout/logprob_diff_max"] < 1e-4, after
+        if fleet.backend.name == "hf":  # transformers' forward against megatron's, both fp32
+            print(f"{layout}: rollout/logprob_diff after the sync {after['rollout/logprob_diff']:.2e}")
+            assert after["rollout/logprob_diff"] < 1e-5, after
         assert fleet.version() == session.version == metrics["weight_sync/version"]
     finally:
         if session is not None:

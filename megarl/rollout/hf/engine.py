@@ -1,0 +1,153 @@
+"""The hf backend's model and its batched KV cache: prefill, decode, teacher-forced scoring.
+
+``HFEngine`` owns one ``AutoModelForCausalLM`` (eager attention and fp32 on CPU; sdpa and bf16 by
+default on GPU) and the KV cache of the running batch: one transformers ``DynamicCache`` whose
+rows are the running sequences, left-padded to a common length, with a 0/1 attention mask and
+explicit position ids (each row counts only its own tokens, so padding never shifts a position).
+Every call runs on the replica's one engine thread (``scheduler.Scheduler``), never two at once.
+
+One ``step(keep, prompts, ...)``:
+
+1. keeps the cache rows of the running sequences listed in ``keep`` (the others finished or were
+   aborted), dropping the leading columns no row uses any more;
+2. decodes one token for them: the token each sampled last, fed at its row's position;
+3. prefills the newly admitted prompts in one left-padded forward (a prompt shared by the n
+   samples of a request is prefilled once and its cache rows repeated) and appends their rows,
+   the shorter of the two caches padded on the left;
+4. samples one token per row (``sampler.sample_rows``: each row with its own settings and seed).
+
+A row's numbers do not depend on the other rows beyond floating-point summation order: padding
+is masked out, and sampling is per row.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from megarl.rollout.hf.sampler import RowSampling, sample_rows
+
+
+def resolve_dtype(dtype: str, on_gpu: bool) -> torch.dtype:
+    """``auto`` -> bfloat16 on GPU, float32 on CPU (vLLM's choice in megarl); else the named dtype."""
+    name = ("bfloat16" if on_gpu else "float32") if dtype == "auto" else dtype
+    value = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(f"actor_rollout_ref.rollout.dtype={dtype!r}: use auto, float32, bfloat16 or float16")
+    return value
+
+
+class HFEngine:
+    def __init__(self, model, device: torch.device, pad_token_id: int, logprobs_mode: str = "processed_logprobs"):
+        self.model, self.device, self.pad_token_id, self.logprobs_mode = model, device, pad_token_id, logprobs_mode
+        self.cache = None  # transformers DynamicCache of the running rows
+        self.mask: torch.Tensor | None = None  # [rows, columns] 0/1: which cache columns each row uses
+        self.last: torch.Tensor | None = None  # [rows]: the token each row sampled last, not yet fed
+        self.check_cache_layers()
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.mask is None else int(self.mask.shape[0])
+
+    def check_cache_layers(self) -> None:
+        """Refuse models whose KV cache is not one plain tensor pair per layer (sliding windows, linear attention)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=self.model.config).layers
+                        if type(layer) is not DynamicLayer})
+        if kinds:
+            raise ValueError(f"{self.model.config.model_type}: its KV cache has {kinds} layers (sliding-window or "
+                             "linear attention), which the hf rollout backend does not batch; use rollout.name=vllm")
+
+    def reset(self) -> None:
+        """Drop the running batch's cache (nothing runs)."""
+        self.cache = self.mask = self.last = None
+
+    @torch.no_grad()
+    def step(self, keep: Sequence[int], prompts: Sequence[list[int]], settings: Sequence[RowSampling],
+             generators: Sequence[torch.Generator]) -> tuple[list[int], list[float]]:
+        """One token for every kept row, then for every new prompt (in that order): tokens and log-probs."""
+        logits = []
+        if keep:
+            self._keep(list(keep))
+            logits.append(self._decode())
+        else:
+            self.reset()
+        if prompts:
+            logits.append(self._prefill(list(prompts)))
+        tokens, logprobs = sample_rows(torch.cat(logits), settings, generators, self.logprobs_mode)
+        self.last = torch.tensor(tokens, device=self.device)
+        return tokens, logprobs
+
+    def _keep(self, keep: list[int]) -> None:
+        if keep != list(range(self.rows)):
+            index = torch.tensor(keep, device=self.device)
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+            self.mask, self.last = self.mask.index_select(0, index), self.last.index_select(0, index)
+        used = self.mask.any(dim=0)
+        first = int(used.int().argmax()) if bool(used.any()) else self.mask.shape[1]
+        if first:  # columns of rows that are gone
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.mask = self.mask[:, first:]
+
+    def _decode(self) -> torch.Tensor:
+        positions = self.mask.sum(dim=1, keepdim=True)
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        out = self.model(input_ids=self.last.unsqueeze(1), attention_mask=self.mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+    def _prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        unique: dict[tuple[int, ...], int] = {}
+        rows = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        width = max(len(p) for p in unique)
+        ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, prompt in enumerate(unique):
+            ids[i, width - len(prompt):] = torch.tensor(prompt)
+            mask[i, width - len(prompt):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        index = torch.tensor(rows, device=self.device)
+        cache = out.past_key_values
+        if rows != list(range(len(unique))):  # the n samples of a prompt: its rows repeated
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+        self._append(cache, mask.index_select(0, index))
+        return out.logits[:, -1].index_select(0, index)
+
+    def _append(self, cache, mask: torch.Tensor) -> None:
+        """Add new rows to the running batch, the shorter side padded on the left."""
+        if self.cache is None:
+            self.cache, self.mask = cache, mask
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        grow_old, grow_new = width - self.mask.shape[1], width - mask.shape[1]
+        for old, new in zip(self.cache.layers, cache.layers):
+            old.keys = torch.cat([F.pad(old.keys, (0, 0, grow_old, 0)), F.pad(new.keys, (0, 0, grow_new, 0))])
+            old.values = torch.cat([F.pad(old.values, (0, 0, grow_old, 0)), F.pad(new.values, (0, 0, grow_new, 0))])
+        self.mask = torch.cat([F.pad(self.mask, (grow_old, 0)), F.pad(mask, (grow_new, 0))])
+
+    @torch.no_grad()
+    def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
+        """``log_softmax(logits)`` of each sequence's own tokens after its first ``skip`` (>= 1), teacher-forced."""
+        result = []
+        for sequence, start in zip(sequences, skip):
+            if not 1 <= start < len(sequence):
+                raise ValueError(f"score: skip={start} for a sequence of {len(sequence)} tokens; need 1 <= skip < length")
+            ids = torch.tensor([sequence], device=self.device)
+            logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=len(sequence) - start + 1).logits[0, :-1]
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            targets = torch.tensor(sequence[start:], device=self.device)
+            result.append(logp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist())
+        return result

@@ -1,0 +1,296 @@
+"""One hf rollout replica: a Ray actor that generates with a Hugging Face transformers model.
+
+The counterpart of ``megarl.rollout.vllm.replica.EngineReplica`` with the same methods, messages
+and guarantees (see ``megarl.rollout.backend`` for the seam): the fleet cannot tell them apart
+but by speed and by the random numbers of sampled tokens. The model runs in this process
+(``engine.HFEngine``: a KV-cache decoding loop over ``AutoModelForCausalLM``), on one device, no
+tensor parallelism; ``scheduler.Scheduler`` batches the requests in flight continuously (the batch
+``generate`` of the fleet, and the per-request ``generate_tokens`` and ``generate_group`` of agent
+loops alike).
+
+Weights: ``self.weights`` (``ReceiverEndpoint``) records the version served and whether the weights
+are stale; the sync's tensors go straight into the model's parameters (``weights.SyncReceiver``),
+on the engine thread, while the generation gate (``gate.py``) is closed: running requests finish
+first (``in_flight="wait"``) or are aborted and continued on the new weights afterwards
+(``"abort"``), every token stamped with its version. A replica whose last sync failed, or is
+running, refuses to generate. It has no sleep mode and serves no LoRA adapters (merged updates
+only); the config check refuses both before anything starts.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from typing import Any, Sequence
+
+from megarl.rollout.gate import GenerationGate, Segment, generate_group_resumable, generate_resumable
+from megarl.rollout.hf.registration import HFReplicaSpec
+from megarl.rollout.sample import Generation, RolloutSample
+from megarl.weight_sync.endpoints import ReceiverEndpoint
+
+logger = logging.getLogger(__name__)
+IN_FLIGHT = ("wait", "abort")  # what a sync does to running requests: let them finish, or abort and resume them
+
+
+class HFReplica:
+    """Hosts one transformers model; ``index`` is the replica's position in the fleet.
+
+    ``device_ids`` (GPU, from the trainer's placement): the one GPU of the replica's slot, made
+    ``CUDA_VISIBLE_DEVICES`` before torch looks for devices.
+    """
+
+    def __init__(self, index: int, spec: HFReplicaSpec, device_ids: Sequence[str] = ()):
+        from megarl.logging.worker_logs import capture_worker_output
+
+        capture_worker_output(f"rollout_replica{index}")
+        start = time.perf_counter()
+        if device_ids:
+            if len(device_ids) != 1:
+                raise ValueError(f"replica {index}: {len(device_ids)} GPUs {list(device_ids)} for one hf replica "
+                                 "(it has no tensor parallelism)")
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(device_ids[0])
+        import torch
+        import transformers  # noqa: F401  (the import time is reported)
+
+        from megarl.platform import has_cuda
+
+        self.index, self.spec = index, spec
+        self.on_gpu = has_cuda()
+        self.import_seconds = time.perf_counter() - start
+        self.device = torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
+        self.model, self.tokenizer = self._load(spec)
+        self._start_engine(spec)
+        self.start_seconds = time.perf_counter() - start - self.import_seconds
+        self.weights = ReceiverEndpoint(index, self._rpc)
+        self.gate = GenerationGate()
+        self._request_counter = 0
+        logger.info("replica %d: transformers imported in %.1f s, %s loaded in %.1f s (pid %d, %s, %s)", index,
+                    self.import_seconds, spec.model_path, self.start_seconds, os.getpid(), self.device,
+                    self.model.dtype)
+
+    def _load(self, spec: HFReplicaSpec):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from megarl.rollout.hf.engine import resolve_dtype
+
+        if self.on_gpu:
+            torch.cuda.set_per_process_memory_fraction(spec.gpu_memory_utilization, self.device)
+        else:
+            torch.set_num_threads(spec.cpu_threads)
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.model_path, dtype=resolve_dtype(spec.dtype, self.on_gpu), trust_remote_code=spec.trust_remote_code,
+            attn_implementation="sdpa" if self.on_gpu else "eager").to(self.device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path or spec.model_path,
+                                                  trust_remote_code=spec.trust_remote_code)
+        longest = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        if longest is not None and spec.max_model_len > longest:
+            raise ValueError(f"actor_rollout_ref.rollout.max_model_len={spec.max_model_len} (or prompt_length + "
+                             f"response_length) exceeds the model's max_position_embeddings={longest}; lower it")
+        return model, tokenizer
+
+    def _start_engine(self, spec: HFReplicaSpec) -> None:
+        from megarl.rollout.hf.engine import HFEngine
+        from megarl.rollout.hf.scheduler import Scheduler
+        from megarl.rollout.hf.weights import SyncReceiver
+
+        eos = self.tokenizer.eos_token_id
+        configured = self.model.generation_config.eos_token_id
+        extra = {configured} if isinstance(configured, int) else set(configured or ())
+        pad = next(t for t in (self.tokenizer.pad_token_id, eos, 0) if t is not None)
+        self.engine = HFEngine(self.model, self.device, pad, spec.logprobs_mode)
+        self.scheduler = Scheduler(self.engine, self.tokenizer, max_model_len=spec.max_model_len,
+                                   max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+                                   eos_token_id=eos, extra_eos_ids=frozenset(extra - {eos}),
+                                   log_stats=not spec.disable_log_stats)
+        self.sync = SyncReceiver(self.model, self.device)
+
+    async def info(self) -> dict[str, Any]:
+        """Facts the fleet checks requests against, plus the engine start time."""
+        return dict(index=self.index, pid=os.getpid(), on_gpu=self.on_gpu, max_model_len=self.spec.max_model_len,
+                    vocab_size=int(self.model.config.get_text_config().vocab_size), dtype=str(self.model.dtype),
+                    import_seconds=self.import_seconds, start_seconds=self.start_seconds)
+
+    # ------------------------------------------------------------------ generation
+    def _settings(self, sampling_kwargs: dict[str, Any]):
+        from megarl.rollout.hf.sampler import RowSampling
+
+        return RowSampling.from_kwargs(sampling_kwargs)
+
+    def _segment(self, sequence, what: str, allow_abort: bool = False) -> Segment:
+        allowed = ("stop", "length", "abort") if allow_abort else ("stop", "length")
+        if sequence.finish_reason not in allowed:
+            cause = (" (a weight sync aborted it; batch requests are not resumed: generate per request, as the "
+                     "agent seam does)" if sequence.finish_reason == "abort" else "")
+            raise RuntimeError(f"replica {self.index}: {what} ended with finish_reason="
+                               f"{sequence.finish_reason!r}{cause}")
+        stop = sequence.stop_reason
+        return Segment(token_ids=list(sequence.token_ids), logprobs=list(sequence.logprobs),
+                       finish_reason=sequence.finish_reason, stop_string=stop if isinstance(stop, str) else None,
+                       text=sequence.text)
+
+    async def _gated(self, coroutine_fn, tag: str):
+        """Run ``coroutine_fn(request_id)`` as one request that may not be interrupted (batch, scoring)."""
+        self._request_counter += 1
+        request_id = f"{tag}-{self.index}-{self._request_counter}"
+        await self.gate.enter(request_id)
+        try:
+            self.weights.check_fresh()
+            return await coroutine_fn(request_id)
+        finally:
+            self.gate.leave(request_id)
+
+    async def generate(self, requests: Sequence[tuple[int, list[int], int]],
+                       sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
+        """Generate for ``(prompt_index, prompt_ids, request_seed)`` requests; n samples per prompt.
+
+        All requests are in flight at once; the k-th of a prompt's n samples is seeded with
+        ``request_seed + k`` (as vLLM does). A weight sync waits for them (an abort would be an
+        error: batch requests are not resumed).
+        """
+        import asyncio
+
+        settings = self._settings(sampling_kwargs)
+
+        def one(ids, seed):
+            return self._gated(lambda rid: self.scheduler.generate(rid, list(ids), settings, seed), "batch")
+
+        outputs = await asyncio.gather(*[one(ids, seed) for _, ids, seed in requests])
+        samples = []
+        for (prompt_index, prompt_ids, _), sequences in zip(requests, outputs):
+            for sequence in sequences:
+                g = self._segment(sequence, f"prompt {prompt_index} sample {sequence.sample_index}")
+                samples.append(RolloutSample(
+                    prompt_index=prompt_index, sample_index=sequence.sample_index, prompt_ids=list(prompt_ids),
+                    response_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason,
+                    stop_string=g.stop_string, response_text=g.text, replica=self.index))
+        return samples
+
+    def _segment_runner(self, sampling_kwargs: dict[str, Any], what: str):
+        """``run_segment`` of ``generate_resumable``: one sample of ``prompt + tokens so far`` on the
+        current weights, ``max_tokens`` at most, seeded ``segment_seed``; it may end aborted."""
+        async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
+            self.weights.check_fresh()
+            settings = self._settings({**sampling_kwargs, "n": 1, "max_tokens": max_tokens})
+            [sequence] = await self.scheduler.generate(request_id, ids, settings, segment_seed)
+            return self._segment(sequence, what, allow_abort=True)
+
+        return run_segment
+
+    def _detokenize(self, ids: list[int]) -> str:
+        """The text of a completion that ran in several segments (as vLLM's detokenizer: no special tokens)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> Generation:
+        """One completion of ``prompt_ids`` (token in, token out): one turn of an agent loop.
+
+        ``sampling_kwargs`` must ask for one sample (``n=1``); ``seed`` makes it reproducible. A
+        weight sync that aborts it (partial rollouts) does not end it: it continues on the new
+        weights, and ``Generation.versions`` records the version of each token.
+        """
+        if sampling_kwargs.get("n", 1) != 1:
+            raise ValueError(f"generate_tokens returns one completion; got n={sampling_kwargs['n']}")
+        self._settings(sampling_kwargs)  # bad settings fail before the request enters the gate
+        run_segment = self._segment_runner(sampling_kwargs, f"a request of {len(prompt_ids)} tokens")
+        return await generate_resumable(self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
+                                        lambda: self.weights.version, f"turn-{self.index}", self._detokenize)
+
+    async def generate_group(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> list[Generation]:
+        """The ``n`` completions of one prompt as one request (single-turn agent loops): the k-th is
+        what ``generate_tokens`` gives with seed ``seed + k`` (its own ``torch.Generator``, as in
+        ``generate``). A sync that aborts them continues each alone, as ``generate_tokens`` would."""
+        what = f"a group request of {len(prompt_ids)} tokens"
+        self._settings(sampling_kwargs)  # bad settings fail before the request enters the gate
+
+        async def run_group(request_id: str, ids: list[int], max_tokens: int, group_seed: int) -> list[Segment]:
+            self.weights.check_fresh()
+            settings = self._settings({**sampling_kwargs, "max_tokens": max_tokens})
+            sequences = await self.scheduler.generate(request_id, ids, settings, group_seed)
+            return [self._segment(s, what, allow_abort=True) for s in sequences]
+
+        return await generate_group_resumable(
+            self.gate, run_group, self._segment_runner(sampling_kwargs, what), prompt_ids,
+            int(sampling_kwargs["max_tokens"]), seed, lambda: self.weights.version, f"group-{self.index}",
+            self._detokenize)
+
+    async def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
+        """Log-probs (``log_softmax(logits)``, as vLLM's prompt log-probs) of each sequence's own tokens
+        after its first ``skip`` tokens; a sequence may be as long as ``max_model_len``."""
+        too_long = [len(s) for s in sequences if len(s) > self.spec.max_model_len]
+        if too_long:
+            raise ValueError(f"replica {self.index}: a sequence of {too_long[0]} tokens is longer than "
+                             f"max_model_len={self.spec.max_model_len}")
+        return await self._gated(lambda rid: self.scheduler.on_engine(self.engine.score, list(sequences), list(skip)),
+                                 "score")
+
+    # ------------------------------------------------------------------ weights
+    async def load_adapter(self, adapter: dict, version: int) -> dict[str, float]:
+        raise RuntimeError("the hf rollout backend serves merged weights only: adapter-only LoRA updates "
+                           "(actor_rollout_ref.model.lora.merge=False) need rollout.name=vllm, or set lora.merge=True")
+
+    async def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
+                           transport: str, timeout_s: float) -> list[int]:
+        """Join the weight-sync world (one rank: no TP); return its sync rank."""
+        return await self.weights.connect(plan, first_rank, world_size, master_addr, master_port, transport,
+                                          timeout_s)
+
+    async def sync_receive(self, version: int, in_flight: str = "wait") -> dict[str, float]:
+        """Receive one weight sync into the model (see ``ReceiverEndpoint.receive``).
+
+        The gate closes first: running requests finish on the old weights (``in_flight="wait"``) or
+        are aborted and continue after the sync on the new ones (``"abort"``); new ones wait.
+        """
+        if in_flight not in IN_FLIGHT:
+            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
+        start = time.perf_counter()
+        await self.gate.close(self.scheduler.abort if in_flight == "abort" else None)
+        waited = time.perf_counter() - start
+        try:
+            result = await self.weights.receive(version)
+        finally:
+            self.gate.open()  # after a failure the requests that wait raise: the weights are stale
+        return {**result, "drain_seconds": waited}
+
+    async def sync_close(self) -> None:
+        if self.scheduler is not None:
+            await self.weights.close()
+
+    async def _rpc(self, method: str, *args) -> list:
+        """The ``ReceiverEndpoint``'s calls, run on the engine thread; one result (one rank)."""
+        calls = {"megarl_sync_connect": self.sync.connect, "megarl_sync_receive": self.sync.receive,
+                 "megarl_sync_close": self.sync.close}
+        if method not in calls:
+            raise ValueError(f"hf replica: unknown sync call {method!r}")
+        return [await self.scheduler.on_engine(calls[method], *args)]
+
+    async def weights_version(self) -> int:
+        """The version of the weights this replica serves (0: its checkpoint); raises while they are stale."""
+        self.weights.check_fresh()
+        return self.weights.version
+
+    async def pause(self, in_flight: str = "wait") -> None:
+        """Hold generation: running requests finish or are aborted to continue after ``resume``; new ones wait."""
+        if in_flight not in IN_FLIGHT:
+            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
+        await self.gate.close(self.scheduler.abort if in_flight == "abort" else None)
+
+    async def resume(self) -> None:
+        self.gate.open()
+
+    async def sleep(self, level: int) -> None:
+        raise RuntimeError("the hf rollout backend has no sleep mode (its model stays in memory); run it with "
+                           "actor_rollout_ref.rollout.free_cache_engine=False, or use rollout.name=vllm")
+
+    async def wake_up(self, tags: list[str]) -> None:
+        raise RuntimeError("the hf rollout backend has no sleep mode, so nothing to wake up")
+
+    async def close(self) -> None:
+        """Stop the scheduler and free the model before the actor is killed."""
+        scheduler, self.scheduler = getattr(self, "scheduler", None), None
+        if scheduler is not None:
+            await scheduler.close()
+        if getattr(self, "sync", None) is not None:
+            self.sync.close()
+        self.model = self.engine = None
+        gc.collect()
