@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from megarl.settings import plain
 
 from megarl.engine.overrides import (PIPELINE_SPLIT_FIELDS, RECOMPUTE_FIELDS, optimizer_override_problems,
                                      transformer_override_problems, transformer_overrides)
@@ -22,7 +22,7 @@ ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
 
 
 def _plain(value) -> dict:
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else dict(value or {})
+    return dict(plain(value) or {})
 
 
 def _roles(cfg, with_critic: bool) -> list[tuple[str, object, object, object]]:

@@ -64,9 +64,6 @@ class DistributedWorker:
     def setup(self, *args, **kwargs) -> None:
         """Build engines; called on every rank after torch.distributed is up."""
 
-    def ping(self) -> int:
-        return self.rank
-
 
 class WorkerGroup:
     """``world_size`` ranks of ``worker_cls`` as Ray actors, with torch.distributed set up between them.

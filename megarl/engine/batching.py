@@ -145,11 +145,6 @@ def token_budget_micro_batches(lengths: list[int] | torch.Tensor, max_tokens: in
     return [[order[i] for i in range(start, stop)] for start, stop in runs]
 
 
-def micro_batch_count_for_budget(lengths: list[int] | torch.Tensor, max_tokens: int, packed: bool = False) -> int:
-    """How many micro-batches ``token_budget_micro_batches`` makes without a required count."""
-    return len(token_budget_micro_batches(lengths, max_tokens, packed=packed))
-
-
 def mini_batches(num_samples: int, mini_batch_size: int, epochs: int = 1, shuffle: bool = False, seed: int = 0) -> list[list[int]]:
     """The sample indices of every optimizer step: ``epochs`` passes over the batch in mini-batches.
 

@@ -130,7 +130,7 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
     from megarl.run.samples import SampleReporter
     from megarl.settings import typed_config
     from megarl.settings.cluster import reward_pool_from_config
-    from megarl.settings.engine import worker_settings
+    from megarl.settings.worker import worker_settings
     from megarl.settings.reward_models import reward_engine, settings_from_config
     from megarl.settings.rewards import reward_manager
     from megarl.settings.rollout import fleet_arguments

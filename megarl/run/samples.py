@@ -38,12 +38,12 @@ def dump_generations(directory: str | Path, step: int, data, reward_keys: Sequen
         for i in range(len(data)):
             entry = {"input": data["prompt_text"][i], "output": data["response_text"][i],
                      "gts": data["ground_truth"][i], "score": float(data["score"][i]), "step": step}
-            entry.update({k: _plain(data[k][i]) for k in extras})
+            entry.update({k: _scalar(data[k][i]) for k in extras})
             out.write(json.dumps(entry, ensure_ascii=False, default=str) + "\n")
     return path
 
 
-def _plain(value: Any) -> Any:
+def _scalar(value: Any) -> Any:
     return value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
 
 

@@ -13,6 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def plain(value: Any) -> Any:
+    """A config node as plain Python containers (resolved); any other value as it is."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
 def typed_config(cfg: Any):
     """The checked config as typed dataclasses (``megarl.config.schema.MegaRLConfig``): what components get
     sections of. Free-form sections (``override_transformer_config``, ``engine_kwargs``...) are plain dicts."""

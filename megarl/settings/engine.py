@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 
-from omegaconf import OmegaConf
+from megarl.settings import plain
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.engine.overrides import optimizer_overrides, transformer_overrides
@@ -38,15 +38,12 @@ logger = logging.getLogger(__name__)
 def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayout":  # noqa: F821
     """The layout of ``megatron`` (a ``*.megatron`` section); ``num_layers`` (the model's) is needed
     to turn ``override_transformer_config.account_for_*_in_pipeline_split`` into stage sizes."""
-    from omegaconf import OmegaConf
-
     from megarl.engine.overrides import pipeline_stage_layers
     from megarl.models import ParallelLayout
 
     tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
     vpp = megatron.virtual_pipeline_model_parallel_size or 1
-    overrides = OmegaConf.to_container(megatron.override_transformer_config, resolve=True) \
-        if OmegaConf.is_config(megatron.override_transformer_config) else megatron.override_transformer_config
+    overrides = plain(megatron.override_transformer_config)
     if num_layers is None and any((overrides or {}).get(k) for k in ("account_for_embedding_in_pipeline_split",
                                                                      "account_for_loss_in_pipeline_split")):
         raise ValueError("account_for_*_in_pipeline_split needs the model's layer count")
@@ -117,12 +114,8 @@ def optimizer_settings(optim, grad_clip: float, megatron, section: str) -> Optim
         min_lr=min_lr,
         total_training_steps=total,
         use_distributed_optimizer=megatron.use_distributed_optimizer,
-        megatron_overrides=optimizer_overrides(_plain(optim.override_optimizer_config)),
+        megatron_overrides=optimizer_overrides(plain(optim.override_optimizer_config)),
     )
-
-
-def _plain(value):
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def model_overrides(cfg, role: str, typed: bool = True) -> dict:
@@ -133,7 +126,7 @@ def model_overrides(cfg, role: str, typed: bool = True) -> dict:
     else:
         arr = cfg.actor_rollout_ref
         megatron, model = (arr.actor if role == "actor" else arr.ref).megatron, arr.model
-    return transformer_overrides(_plain(megatron.override_transformer_config), model.enable_gradient_checkpointing,
+    return transformer_overrides(plain(megatron.override_transformer_config), model.enable_gradient_checkpointing,
                                  typed)
 
 

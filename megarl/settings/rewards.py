@@ -16,6 +16,7 @@ from typing import Any
 import functools
 from typing import Callable
 
+from megarl.settings import plain
 from megarl.config.errors import Problem, refusal
 from megarl.rewards.custom import DEFAULT_FUNCTION_NAME, RewardFunction
 from megarl.rewards.manager import RewardManager
@@ -23,12 +24,6 @@ from megarl.rewards.rate_limit import LimitSettings
 from megarl.rewards.registry import default_compute_score
 from megarl.rewards.manager_keys import (DAPO_KWARGS, MANAGER_ALIASES, OVERLONG_KEYS, REWARD_MANAGERS, TIMEOUT_KWARG,
                                          VERL_ONLY_MANAGERS, OverlongPenalty, canonical_manager)
-
-
-def _plain(value: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def _section(cfg: Any, key: str) -> Any:
@@ -63,7 +58,7 @@ def function_kwargs(cfg: Any) -> dict[str, Any]:
     section = _section(cfg, "reward_model")
     if manager_name(cfg) != "batch" or section is None:
         return {}
-    return {k: v for k, v in (_plain(section.get("reward_kwargs")) or {}).items() if k != TIMEOUT_KWARG}
+    return {k: v for k, v in (plain(section.get("reward_kwargs")) or {}).items() if k != TIMEOUT_KWARG}
 
 
 def compute_score_timeout(cfg: Any) -> float | None:
@@ -71,7 +66,7 @@ def compute_score_timeout(cfg: Any) -> float | None:
     or verl's spelling ``reward_model.reward_kwargs.compute_score_timeout`` (``reward_manager_problems``
     refuses the two with different values)."""
     section, reward = _section(cfg, "reward_model"), _section(cfg, "reward")
-    kwargs = dict(_plain(section.get("reward_kwargs")) or {}) if section is not None else {}
+    kwargs = dict(plain(section.get("reward_kwargs")) or {}) if section is not None else {}
     value = kwargs.get(TIMEOUT_KWARG, reward.get("compute_score_timeout") if reward is not None else None)
     return float(value) if value else None
 
@@ -94,10 +89,10 @@ def reward_manager_problems(cfg: Any) -> list[Problem]:
             problems.append(Problem(f"reward.num_workers={cfg.reward.num_workers}: the rate_limited manager runs "
                                     "its calls concurrently in the controller (reward_model.max_concurrent); set "
                                     "reward.num_workers=1"))
-    kwargs = dict(_plain(cfg.reward_model.reward_kwargs) or {})
+    kwargs = dict(plain(cfg.reward_model.reward_kwargs) or {})
     problems += _timeout_problems(cfg, kwargs.pop(TIMEOUT_KWARG, None))
     if name == "batch":
-        given = dict(_plain(cfg.custom_reward_function.reward_kwargs) or {})
+        given = dict(plain(cfg.custom_reward_function.reward_kwargs) or {})
         for key in sorted(set(given) & set(kwargs)):
             if given[key] != kwargs[key]:
                 problems.append(Problem(f"custom_reward_function.reward_kwargs.{key}={given[key]} and "

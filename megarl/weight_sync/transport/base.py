@@ -56,10 +56,6 @@ class SyncStats:
     seconds: float
     buckets: int  # buckets this rank took part in
 
-    @property
-    def bytes_per_second(self) -> float:
-        return (self.bytes_sent + self.bytes_received) / self.seconds if self.seconds > 0 else 0.0
-
 
 class Transport(abc.ABC):
     """Moves buckets between the ranks of a sync world; see the module docstring."""
