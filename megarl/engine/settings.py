@@ -1,18 +1,7 @@
 """What the engine needs, as plain dataclasses (tests build them directly; ``megarl.settings.engine``
 reads them from a megarl config: ``actor_settings``, ``critic_settings``, ``reference_settings``).
 
-How verl's keys map onto them:
-
-* batch sizes: verl counts ``ppo_mini_batch_size`` in prompts over the whole data-parallel
-  world; the engine counts samples on one data-parallel rank:
-  ``mini_batch_size = ppo_mini_batch_size * rollout.n / dp_size``;
-* gradient clipping: ``actor.grad_clip`` (``critic.grad_clip``) wins over ``optim.clip_grad``;
-  a warning names both when they differ;
-* LR schedule: warmup for ``optim.lr_warmup_steps`` steps (or, when that is -1,
-  ``lr_warmup_steps_ratio * total_training_steps``) from ``lr_warmup_init``, then
-  ``optim.lr_decay_style`` (else ``warmup_style``): constant, linear or cosine down to
-  ``min_lr`` (``lr * min_lr_ratio`` when that is set) at ``total_training_steps``;
-* ``optim.override_optimizer_config`` becomes ``OptimizerSettings.megatron_overrides``.
+How verl's keys (batch sizes, clipping, the LR schedule) map onto them: ``megarl.settings.engine``.
 
 Offloading (``megatron.*_offload``) is not an engine setting: the trainer's worker moves state
 between phases (``offload``).

@@ -24,16 +24,15 @@ import os
 import time
 from typing import Any, Sequence
 
-from megarl.rollout.gate import GenerationGate, Segment, generate_group_resumable, generate_resumable
+from megarl.rollout.gate import Segment, generate_group_resumable, generate_resumable
 from megarl.rollout.hf.registration import HFReplicaSpec
+from megarl.rollout.replica_base import GatedReplica, batch_samples, check_finish, require_one_sample
 from megarl.rollout.sample import Generation, RolloutSample
-from megarl.weight_sync.endpoints import ReceiverEndpoint
 
 logger = logging.getLogger(__name__)
-IN_FLIGHT = ("wait", "abort")  # what a sync does to running requests: let them finish, or abort and resume them
 
 
-class HFReplica:
+class HFReplica(GatedReplica):
     """Hosts one transformers model; ``index`` is the replica's position in the fleet.
 
     ``device_ids`` (GPU, from the trainer's placement): the one GPU of the replica's slot, made
@@ -55,16 +54,14 @@ class HFReplica:
 
         from megarl.platform import has_cuda
 
-        self.index, self.spec = index, spec
+        self._init_gate(index, self._rpc)
+        self.spec = spec
         self.on_gpu = has_cuda()
         self.import_seconds = time.perf_counter() - start
         self.device = torch.device("cuda", 0) if self.on_gpu else torch.device("cpu")
         self.model, self.tokenizer = self._load(spec)
         self._start_engine(spec)
         self.start_seconds = time.perf_counter() - start - self.import_seconds
-        self.weights = ReceiverEndpoint(index, self._rpc)
-        self.gate = GenerationGate()
-        self._request_counter = 0
         logger.info("replica %d: transformers imported in %.1f s, %s loaded in %.1f s (pid %d, %s, %s)", index,
                     self.import_seconds, spec.model_path, self.start_seconds, os.getpid(), self.device,
                     self.model.dtype)
@@ -119,27 +116,11 @@ class HFReplica:
         return RowSampling.from_kwargs(sampling_kwargs)
 
     def _segment(self, sequence, what: str, allow_abort: bool = False) -> Segment:
-        allowed = ("stop", "length", "abort") if allow_abort else ("stop", "length")
-        if sequence.finish_reason not in allowed:
-            cause = (" (a weight sync aborted it; batch requests are not resumed: generate per request, as the "
-                     "agent seam does)" if sequence.finish_reason == "abort" else "")
-            raise RuntimeError(f"replica {self.index}: {what} ended with finish_reason="
-                               f"{sequence.finish_reason!r}{cause}")
+        check_finish(self.index, sequence.finish_reason, what, allow_abort)
         stop = sequence.stop_reason
         return Segment(token_ids=list(sequence.token_ids), logprobs=list(sequence.logprobs),
                        finish_reason=sequence.finish_reason, stop_string=stop if isinstance(stop, str) else None,
                        text=sequence.text)
-
-    async def _gated(self, coroutine_fn, tag: str):
-        """Run ``coroutine_fn(request_id)`` as one request that may not be interrupted (batch, scoring)."""
-        self._request_counter += 1
-        request_id = f"{tag}-{self.index}-{self._request_counter}"
-        await self.gate.enter(request_id)
-        try:
-            self.weights.check_fresh()
-            return await coroutine_fn(request_id)
-        finally:
-            self.gate.leave(request_id)
 
     async def generate(self, requests: Sequence[tuple[int, list[int], int]],
                        sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
@@ -159,12 +140,8 @@ class HFReplica:
         outputs = await asyncio.gather(*[one(ids, seed) for _, ids, seed in requests])
         samples = []
         for (prompt_index, prompt_ids, _), sequences in zip(requests, outputs):
-            for sequence in sequences:
-                g = self._segment(sequence, f"prompt {prompt_index} sample {sequence.sample_index}")
-                samples.append(RolloutSample(
-                    prompt_index=prompt_index, sample_index=sequence.sample_index, prompt_ids=list(prompt_ids),
-                    response_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason,
-                    stop_string=g.stop_string, response_text=g.text, replica=self.index))
+            samples += batch_samples(self.index, prompt_index, prompt_ids, [
+                (s.sample_index, self._segment(s, f"prompt {prompt_index} sample {s.sample_index}")) for s in sequences])
         return samples
 
     def _segment_runner(self, sampling_kwargs: dict[str, Any], what: str):
@@ -183,14 +160,9 @@ class HFReplica:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> Generation:
-        """One completion of ``prompt_ids`` (token in, token out): one turn of an agent loop.
-
-        ``sampling_kwargs`` must ask for one sample (``n=1``); ``seed`` makes it reproducible. A
-        weight sync that aborts it (partial rollouts) does not end it: it continues on the new
-        weights, and ``Generation.versions`` records the version of each token.
-        """
-        if sampling_kwargs.get("n", 1) != 1:
-            raise ValueError(f"generate_tokens returns one completion; got n={sampling_kwargs['n']}")
+        """One completion (``n=1``), resumed on the new weights after a sync that aborts it: the contract of
+        ``EngineReplica.generate_tokens``, on the scheduler's rows."""
+        require_one_sample(sampling_kwargs)
         self._settings(sampling_kwargs)  # bad settings fail before the request enters the gate
         run_segment = self._segment_runner(sampling_kwargs, f"a request of {len(prompt_ids)} tokens")
         return await generate_resumable(self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
@@ -229,28 +201,8 @@ class HFReplica:
         raise RuntimeError("the hf rollout backend serves merged weights only: adapter-only LoRA updates "
                            "(actor_rollout_ref.model.lora.merge=False) need rollout.name=vllm, or set lora.merge=True")
 
-    async def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
-                           transport: str, timeout_s: float) -> list[int]:
-        """Join the weight-sync world (one rank: no TP); return its sync rank."""
-        return await self.weights.connect(plan, first_rank, world_size, master_addr, master_port, transport,
-                                          timeout_s)
-
-    async def sync_receive(self, version: int, in_flight: str = "wait") -> dict[str, float]:
-        """Receive one weight sync into the model (see ``ReceiverEndpoint.receive``).
-
-        The gate closes first: running requests finish on the old weights (``in_flight="wait"``) or
-        are aborted and continue after the sync on the new ones (``"abort"``); new ones wait.
-        """
-        if in_flight not in IN_FLIGHT:
-            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
-        start = time.perf_counter()
-        await self.gate.close(self.scheduler.abort if in_flight == "abort" else None)
-        waited = time.perf_counter() - start
-        try:
-            result = await self.weights.receive(version)
-        finally:
-            self.gate.open()  # after a failure the requests that wait raise: the weights are stale
-        return {**result, "drain_seconds": waited}
+    def _abort_running(self):
+        return self.scheduler.abort
 
     async def sync_close(self) -> None:
         if self.scheduler is not None:
@@ -263,20 +215,6 @@ class HFReplica:
         if method not in calls:
             raise ValueError(f"hf replica: unknown sync call {method!r}")
         return [await self.scheduler.on_engine(calls[method], *args)]
-
-    async def weights_version(self) -> int:
-        """The version of the weights this replica serves (0: its checkpoint); raises while they are stale."""
-        self.weights.check_fresh()
-        return self.weights.version
-
-    async def pause(self, in_flight: str = "wait") -> None:
-        """Hold generation: running requests finish or are aborted to continue after ``resume``; new ones wait."""
-        if in_flight not in IN_FLIGHT:
-            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
-        await self.gate.close(self.scheduler.abort if in_flight == "abort" else None)
-
-    async def resume(self) -> None:
-        self.gate.open()
 
     async def sleep(self, level: int) -> None:
         raise RuntimeError("the hf rollout backend has no sleep mode (its model stays in memory); run it with "

@@ -30,15 +30,14 @@ import time
 from typing import Any, Sequence
 
 from megarl.rollout.vllm.engine_config import ReplicaSpec, llm_kwargs
-from megarl.rollout.gate import GenerationGate, Segment, generate_group_resumable, generate_resumable
+from megarl.rollout.gate import Segment, generate_group_resumable, generate_resumable
+from megarl.rollout.replica_base import GatedReplica, batch_samples, check_finish, require_one_sample
 from megarl.rollout.sample import Generation, RolloutSample
-from megarl.weight_sync.endpoints import ReceiverEndpoint
 
 logger = logging.getLogger(__name__)
-IN_FLIGHT = ("wait", "abort")  # what a sync does to running requests: let them finish, or abort and resume them
 
 
-class EngineReplica:
+class EngineReplica(GatedReplica):
     """Hosts one vLLM engine; ``index`` is the replica's position in the fleet.
 
     ``device_ids`` (GPU, from the trainer's placement) are the GPUs of the replica's device slots:
@@ -67,7 +66,7 @@ class EngineReplica:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.index = index
+        self._init_gate(index, self._rpc)
         self.on_gpu = has_cuda()
         self.import_seconds = time.perf_counter() - start
         args = AsyncEngineArgs(**llm_kwargs(spec, self.on_gpu))
@@ -77,9 +76,6 @@ class EngineReplica:
         self.engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=spec.disable_log_stats)
         self.model_config = vllm_config.model_config
         self.start_seconds = time.perf_counter() - start - self.import_seconds
-        self.weights = ReceiverEndpoint(index, self._rpc)
-        self.gate = GenerationGate()
-        self._request_counter = 0
         self.model_path = spec.model_path
         self.http = None  # the OpenAI-compatible server, once serve_http started it
         self.lora_request = None  # adapter-only updates: every request is served with this adapter
@@ -105,8 +101,7 @@ class EngineReplica:
         from vllm.inputs import TokensPrompt
 
         if request_id is None:
-            self._request_counter += 1
-            request_id = f"{tag}-{self.index}-{self._request_counter}"
+            request_id = self._request_id(tag)
         final = None
         async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id,
                                                  lora_request=self.lora_request):
@@ -122,29 +117,13 @@ class EngineReplica:
         return SamplingParams(**sampling_kwargs, **extra, seed=seed, output_kind=RequestOutputKind.FINAL_ONLY)
 
     def _segment(self, completion, what: str, allow_abort: bool = False) -> Segment:
-        allowed = ("stop", "length", "abort") if allow_abort else ("stop", "length")
-        if completion.finish_reason not in allowed:
-            cause = (" (a weight sync aborted it; batch requests are not resumed: generate per request, as the "
-                     "agent seam does)" if completion.finish_reason == "abort" else "")
-            raise RuntimeError(f"replica {self.index}: {what} ended with finish_reason="
-                               f"{completion.finish_reason!r}{cause}")
+        check_finish(self.index, completion.finish_reason, what, allow_abort)
         token_ids = list(completion.token_ids)
         stop_reason = completion.stop_reason
         return Segment(token_ids=token_ids,
                        logprobs=[step[token].logprob for step, token in zip(completion.logprobs or [], token_ids)],
                        finish_reason=completion.finish_reason,
                        stop_string=stop_reason if isinstance(stop_reason, str) else None, text=completion.text)
-
-    async def _gated(self, coroutine_fn, tag: str):
-        """Run ``coroutine_fn()`` as one request that may not be interrupted (batch, scoring)."""
-        self._request_counter += 1
-        request_id = f"{tag}-{self.index}-{self._request_counter}"
-        await self.gate.enter(request_id)
-        try:
-            self.weights.check_fresh()
-            return await coroutine_fn(request_id)
-        finally:
-            self.gate.leave(request_id)
 
     async def generate(self, requests: Sequence[tuple[int, list[int], int]],
                        sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
@@ -161,12 +140,9 @@ class EngineReplica:
         outputs = await asyncio.gather(*[one(ids, seed) for _, ids, seed in requests])
         samples = []
         for (prompt_index, prompt_ids, _), output in zip(requests, outputs):
-            for completion in sorted(output.outputs, key=lambda c: c.index):
-                g = self._segment(completion, f"prompt {prompt_index} sample {completion.index}")
-                samples.append(RolloutSample(
-                    prompt_index=prompt_index, sample_index=completion.index, prompt_ids=list(prompt_ids),
-                    response_ids=g.token_ids, logprobs=g.logprobs, finish_reason=g.finish_reason,
-                    stop_string=g.stop_string, response_text=g.text, replica=self.index))
+            samples += batch_samples(self.index, prompt_index, prompt_ids, [
+                (c.index, self._segment(c, f"prompt {prompt_index} sample {c.index}"))
+                for c in sorted(output.outputs, key=lambda c: c.index)])
         return samples
 
     async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> Generation:
@@ -176,8 +152,7 @@ class EngineReplica:
         weight sync that aborts it (partial rollouts) does not end it: it continues on the new
         weights, and ``Generation.versions`` records the version of each token.
         """
-        if sampling_kwargs.get("n", 1) != 1:
-            raise ValueError(f"generate_tokens returns one completion; got n={sampling_kwargs['n']}")
+        require_one_sample(sampling_kwargs)
         what = f"a request of {len(prompt_ids)} tokens"
 
         async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
@@ -307,29 +282,11 @@ class EngineReplica:
             self.gate.open()
         return {"seconds": time.perf_counter() - start, "bytes": float(nbytes), "version": int(version)}
 
-    async def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
-                           transport: str, timeout_s: float) -> list[int]:
-        """Join the weight-sync world with every TP worker; return their sync ranks."""
-        return await self.weights.connect(plan, first_rank, world_size, master_addr, master_port, transport,
-                                          timeout_s)
+    def _abort_running(self):
+        return self.engine.abort
 
-    async def sync_receive(self, version: int, in_flight: str = "wait") -> dict[str, float]:
-        """Receive one sharded weight sync into every TP worker (see ``ReceiverEndpoint.receive``).
-
-        The gate closes first: running requests finish on the old weights (``in_flight="wait"``) or
-        are aborted and continue after the sync on the new ones (``"abort"``); new ones wait.
-        """
-        if in_flight not in IN_FLIGHT:
-            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
-        start = time.perf_counter()
-        await self.gate.close(self.engine.abort if in_flight == "abort" else None)
-        waited = time.perf_counter() - start
-        try:
-            result = await self.weights.receive(version)
-            await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        finally:
-            self.gate.open()  # after a failure the requests that wait raise: the weights are stale
-        return {**result, "drain_seconds": waited}
+    async def _after_receive(self) -> None:
+        await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     async def sync_close(self) -> None:
         if self.engine is not None:
@@ -343,21 +300,6 @@ class EngineReplica:
         actor and its own engine processes) and ``megarl_call`` unpickles them in the worker.
         """
         return await self.engine.collective_rpc("megarl_call", args=(method, pickle.dumps(args)))
-
-    async def weights_version(self) -> int:
-        """The version of the weights this replica serves (0: its checkpoint); raises while they are stale."""
-        self.weights.check_fresh()
-        return self.weights.version
-
-    async def pause(self, in_flight: str = "wait") -> None:
-        """Hold generation (before the engine sleeps): running requests finish or are aborted to
-        continue after ``resume``; new ones wait."""
-        if in_flight not in IN_FLIGHT:
-            raise ValueError(f"in_flight={in_flight!r}: use one of {IN_FLIGHT}")
-        await self.gate.close(self.engine.abort if in_flight == "abort" else None)
-
-    async def resume(self) -> None:
-        self.gate.open()
 
     async def sleep(self, level: int) -> None:
         """Free the KV cache and offload (level 1) or drop (level 2) the weights; GPU only."""
