@@ -102,6 +102,8 @@ class PolicyLossSettings:
     kl_loss_type: str = "low_var_kl"
     # algorithm.rollout_correction; the engine acts on it only in bypass mode (decoupled weights come in the batch)
     rollout_correction: RolloutCorrection | None = None
+    # the options of particular losses (megarl.algorithms.LOSS_OPTIONS: SAPO's tau_pos, DRO's dro_beta, ...)
+    options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -237,6 +239,7 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         kl_loss_coef=actor.kl_loss_coef,
         kl_loss_type=actor.kl_loss_type,
         rollout_correction=RolloutCorrection.from_config(cfg.algorithm.rollout_correction),
+        options=loss_options(actor),
     )
     return ActorSettings(
         train=train,
@@ -246,6 +249,14 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         # the distribution the fleet sampled from (greedy rollouts report log_softmax(logits): temperature 1)
         temperature=rollout.temperature if rollout.do_sample and rollout.temperature > 0 else 1.0,
     )
+
+
+def loss_options(actor) -> dict:
+    """The options of particular policy losses (``megarl.algorithms.LOSS_OPTIONS``) from ``actor_rollout_ref.actor``."""
+    loss = actor.policy_loss
+    return dict(tau_pos=actor.tau_pos, tau_neg=actor.tau_neg, sppo_eta=actor.sppo_eta,
+                clip_cov_ratio=loss.clip_cov_ratio, clip_cov_lb=loss.clip_cov_lb, clip_cov_ub=loss.clip_cov_ub,
+                kl_cov_ratio=loss.kl_cov_ratio, ppo_kl_coef=loss.ppo_kl_coef, dro_beta=loss.dro_beta)
 
 
 def reference_settings(cfg) -> BatchSettings:

@@ -29,7 +29,12 @@ def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayo
 
 
 def needs_reference(cfg) -> bool:
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+    """Whether a reference model runs: for the KL loss, the KL in the reward, or an estimator that reads its
+    log-probs (SPIN)."""
+    from megarl.settings.derived import estimator_reads_log_probs
+
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+                or estimator_reads_log_probs(cfg))
 
 
 def initial_checkpoints(cfg) -> dict[str, str | None]:

@@ -32,6 +32,9 @@ every ``trigger_parameter_sync_step`` steps (``sync_due``); the rest of the step
 Off-policy data is corrected (``algorithm.rollout_correction``, ``off_policy.py``) and its
 staleness logged (``training/off_policy/*``).
 
+The reference model (KL terms, SPIN) is the initial model; with ``trainer.ref_update_freq=k`` (verl's
+SPIN key) it takes the actor's weights at the start of every k-th step (before its log-prob pass).
+
 Validation scores every row of ``data.val_files``; ``trainer.log_val_generations=N`` also records
 N of its samples (prompt, response, ground truth, score) through the metrics logger, the same
 prompts every time (picked as verl does: sorted by prompt, shuffled with seed 42).
@@ -50,11 +53,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from megarl.algorithms import (filter_groups_by_metric, get_kl_controller, masked_mean, need_more_gen_batches,
                                seq_metric_values)
-from megarl.config.derived import devices_for, old_log_prob_pass
+from megarl.config.derived import devices_for
 from megarl.engine.offload_phases import offload_flags
 from megarl.rewards import RewardManager, scores_to_token_level
 from megarl.rewards.reward_models import ResponsesToScore
-from megarl.settings.derived import critic_enabled, greedy_baselines
+from megarl.settings.derived import critic_enabled, greedy_baselines, old_log_prob_pass
+from megarl.settings.engine import needs_reference
 from megarl.trainer.advantage_step import compute_advantages, token_level_rewards
 from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel
 from megarl.trainer.metrics import agent_metrics, data_metrics, throughput_metrics, timing_metrics
@@ -100,6 +104,8 @@ class RLTrainer:
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
                                             trainer_offload=any(offload_flags(cfg).values()), in_flight=self.in_flight)
         self.old_log_prob_pass = old_log_prob_pass(cfg)  # None: the on-policy update's forward gives them
+        self.uses_reference = needs_reference(cfg)
+        self.refresh_after_resume = False  # trainer.ref_update_freq: the reference's weights were not saved
         logger.info("old log-probs: %s", "the rollout's (rollout_correction.bypass_mode)" if self.correction.bypass_mode
                     else f"a separate pass every step ({self.old_log_prob_pass})" if self.old_log_prob_pass
                     else "the update's own forward (one on-policy update per batch; no separate pass)")
@@ -221,8 +227,10 @@ class RLTrainer:
                                                                  data["rollout_log_probs"], mask)
             metrics.update(correction_metrics)
         ref_log_probs = values = None
-        if self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward:
+        if self.uses_reference:
             with timer(timings, "ref"):
+                if self._reference_refresh_due(step):
+                    self.workers.call("refresh_reference")
                 ref_log_probs = self._gather("compute_ref_log_prob", batch_ref)
         if self.use_critic:
             with timer(timings, "values"):
@@ -230,7 +238,8 @@ class RLTrainer:
         with timer(timings, "adv"):
             rewards, kl_metrics = token_level_rewards(self.cfg, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
-            advantages, returns = compute_advantages(self.cfg, rewards, mask, data["uid"], values, baselines)
+            advantages, returns = compute_advantages(self.cfg, rewards, mask, data["uid"], values, baselines,
+                                                     old_log_probs, ref_log_probs, metrics)
         fields = dict(advantages=advantages, returns=returns, response_mask=train_mask)
         if old_log_probs is not None:
             fields["old_log_probs"] = old_log_probs
@@ -278,6 +287,14 @@ class RLTrainer:
         metrics["training/epoch"] = self.train_loader.sampler.epoch
         metrics["rollout/weight_version"] = self.weight_sync.version
         return metrics
+
+    def _reference_refresh_due(self, step: int) -> bool:
+        """``trainer.ref_update_freq=k``: the reference takes the actor's weights at the start of every k-th step
+        (verl's SPIN), and at the first step after a resume that needs it (see ``load_state_dict``)."""
+        freq = self.cfg.trainer.ref_update_freq
+        due = freq > 0 and (step % freq == 0 or self.refresh_after_resume)
+        self.refresh_after_resume = False
+        return due
 
     def _balance(self, data: StepData, metrics: dict) -> StepData:
         """``trainer.balance_batch``: reorder so every data-parallel rank's contiguous share has a
@@ -355,6 +372,13 @@ class RLTrainer:
         self.train_loader.load_state_dict(state["data_loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))
+        freq, step = self.cfg.trainer.ref_update_freq, self.global_step + 1  # the next step
+        if self.uses_reference and freq > 0 and 0 < freq * (step // freq) < step:
+            logger.warning("trainer.ref_update_freq=%d: the reference takes the resumed actor's weights (after step %d) "
+                           "instead of those it took at the start of step %d, which checkpoints do not keep; a resume "
+                           "from the checkpoint of a step k*%d - 1 continues exactly", freq, self.global_step,
+                           freq * (step // freq), freq)
+            self.refresh_after_resume = True
         drawn = state.get("async")
         if self.batches is not None and drawn is not None:
             self.batches.load_state_dict(drawn)

@@ -59,6 +59,13 @@ def test_reference_model_gives_the_same_log_probs_and_is_frozen(single, engine_w
     assert single["reference"]["trainable"] == 0
 
 
+def test_reference_takes_the_trained_actors_weights(single):
+    """trainer.ref_update_freq (SPIN's opponent): after take_weights the reference is the actor."""
+    refreshed = single["reference/refreshed"]
+    assert (refreshed["log_probs"] - refreshed["actor_log_probs"]).abs().max() == 0
+    assert (refreshed["log_probs"] - single["reference"]["log_probs"]).abs().max() > 1e-4  # the actor had moved
+
+
 @pytest.mark.parametrize("split", ["mbs1", "mbs2", "mbs4", "dynamic", "recompute"])
 def test_any_micro_batch_split_gives_the_full_mini_batch_loss_gradient_and_update(single, hf_step, split):
     """token-mean loss with entropy bonus and KL loss: micro-batches of 1, 2, 4 samples, a token
