@@ -133,6 +133,8 @@ def single(work: Path, data: dict) -> dict:
         "seq_mean": _data.actor_settings(micro_batch_size=1, loss=_data.SEQ_MEAN_LOSS),
         "decoupled_tis": _data.actor_settings(micro_batch_size=2),
         "bypass_reinforce": _data.actor_settings(micro_batch_size=2, loss=_data.BYPASS_LOSS),
+        "token_sum": _data.actor_settings(micro_batch_size=2, loss=_data.TOKEN_SUM_LOSS),
+        "sapo": _data.actor_settings(micro_batch_size=2, loss=_data.SAPO_LOSS),
     }
     full_recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     for name, settings in splits.items():

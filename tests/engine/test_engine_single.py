@@ -107,6 +107,13 @@ def test_seq_mean_token_mean_loss_matches_the_full_batch(single, engine_work, de
     assert_same_step(single["update/seq_mean"], reference)
 
 
+@pytest.mark.parametrize("split, loss", [("token_sum", _data.TOKEN_SUM_LOSS), ("sapo", _data.SAPO_LOSS)])
+def test_token_sum_and_a_loss_with_options_match_the_full_batch(single, engine_work, dense_batch, split, loss):
+    """Micro-batches of 2 add up to the whole batch's token sum; SAPO's temperatures reach the engine's loss."""
+    reference = _hf_reference.hf_training_steps(engine_work / _data.DENSE, [dense_batch], loss, _data.OPTIM)
+    assert_same_step(single[f"update/{split}"], reference)
+
+
 def test_moe_log_probs_and_update_match_hugging_face(single, engine_work, data):
     batch = data["batches"][_data.MOE]
     log_probs, _ = _hf_reference.hf_log_probs(engine_work / _data.MOE, batch)
