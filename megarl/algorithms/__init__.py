@@ -1,4 +1,4 @@
-"""RL algorithms: advantage estimators, policy losses, KL, loss aggregation, value loss, DAPO.
+"""RL algorithms: advantage estimators, policy losses, KL, loss aggregation, value loss, DAPO, SPIN, SPPO.
 
 Pure torch on `[batch, response_len]` tensors with a `response_mask`, on any device. The math and
 the names follow verl's `core_algos.py`, so configs and curves carry over. Algorithms are picked
@@ -10,6 +10,7 @@ by name from registries:
 | POLICY_LOSSES          | actor_rollout_ref.actor.policy_loss.loss_mode     |
 | KL_PENALTIES           | actor_rollout_ref.actor.kl_loss_type, algorithm.kl_penalty |
 | LOSS_AGG_MODES (tuple) | actor_rollout_ref.actor.loss_agg_mode             |
+| LOSS_OPTIONS (tuple)   | a loss's own options (actor.tau_pos, actor.policy_loss.dro_beta, ...) |
 | KL_CONTROLLERS (tuple) | algorithm.kl_ctrl.type                            |
 | ROLLOUT_IS, ROLLOUT_RS | algorithm.rollout_correction.rollout_is / rollout_rs |
 
@@ -52,6 +53,7 @@ from megarl.algorithms.kl import (
 )
 from megarl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from megarl.algorithms.policy_losses import (
+    LOSS_OPTIONS,
     POLICY_LOSSES,
     compute_policy_loss_gspo,
     compute_policy_loss_reinforce,
@@ -59,6 +61,16 @@ from megarl.algorithms.policy_losses import (
     get_policy_loss,
     register_policy_loss,
 )
+from megarl.algorithms.dppo import compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
+from megarl.algorithms.ratio_losses import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_dro,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_sapo,
+)
+from megarl.algorithms.covariance_losses import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
+from megarl.algorithms.sppo import compute_policy_loss_sppo, compute_sppo_outcome_advantage, soft_mean
+from megarl.algorithms.spin import DPO_LOSS_TYPES, compute_spin_outcome_advantage, dpo_loss_and_slope, preference_pairs
 from megarl.config.registry import Registry, UniformCall, UnknownNameError
 from megarl.algorithms.rollout_correction import (
     ROLLOUT_IS,
@@ -73,7 +85,9 @@ from megarl.algorithms.value_loss import compute_value_loss
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "DPO_LOSS_TYPES",
     "KL_CONTROLLERS",
+    "LOSS_OPTIONS",
     "KL_PENALTIES",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
@@ -99,9 +113,23 @@ __all__ = [
     "compute_kl_loss",
     "compute_opo_outcome_advantage",
     "compute_overlong_penalty",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
+    "compute_policy_loss_geo_mean",
     "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
     "compute_policy_loss_reinforce",
+    "compute_policy_loss_sapo",
+    "compute_policy_loss_sppo",
     "compute_policy_loss_vanilla",
+    "compute_spin_outcome_advantage",
+    "compute_sppo_outcome_advantage",
+    "dpo_loss_and_slope",
+    "preference_pairs",
+    "soft_mean",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",

@@ -1,7 +1,8 @@
 """Advantage estimators (`algorithm.adv_estimator`), with verl's names and definitions.
 
 Every estimator takes keyword arguments and returns `(advantages, returns)`, both
-`[batch, response_len]`. The inputs, with verl's names:
+`[batch, response_len]`, and may add a third element, a dict of metrics to log (SPIN's DPO
+numbers). The inputs, with verl's names:
 
 - `token_level_rewards` `[batch, response_len]`: rewards per token (outcome rewards sit on the
   last valid token; the outcome methods use the per-sample sum).
@@ -9,8 +10,10 @@ Every estimator takes keyword arguments and returns `(advantages, returns)`, bot
 - `index` (group methods): the prompt id of each sample (any hashable; a list, a numpy array of
   str or int, or a tensor). Samples with equal ids form a group.
 - `values` `[batch, response_len]` (gae): critic values. `reward_baselines` `[batch]` (remax):
-  the rewards of the greedy responses.
-- options: `gamma`, `lam`, `epsilon`, `norm_adv_by_std_in_grpo`.
+  the rewards of the greedy responses. `old_log_prob`, `ref_log_prob` `[batch, response_len]`
+  (spin): the policy's and the reference's log-probs of the responses before the update.
+- options: `gamma`, `lam`, `epsilon`, `norm_adv_by_std_in_grpo`; `sppo_eta` (sppo),
+  `dpo_beta`, `dpo_loss_type`, `dpo_label_smoothing` (spin).
 
 The trainer calls whichever estimator the config picked with one set of arguments:
 
@@ -41,27 +44,31 @@ from megarl.config.registry import Registry, UniformCall
 
 # Traits: ``needs_values`` (a critic's values: the run trains a critic), ``grouped`` (compares the
 # responses to one prompt: with rollout.n == 1 every advantage is 0), ``needs_greedy_baseline``
-# (a greedy response per prompt is generated as its baseline, ReMax).
+# (a greedy response per prompt is generated as its baseline, ReMax), ``needs_log_probs`` (reads the
+# old and the reference log-probs: both passes run before it), ``loss`` (None, or the (policy loss,
+# loss_agg_mode) its advantages are the gradient weights of, for one optimizer step per batch: SPIN).
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator", "algorithm.adv_estimator",
-                                traits={"needs_values": False, "grouped": False, "needs_greedy_baseline": False})
+                                traits={"needs_values": False, "grouped": False, "needs_greedy_baseline": False,
+                                        "needs_log_probs": False, "loss": None})
 
 # Inputs the trainer may pass to any estimator; an estimator that does not declare one ignores it.
 SHARED_ESTIMATOR_INPUTS = frozenset(
     {
         "token_level_rewards", "response_mask", "index", "values", "reward_baselines",
         "gamma", "lam", "epsilon", "norm_adv_by_std_in_grpo",
+        "old_log_prob", "ref_log_prob", "sppo_eta", "dpo_beta", "dpo_loss_type", "dpo_label_smoothing",
     }
 )
 
 
-def register_adv_estimator(name: str, **traits: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def register_adv_estimator(name: str, **traits: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: register an advantage estimator under `name` (selected by `algorithm.adv_estimator`),
-    with its traits (``needs_values``, ``grouped``, ``needs_greedy_baseline``)."""
+    with its traits (``needs_values``, ``grouped``, ``needs_greedy_baseline``, ``needs_log_probs``, ``loss``)."""
     return ADVANTAGE_ESTIMATORS.register(name, **traits)
 
 
-def estimator_traits(name: str) -> dict[str, bool]:
-    """What estimator `name` needs: ``needs_values``, ``grouped``, ``needs_greedy_baseline``."""
+def estimator_traits(name: str) -> dict[str, Any]:
+    """What estimator `name` needs: ``needs_values``, ``grouped``, ``needs_greedy_baseline``, ``needs_log_probs``, ``loss``."""
     return ADVANTAGE_ESTIMATORS.traits(name)
 
 

@@ -1,8 +1,11 @@
 """Loss aggregation: a `[batch, response_len]` loss matrix -> one scalar (`loss_agg_mode`).
 
-Modes, as in verl's `agg_loss` (`actor_rollout_ref.actor.loss_agg_mode`):
+Modes, as in verl's `agg_loss` (`actor_rollout_ref.actor.loss_agg_mode`; checked against verl's
+August 2026 snapshot, which added `token-sum`):
 
 - `token-mean`: sum over all valid tokens / number of valid tokens (DAPO's token-level loss).
+- `token-sum`: sum over all valid tokens, not normalised (its gradient grows with the batch; SPIN's
+  DPO weights, `megarl.algorithms.spin`, are made for it).
 - `seq-mean-token-sum`: each sequence sums its tokens; mean over non-empty sequences.
 - `seq-mean-token-mean`: each sequence averages its tokens; mean over non-empty sequences
   (the original GRPO / PPO-for-LLMs form).
@@ -11,7 +14,8 @@ Modes, as in verl's `agg_loss` (`actor_rollout_ref.actor.loss_agg_mode`):
 
 Global normalisation for gradient accumulation: a micro-batch is normalised by totals of the
 global batch when they are given (`batch_num_tokens` for token-mean, `global_batch_size`
-for the seq-mean modes), and multiplied by `dp_size` to undo data-parallel gradient averaging.
+for the seq-mean modes; `token-sum` needs none), and multiplied by `dp_size` to undo data-parallel
+gradient averaging.
 Without them the micro-batch's own totals are used. An empty mask gives 0, never NaN.
 """
 
@@ -23,6 +27,7 @@ from megarl.algorithms.masked import masked_sum
 
 LOSS_AGG_MODES: tuple[str, ...] = (
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
@@ -62,6 +67,8 @@ def agg_loss(
     if loss_agg_mode == "token-mean":
         denominator = _global_total(batch_num_tokens, loss_mask.sum(), dp_size, "batch_num_tokens")
         return _safe_divide(masked_sum(loss_mat, loss_mask), denominator) * dp_size
+    if loss_agg_mode == "token-sum":  # the sum over the global batch once DDP has averaged the ranks' gradients
+        return masked_sum(loss_mat, loss_mask) * dp_size
 
     token_counts = loss_mask.sum(dim=-1)
     seq_mask = (token_counts > 0).to(loss_mat.dtype)  # empty sequences do not count

@@ -10,7 +10,15 @@ Options (the names of `actor_rollout_ref.actor`): `loss_agg_mode`, `clip_ratio`,
 `global_batch_info`, a dict of `agg_loss`'s global totals (`dp_size`, `batch_num_tokens`,
 `global_batch_size`, `loss_scale_factor`) for micro-batch gradient accumulation, and
 `rollout_is_weights` (None, or detached per-token importance weights of a rollout correction,
-`megarl.algorithms.rollout_correction`) that multiply each token's loss before aggregation.
+`megarl.algorithms.rollout_correction`) that multiply each token's loss before aggregation, and
+the options of particular losses (`LOSS_OPTIONS`: SAPO's `tau_pos`/`tau_neg`, Clip-Cov's and
+KL-Cov's, DRO's `dro_beta`, SPPO's `sppo_eta`).
+
+This module holds PPO (`vanilla`), GSPO and REINFORCE (`reinforce`, also `gpg`); the others are
+in `dppo` (`dppo_tv`, `dppo_kl`), `ratio_losses` (`cispo`, `sapo`, `geo_mean`, `dro`),
+`covariance_losses` (`clip_cov`, `kl_cov`) and `sppo`: every loss of verl's `core_algos` registry
+(August 2026) except `bypass_mode`, which megarl spells `algorithm.rollout_correction.bypass_mode`
+(verl sets `loss_mode=bypass_mode` from that same key; the engine applies the correction).
 
 The trainer calls the configured loss with one set of arguments; each loss receives only the
 arguments it declares (see `registry.UniformCall`):
@@ -34,12 +42,22 @@ from megarl.config.registry import Registry, UniformCall
 
 POLICY_LOSSES = Registry("policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode")
 
+# The options of particular losses (``PolicyLossSettings.options``; config keys: ``actor.tau_pos``,
+# ``actor.tau_neg``, ``actor.sppo_eta``, the others under ``actor.policy_loss``).
+LOSS_OPTIONS = (
+    "tau_pos", "tau_neg",  # sapo
+    "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",  # clip_cov
+    "kl_cov_ratio", "ppo_kl_coef",  # kl_cov
+    "dro_beta",  # dro
+    "sppo_eta",  # sppo
+)
+
 # Inputs the trainer may pass to any policy loss; a loss that does not declare one ignores it.
 SHARED_POLICY_LOSS_INPUTS = frozenset(
     {
         "old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode",
         "clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "global_batch_info",
-        "rollout_is_weights",
+        "rollout_is_weights", *LOSS_OPTIONS,
     }
 )
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from megarl.config.derived import adapter_only, cluster_shape, devices_for, old_log_prob_pass
-from megarl.settings.derived import critic_enabled, greedy_baselines, grouped_estimator, needs_values
+from megarl.config.derived import adapter_only, cluster_shape, devices_for
+from megarl.settings.derived import critic_enabled, greedy_baselines, grouped_estimator, needs_values, old_log_prob_pass
+from megarl.settings.engine import needs_reference
 from megarl.config.errors import Problem, refusal
 
 RESUME_MODES = ("auto", "disable", "resume_path")  # megarl.trainer.resume.resume_plan
@@ -180,10 +181,9 @@ def _check_layout_and_batches(cfg, add) -> None:
         add(f"critic.enable=False but algorithm.adv_estimator={a.adv_estimator!r} needs values; "
             "enable the critic or pick a critic-free estimator such as 'grpo'.")
     ref = cfg.actor_rollout_ref.ref
-    needs_ref = actor.use_kl_loss or a.use_kl_in_reward
-    if needs_ref and not ref.log_prob_use_dynamic_bsz and ref.log_prob_micro_batch_size_per_gpu is None:
+    if needs_reference(cfg) and not ref.log_prob_use_dynamic_bsz and ref.log_prob_micro_batch_size_per_gpu is None:
         add("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu is not set, and the reference model runs "
-            "(use_kl_loss or use_kl_in_reward); set it (samples per forward on one device) or "
+            "(use_kl_loss, use_kl_in_reward, or an estimator that reads its log-probs: spin); set it (samples per forward on one device) or "
             "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True.")
     for key, value in (("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", ref.log_prob_micro_batch_size_per_gpu),
                        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
@@ -363,9 +363,13 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
               ("algorithm.kl_ctrl.type", a.kl_ctrl.type, algorithms.KL_CONTROLLERS)]
     if critic_enabled(cfg):
         checks.append(("critic.loss_agg_mode", cfg.critic.loss_agg_mode, algorithms.LOSS_AGG_MODES))
+    from megarl.checks.losses import loss_problems, name_hint
+
     for key, name, registry in checks:
         if name not in registry and not (key.endswith("loss_agg_mode") and name is None):  # None: the defaults
-            add(f"{key}={name!r} is not registered; known: {sorted(registry)}.")
+            add(f"{key}={name!r} is not registered; known: {sorted(registry)}.{name_hint(key, name)}")
+    for problem in loss_problems(cfg, notes):  # the loss's and estimator's own options, SPIN's and SPPO's combinations
+        add(problem)
     if actor.policy_loss.loss_mode == "gspo" and actor.loss_agg_mode not in (None, "seq-mean-token-mean"):
         notes.append(f"GSPO aggregates its policy term with actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode}; "
                      "verl's GSPO always uses seq-mean-token-mean there (the paper's form): set "

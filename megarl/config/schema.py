@@ -147,7 +147,13 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"  # registry name: vanilla | gspo | reinforce | ...
+    loss_mode: str = "vanilla"  # registry name: vanilla | gspo | dppo_tv | cispo | sppo | ... (README "Algorithms")
+    clip_cov_ratio: float = 0.0002  # clip_cov: the share of tokens whose gradient is cut
+    clip_cov_lb: float = 1.0  # clip_cov: the covariance window of the candidates
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # kl_cov: the share of tokens that get the |log-ratio| penalty
+    ppo_kl_coef: float = 0.1  # kl_cov: that penalty's coefficient
+    dro_beta: Optional[float] = None  # dro: the quadratic log-ratio penalty (required, > 0)
 
 
 @dataclass
@@ -179,6 +185,10 @@ class ActorConfig:
     # given here applies to all three (and, through critic.loss_agg_mode, to the value loss).
     loss_agg_mode: Optional[str] = None
     entropy_coeff: float = 0.0
+    tau_pos: float = 1.0  # sapo: the gate's temperature where the advantage is > 0
+    tau_neg: float = 1.05  # sapo: elsewhere
+    sppo_eta: float = 1.0  # sppo (verl's SPPO recipe): the loss's target is sppo_eta * advantage
+    dpo_beta: float = 0.1  # spin (verl's SPIN recipe): DPO's beta
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
@@ -476,13 +486,16 @@ class RolloutCorrectionConfig:
 class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 1.0
-    adv_estimator: str = "gae"
+    adv_estimator: Optional[str] = "gae"  # null (verl's SPIN and SPPO recipe configs) is refused with a pointer
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    sppo_eta: float = 1.0  # sppo (verl's SPPO recipe): the soft mean's beta that centres the rewards
+    dpo_loss_type: str = "sigmoid"  # spin (verl's SPIN recipe): sigmoid | ipo
+    dpo_label_smoothing: float = 0.0  # spin: the sigmoid loss's label smoothing
 
 
 # -------------------------------------------------------------------------- trainer
@@ -502,6 +515,9 @@ class TrainerConfig:
     val_before_train: bool = True
     val_only: bool = False  # validate once (before training) and stop
     critic_warmup: int = 0
+    # verl's SPIN recipe key: the reference takes the actor's weights at the start of every step that is a multiple
+    # of it (1: the reference is the step's starting policy, its log-probs the old ones); <= 0: never
+    ref_update_freq: int = -1
     resume_mode: str = "auto"  # auto | disable | resume_path
     resume_from_path: Optional[str] = None
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"

@@ -192,9 +192,9 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "seq-mean-token-sum-norm divides by the padded response length (verl's default)"),
     Refused((f"{ACTOR}.use_prefix_grouper",), "the prefix grouper (shared-prompt attention)",
             "each sample is computed with its own prompt", off=(False,)),
-    Parameters((f"{ACTOR}.tau_pos", f"{ACTOR}.tau_neg", f"{ACTOR}.policy_loss.clip_cov_*",
-                f"{ACTOR}.policy_loss.kl_cov_ratio", f"{ACTOR}.policy_loss.ppo_kl_coef"),
-               of="policy losses megarl does not register (refused by the loss_mode check)"),
+    Refused(("algorithm.dpo_beta",), "DPO's beta under algorithm (verl's SPIN trainer passes it on, but its update "
+            "reads actor_rollout_ref.actor.dpo_beta)", f"set {ACTOR}.dpo_beta",
+            off=lambda value, get: value == get(f"{ACTOR}.dpo_beta")),
     Refused(_each(ENGINES, "router_replay.mode"), "MoE router replay", "the router is recomputed in every forward",
             off=("disabled",)),
     Parameters(_each(ENGINES, "router_replay.*"), of="router replay"),

@@ -142,6 +142,7 @@ class MegatronActor:
                 clip_ratio_high=s.clip_ratio_high,
                 clip_ratio_c=s.clip_ratio_c,
                 global_batch_info=info,
+                **s.options,
             )
             entropy_loss = agg_loss(entropy, mask, agg, **info)
             total = pg_loss - s.entropy_coeff * entropy_loss

@@ -15,6 +15,7 @@ KINDS = ("params", "grads", "optimizer")
 PHASES: dict[str, tuple[str, ...]] = {
     "log_prob": ("actor.params",),
     "ref": ("ref.params",),
+    "refresh_reference": ("actor.params", "ref.params"),  # trainer.ref_update_freq: the actor's weights into the reference's
     "values": ("critic.params",),
     "update_critic": ("critic.params", "critic.grads", "critic.optimizer"),
     "update_actor": ("actor.params", "actor.grads", "actor.optimizer"),

@@ -1,7 +1,9 @@
-"""The reference policy: a frozen copy of the initial model, used only for KL (log-probs).
+"""The reference policy: a frozen copy of the initial model, for the KL terms and SPIN's DPO (log-probs).
 
 No DDP wrapper, no optimizer state, no gradients: its parameters are set to
-``requires_grad=False`` and every forward runs under ``torch.no_grad``.
+``requires_grad=False`` and every forward runs under ``torch.no_grad``. ``take_weights`` copies
+the actor's current weights into it (``trainer.ref_update_freq``: SPIN's opponent is the previous
+iteration's model); both models have the same layout on a rank, so the copy is local.
 
 With LoRA the initial model is the actor's own frozen base: ``BaseModelReference`` runs the actor's
 chunks with every adapter off, so no second model is built or held.
@@ -15,6 +17,7 @@ import torch
 from megarl.engine.batch import RLBatch
 from megarl.engine.runner import MicroBatch, ModelRunner, response_log_probs
 from megarl.engine.settings import BatchSettings
+from megarl.models.loading import unwrap
 
 
 class MegatronReference:
@@ -35,6 +38,18 @@ class MegatronReference:
             return {"log_probs": response_log_probs(logits, micro_batch, self.temperature)[0]}
 
         return self.runner.infer(batch, self.settings, compute, ["log_probs"])["log_probs"]
+
+
+    @torch.no_grad()
+    def take_weights(self, actor_chunks: Sequence[torch.nn.Module]) -> None:
+        """Copy every parameter of the actor's chunks (DDP-wrapped or not) into this model's."""
+        for source, target in zip(actor_chunks, self.runner.chunks, strict=True):
+            own = dict(unwrap(target).named_parameters())
+            given = dict(unwrap(source).named_parameters())
+            if own.keys() != given.keys():
+                raise RuntimeError(f"the reference's parameters differ from the actor's: {sorted(own.keys() ^ given.keys())[:4]}")
+            for name, param in own.items():
+                param.copy_(given[name])
 
 
 class BaseModelReference:

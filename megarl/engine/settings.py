@@ -86,6 +86,8 @@ class PolicyLossSettings:
     kl_loss_type: str = "low_var_kl"
     # algorithm.rollout_correction; the engine acts on it only in bypass mode (decoupled weights come in the batch)
     rollout_correction: RolloutCorrection | None = None
+    # the options of particular losses (megarl.algorithms.LOSS_OPTIONS: SAPO's tau_pos, DRO's dro_beta, ...)
+    options: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -56,7 +56,12 @@ def layout_from_config(megatron, num_layers: int | None = None) -> "ParallelLayo
 
 
 def needs_reference(cfg) -> bool:
-    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+    """Whether a reference model runs: for the KL loss, the KL in the reward, or an estimator that reads its
+    log-probs (SPIN)."""
+    from megarl.settings.derived import estimator_reads_log_probs
+
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+                or estimator_reads_log_probs(cfg))
 
 
 def initial_checkpoints(cfg) -> dict[str, str | None]:
@@ -186,6 +191,7 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         kl_loss_coef=actor.kl_loss_coef,
         kl_loss_type=actor.kl_loss_type,
         rollout_correction=RolloutCorrection.from_config(cfg.algorithm.rollout_correction),
+        options=loss_options(actor),
     )
     return ActorSettings(
         train=train,
@@ -195,6 +201,14 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         # the distribution the fleet sampled from (greedy rollouts report log_softmax(logits): temperature 1)
         temperature=rollout.temperature if rollout.do_sample and rollout.temperature > 0 else 1.0,
     )
+
+
+def loss_options(actor) -> dict:
+    """The options of particular policy losses (``megarl.algorithms.LOSS_OPTIONS``) from ``actor_rollout_ref.actor``."""
+    loss = actor.policy_loss
+    return dict(tau_pos=actor.tau_pos, tau_neg=actor.tau_neg, sppo_eta=actor.sppo_eta,
+                clip_cov_ratio=loss.clip_cov_ratio, clip_cov_lb=loss.clip_cov_lb, clip_cov_ub=loss.clip_cov_ub,
+                kl_cov_ratio=loss.kl_cov_ratio, ppo_kl_coef=loss.ppo_kl_coef, dro_beta=loss.dro_beta)
 
 
 def reference_settings(cfg) -> BatchSettings:

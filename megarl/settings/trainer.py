@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from megarl.config.derived import devices_for, old_log_prob_pass
+from megarl.config.derived import devices_for
 from megarl.settings import typed_config
-from megarl.settings.derived import critic_enabled, greedy_baselines
+from megarl.settings.derived import critic_enabled, greedy_baselines, old_log_prob_pass
 from megarl.settings.engine import initial_checkpoints, needs_reference, offload_flags
 from megarl.algorithms.staleness import StalenessBound
 
@@ -55,7 +55,8 @@ def trainer_settings(cfg: Any) -> TrainerSettings:
         response_length=int(rollout.response_length),
         max_prompt_length=int(cfg.data.max_prompt_length), train_batch_size=int(cfg.data.train_batch_size),
         val_batch_size=cfg.data.val_batch_size, verify_sync=bool(rollout.weight_sync.verify), use_critic=use_critic,
-        needs_reference=needs_reference(cfg), greedy_baselines=greedy_baselines(cfg),
+        needs_reference=needs_reference(cfg), dpo_beta=float(cfg.actor_rollout_ref.actor.dpo_beta),
+        greedy_baselines=greedy_baselines(cfg),
         old_log_prob_pass=old_log_prob_pass(cfg), num_devices=devices_for(cfg)[0],
         trainer_offload=any(offload_flags(cfg).values()), asynchronous=async_settings(cfg), lrs=lrs,
         start_source=initial_checkpoints(cfg)["actor"] or starts_from_adapter(cfg),
@@ -87,6 +88,7 @@ class TrainerSettings:
     verify_sync: bool = True  # rollout.weight_sync.verify: log the fleet/trainer log-prob gap every step
     use_critic: bool = False  # a critic trains (critic.enable, or the estimator needs values)
     needs_reference: bool = False  # a reference model runs (actor.use_kl_loss or algorithm.use_kl_in_reward)
+    dpo_beta: float = 0.1  # actor_rollout_ref.actor.dpo_beta: SPIN's DPO beta (the estimator's)
     greedy_baselines: bool = False  # the estimator takes a greedy response per prompt as its baseline (ReMax)
     old_log_prob_pass: str | None = None  # why a separate old-log-prob pass runs (None: the update's own forward)
     num_devices: int = 1  # the trainer's devices (throughput per device)

@@ -27,16 +27,21 @@ def token_level_rewards(algorithm, token_level_scores: torch.Tensor, response_ma
 
 
 def compute_advantages(algorithm, rewards: torch.Tensor, response_mask: torch.Tensor, uid: list[str],
-                       values: torch.Tensor | None = None,
-                       reward_baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns ``[B, R]`` from ``algorithm.adv_estimator`` (any registered name)."""
+                       values: torch.Tensor | None = None, reward_baselines: torch.Tensor | None = None,
+                       old_log_probs: torch.Tensor | None = None, ref_log_probs: torch.Tensor | None = None,
+                       metrics: dict | None = None, dpo_beta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns ``[B, R]`` from ``algorithm.adv_estimator`` (any registered name); the
+    metrics an estimator returns (SPIN's DPO numbers) go into ``metrics``; ``dpo_beta``: ``actor.dpo_beta``."""
     a = algorithm
     inputs: dict[str, Any] = dict(
         token_level_rewards=rewards, response_mask=response_mask, index=uid,
-        gamma=a.gamma, lam=a.lam, norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo)
-    if values is not None:
-        inputs["values"] = values
-    if reward_baselines is not None:
-        inputs["reward_baselines"] = reward_baselines
-    advantages, returns = get_adv_estimator(a.adv_estimator)(**inputs)
+        gamma=a.gamma, lam=a.lam, norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo, sppo_eta=a.sppo_eta,
+        dpo_beta=dpo_beta, dpo_loss_type=a.dpo_loss_type,
+        dpo_label_smoothing=a.dpo_label_smoothing)
+    optional = dict(values=values, reward_baselines=reward_baselines, old_log_prob=old_log_probs,
+                    ref_log_prob=ref_log_probs)
+    inputs.update({name: value for name, value in optional.items() if value is not None})
+    advantages, returns, *extra = get_adv_estimator(a.adv_estimator)(**inputs)
+    if extra and metrics is not None:
+        metrics.update(extra[0])
     return advantages * response_mask, returns * response_mask

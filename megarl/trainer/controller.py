@@ -32,6 +32,9 @@ every ``trigger_parameter_sync_step`` steps (``sync_due``); the rest of the step
 Off-policy data is corrected (``algorithm.rollout_correction``, ``off_policy.py``) and its
 staleness logged (``training/off_policy/*``).
 
+The reference model (KL terms, SPIN) is the initial model; with ``trainer.ref_update_freq=k`` (verl's
+SPIN key) it takes the actor's weights at the start of every k-th step (before its log-prob pass).
+
 Validation scores every row of ``data.val_files``; ``trainer.log_val_generations=N`` also records
 N of its samples (prompt, response, ground truth, score) through the metrics logger, the same
 prompts every time (picked as verl does: sorted by prompt, shuffled with seed 42).
@@ -99,6 +102,7 @@ class RLTrainer:
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
                                             trainer_offload=settings.trainer_offload, in_flight=self.in_flight)
         self.old_log_prob_pass = settings.old_log_prob_pass  # None: the on-policy update's forward gives them
+        self.refresh_after_resume = False  # trainer.ref_update_freq: the reference's weights were not saved
         logger.info("old log-probs: %s", "the rollout's (rollout_correction.bypass_mode)" if self.correction.bypass_mode
                     else f"a separate pass every step ({self.old_log_prob_pass})" if self.old_log_prob_pass
                     else "the update's own forward (one on-policy update per batch; no separate pass)")
@@ -222,6 +226,8 @@ class RLTrainer:
         ref_log_probs = values = None
         if self.settings.needs_reference:
             with timer(timings, "ref"):
+                if self._reference_refresh_due(step):
+                    self.workers.call("refresh_reference")
                 ref_log_probs = self._gather("compute_ref_log_prob", batch_ref)
         if self.use_critic:
             with timer(timings, "values"):
@@ -229,7 +235,8 @@ class RLTrainer:
         with timer(timings, "adv"):
             rewards, kl_metrics = token_level_rewards(self.settings.algorithm, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
-            advantages, returns = compute_advantages(self.settings.algorithm, rewards, mask, data["uid"], values, baselines)
+            advantages, returns = compute_advantages(self.settings.algorithm, rewards, mask, data["uid"], values, baselines,
+                                                     old_log_probs, ref_log_probs, metrics, self.settings.dpo_beta)
         fields = dict(advantages=advantages, returns=returns, response_mask=train_mask)
         if old_log_probs is not None:
             fields["old_log_probs"] = old_log_probs
@@ -277,6 +284,14 @@ class RLTrainer:
         metrics["training/epoch"] = self.train_loader.sampler.epoch
         metrics["rollout/weight_version"] = self.weight_sync.version
         return metrics
+
+    def _reference_refresh_due(self, step: int) -> bool:
+        """``trainer.ref_update_freq=k``: the reference takes the actor's weights at the start of every k-th step
+        (verl's SPIN), and at the first step after a resume that needs it (see ``load_state_dict``)."""
+        freq = self.settings.trainer.ref_update_freq
+        due = freq > 0 and (step % freq == 0 or self.refresh_after_resume)
+        self.refresh_after_resume = False
+        return due
 
     def _balance(self, data: StepData, metrics: dict) -> StepData:
         """``trainer.balance_batch``: reorder so every data-parallel rank's contiguous share has a
@@ -354,6 +369,13 @@ class RLTrainer:
         self.train_loader.load_state_dict(state["data_loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))
+        freq, step = self.settings.trainer.ref_update_freq, self.global_step + 1  # the next step
+        if self.uses_reference and freq > 0 and 0 < freq * (step // freq) < step:
+            logger.warning("trainer.ref_update_freq=%d: the reference takes the resumed actor's weights (after step %d) "
+                           "instead of those it took at the start of step %d, which checkpoints do not keep; a resume "
+                           "from the checkpoint of a step k*%d - 1 continues exactly", freq, self.global_step,
+                           freq * (step // freq), freq)
+            self.refresh_after_resume = True
         drawn = state.get("async")
         if self.batches is not None and drawn is not None:
             self.batches.load_state_dict(drawn)

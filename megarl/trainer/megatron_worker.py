@@ -146,6 +146,13 @@ class MegatronWorker(DistributedWorker):
         self.enter_phase("log_prob" if self.ref_is_actor_base else "ref")
         return self.ref.compute_ref_log_prob(self._shard(batch))
 
+    def refresh_reference(self) -> None:
+        """``trainer.ref_update_freq``: the reference takes the actor's current weights."""
+        if self.ref is None or self.ref_is_actor_base:
+            raise RuntimeError("no reference model of its own to refresh (with LoRA the reference is the actor's base)")
+        self.enter_phase("refresh_reference")
+        self.ref.take_weights(self.actor.runner.chunks)
+
     def compute_values(self, batch):
         if self.critic is None:
             raise RuntimeError("no critic: it is built when critic.enable is true or the estimator needs values")

@@ -47,6 +47,8 @@ def aggregate(loss, mask, mode, loss_scale_factor=None):
             seq_means.append(s / n)
     if mode == "token-mean":
         return total / tokens if tokens else 0.0
+    if mode == "token-sum":
+        return total
     if mode == "seq-mean-token-sum":
         return sum(seq_sums) / len(seq_sums) if seq_sums else 0.0
     if mode == "seq-mean-token-mean":

@@ -203,9 +203,10 @@ def test_token_level_estimators_match_loop_references(seed):
 def test_all_empty_responses_give_zeros_not_nan(name):
     rewards = torch.zeros(4, 3)
     mask = torch.zeros(4, 3)
-    adv, ret = get_adv_estimator(name)(
+    adv, ret, *_ = get_adv_estimator(name)(
         token_level_rewards=rewards, response_mask=mask, index=["a", "a", "b", "b"], values=torch.zeros(4, 3),
         reward_baselines=torch.zeros(4), gamma=1.0, lam=1.0, epsilon=1e-6, norm_adv_by_std_in_grpo=True,
+        old_log_prob=torch.zeros(4, 3), ref_log_prob=torch.zeros(4, 3),
     )
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert (adv == 0).all()
@@ -315,13 +316,12 @@ def test_grpo_advantages_have_unit_sample_std_per_group(sizes, data):
 def test_outputs_keep_the_input_dtype_and_accept_bool_masks(name):
     rewards, mask, index = random_batch(4)
     rewards = rewards.double()
-    adv, ret = get_adv_estimator(name)(
-        token_level_rewards=rewards, response_mask=mask.bool(), index=[key for key in index if key != "p2"] + ["p0"],
-        values=torch.zeros_like(rewards), reward_baselines=torch.zeros(10, dtype=torch.float64), gamma=0.9, lam=0.95,
-    )
-    float_adv, _ = get_adv_estimator(name)(
-        token_level_rewards=rewards, response_mask=mask, index=[key for key in index if key != "p2"] + ["p0"],
-        values=torch.zeros_like(rewards), reward_baselines=torch.zeros(10, dtype=torch.float64), gamma=0.9, lam=0.95,
-    )
+    index = [key for key in index if key != "p2"] + ["p0"]
+    if name == "spin":  # SPIN pairs the two responses of each prompt
+        index = [i // 2 for i in range(len(index))]
+    shared = dict(index=index, values=torch.zeros_like(rewards), reward_baselines=torch.zeros(10, dtype=torch.float64),
+                  gamma=0.9, lam=0.95, old_log_prob=torch.zeros_like(rewards), ref_log_prob=torch.zeros_like(rewards))
+    adv, ret = get_adv_estimator(name)(token_level_rewards=rewards, response_mask=mask.bool(), **shared)[:2]
+    float_adv, _ = get_adv_estimator(name)(token_level_rewards=rewards, response_mask=mask, **shared)[:2]
     assert adv.dtype == ret.dtype == torch.float64
     assert torch.equal(adv, float_adv)

@@ -17,6 +17,7 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
 def test_agg_loss_hand_computed():
     # valid tokens: row 0 -> 1, 2, 3 (sum 6, mean 2); row 1 -> 4, 5 (sum 9, mean 4.5); row 2 empty.
     assert agg_loss(LOSS, MASK, "token-mean").item() == pytest.approx(15 / 5)
+    assert agg_loss(LOSS, MASK, "token-sum").item() == pytest.approx(15)
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum").item() == pytest.approx((6 + 9) / 2)
     assert agg_loss(LOSS, MASK, "seq-mean-token-mean").item() == pytest.approx((2 + 4.5) / 2)
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm").item() == pytest.approx((6 + 9) / 2 / 4)

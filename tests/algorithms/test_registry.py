@@ -22,21 +22,23 @@ from megarl.algorithms import (
 def test_registered_names_are_verls():
     assert set(ADVANTAGE_ESTIMATORS) == {
         "gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus",
-        "reinforce_plus_plus_baseline", "remax", "opo", "gpg",
+        "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "spin", "sppo",  # spin, sppo: verl's recipes
     }
-    assert set(POLICY_LOSSES) == {"vanilla", "gspo", "reinforce", "gpg"}  # gpg: verl's name for reinforce
+    # verl's core_algos registry (August 2026) less bypass_mode (megarl: algorithm.rollout_correction.bypass_mode)
+    assert set(POLICY_LOSSES) == {"vanilla", "gspo", "reinforce", "gpg", "dppo_tv", "dppo_kl", "sapo", "clip_cov",
+                                  "kl_cov", "geo_mean", "dro", "cispo", "sppo"}  # gpg: verl's name for reinforce
     assert POLICY_LOSSES["gpg"] is POLICY_LOSSES["reinforce"]
     assert set(KL_PENALTIES) == {"kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"}
-    assert LOSS_AGG_MODES == ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    assert LOSS_AGG_MODES == ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @pytest.mark.parametrize(
     "lookup, config_key, known",
     [
         (lambda: get_adv_estimator("grpoo"), "algorithm.adv_estimator", "gae, gpg, grpo, grpo_passk"),
-        (lambda: get_policy_loss("ppo"), "actor_rollout_ref.actor.policy_loss.loss_mode", "gpg, gspo, reinforce, vanilla"),
+        (lambda: get_policy_loss("ppo"), "actor_rollout_ref.actor.policy_loss.loss_mode", "cispo, clip_cov, dppo_kl"),
         (lambda: algos.kl_penalty(torch.zeros(1), torch.zeros(1), "k4"), "kl_loss_type", "abs, k1, k2, k3, kl"),
-        (lambda: algos.agg_loss(torch.zeros(1, 1), torch.ones(1, 1), "mean"), "loss_agg_mode", "token-mean, seq-mean-token-sum"),
+        (lambda: algos.agg_loss(torch.zeros(1, 1), torch.ones(1, 1), "mean"), "loss_agg_mode", "token-mean, token-sum, seq-mean-token-sum"),
         (lambda: algos.get_kl_controller(**{"type": "pid", "kl_coef": 0.1}), "kl_ctrl.type", "adaptive, fixed"),
     ],
 )

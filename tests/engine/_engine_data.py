@@ -79,6 +79,12 @@ def with_behaviour_log_probs(batch: RLBatch, hf_log_probs: torch.Tensor, seed: i
 
 LOSS = PolicyLossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl")
 SEQ_MEAN_LOSS = PolicyLossSettings(loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1)
+# token-sum (SPIN's update): micro-batches must add up to the global token sum, unnormalised
+TOKEN_SUM_LOSS = PolicyLossSettings(loss_mode="reinforce", loss_agg_mode="token-sum", entropy_coeff=0.01,
+                                    use_kl_loss=True, kl_loss_coef=0.1)
+# a loss with options of its own (not the defaults), which must reach the engine's loss call
+SAPO_LOSS = PolicyLossSettings(loss_mode="sapo", loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.01,
+                               options={"tau_pos": 0.5, "tau_neg": 3.0})
 # bypass mode: old_log_probs are the rollout's; REINFORCE weighted by the truncated pi_theta / pi_rollout, token
 # rejection outside [1/1.3, 1.3] (the batch's noisy old log-probs make both bite)
 BYPASS_LOSS = PolicyLossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, rollout_correction=RolloutCorrection(

@@ -74,6 +74,7 @@ def policy_loss(model: torch.nn.Module, batch, loss) -> tuple[torch.Tensor, torc
         clip_ratio_low=loss.clip_ratio_low,
         clip_ratio_high=loss.clip_ratio_high,
         clip_ratio_c=loss.clip_ratio_c,
+        **loss.options,
     )
     total = pg_loss - loss.entropy_coeff * agg_loss(entropy, mask, loss.loss_agg_mode)
     if loss.use_kl_loss:

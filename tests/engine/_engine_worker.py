@@ -133,6 +133,8 @@ def single(work: Path, data: dict) -> dict:
         "seq_mean": _data.actor_settings(micro_batch_size=1, loss=_data.SEQ_MEAN_LOSS),
         "decoupled_tis": _data.actor_settings(micro_batch_size=2),
         "bypass_reinforce": _data.actor_settings(micro_batch_size=2, loss=_data.BYPASS_LOSS),
+        "token_sum": _data.actor_settings(micro_batch_size=2, loss=_data.TOKEN_SUM_LOSS),
+        "sapo": _data.actor_settings(micro_batch_size=2, loss=_data.SAPO_LOSS),
     }
     full_recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     for name, settings in splits.items():
@@ -140,6 +142,10 @@ def single(work: Path, data: dict) -> dict:
         actor = MegatronActor(build_model(dense, layout, "actor", config_overrides=overrides), settings)
         metrics = actor.update_policy(_data.with_importance_weights(batch) if name == "decoupled_tis" else batch)
         results[f"update/{name}"] = {"metrics": metrics, "weights": weights(actor.model, dense, layout)}
+    # trainer.ref_update_freq: the reference takes the trained actor's weights (DDP-wrapped chunks)
+    reference.take_weights(actor.model)
+    results["reference/refreshed"] = {"log_probs": reference.compute_ref_log_prob(batch),
+                                      "actor_log_probs": actor.compute_log_prob(batch)[0]}
 
     moe = work / _data.MOE
     actor = actor_for(work, _data.MOE, layout, _data.actor_settings())

@@ -59,6 +59,13 @@ def test_reference_model_gives_the_same_log_probs_and_is_frozen(single, engine_w
     assert single["reference"]["trainable"] == 0
 
 
+def test_reference_takes_the_trained_actors_weights(single):
+    """trainer.ref_update_freq (SPIN's opponent): after take_weights the reference is the actor."""
+    refreshed = single["reference/refreshed"]
+    assert (refreshed["log_probs"] - refreshed["actor_log_probs"]).abs().max() == 0
+    assert (refreshed["log_probs"] - single["reference"]["log_probs"]).abs().max() > 1e-4  # the actor had moved
+
+
 @pytest.mark.parametrize("split", ["mbs1", "mbs2", "mbs4", "dynamic", "recompute"])
 def test_any_micro_batch_split_gives_the_full_mini_batch_loss_gradient_and_update(single, hf_step, split):
     """token-mean loss with entropy bonus and KL loss: micro-batches of 1, 2, 4 samples, a token
@@ -98,6 +105,13 @@ def test_two_mini_batches_are_two_sequential_optimizer_steps(single, engine_work
 def test_seq_mean_token_mean_loss_matches_the_full_batch(single, engine_work, dense_batch):
     reference = _hf_reference.hf_training_steps(engine_work / _data.DENSE, [dense_batch], _data.SEQ_MEAN_LOSS, _data.OPTIM)
     assert_same_step(single["update/seq_mean"], reference)
+
+
+@pytest.mark.parametrize("split, loss", [("token_sum", _data.TOKEN_SUM_LOSS), ("sapo", _data.SAPO_LOSS)])
+def test_token_sum_and_a_loss_with_options_match_the_full_batch(single, engine_work, dense_batch, split, loss):
+    """Micro-batches of 2 add up to the whole batch's token sum; SAPO's temperatures reach the engine's loss."""
+    reference = _hf_reference.hf_training_steps(engine_work / _data.DENSE, [dense_batch], loss, _data.OPTIM)
+    assert_same_step(single[f"update/{split}"], reference)
 
 
 def test_moe_log_probs_and_update_match_hugging_face(single, engine_work, data):
