@@ -58,6 +58,11 @@ DEEPSEEK_V3 = {
     "tp2_etp2_sp": (ParallelLayout(tp=2, etp=2, sequence_parallel=True), {"export": True}),
 }
 SCENARIOS += [(f"deepseek_v3/{name}", "deepseek_v3", layout, "actor", extra) for name, (layout, extra) in DEEPSEEK_V3.items()]
+# Gemma-2 / Gemma-3 (2 layers: sliding, then global): TP with and without SP, PP splitting the two layer kinds.
+for family in ["gemma2", "gemma3"]:
+    SCENARIOS.append((f"{family}/tp2", family, ParallelLayout(tp=2), "actor", {"export": True}))
+    SCENARIOS.append((f"{family}/tp2_sp", family, ParallelLayout(tp=2, sequence_parallel=True), "actor", {}))
+    SCENARIOS.append((f"{family}/pp2", family, ParallelLayout(pp=2), "actor", {"export": True}))
 
 
 class ReadRecorder:
