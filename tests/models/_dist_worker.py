@@ -72,6 +72,9 @@ GLM4_MOE = {
     "tp2_ep2_sp": (ParallelLayout(tp=2, ep=2, sequence_parallel=True), {}),
 }
 SCENARIOS += [(f"glm4_moe/{name}", "glm4_moe", layout, "actor", extra) for name, (layout, extra) in GLM4_MOE.items()]
+# Kimi-K2 is deepseek_v3's bridge: two layouts show its model type reaches it on every rank.
+SCENARIOS += [("kimi_k2/tp2_sp", "kimi_k2", ParallelLayout(tp=2, sequence_parallel=True), "actor", {"export": True}),
+              ("kimi_k2/ep2", "kimi_k2", ParallelLayout(ep=2), "actor", {"export": True})]
 
 
 class ReadRecorder:

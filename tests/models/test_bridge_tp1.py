@@ -14,7 +14,7 @@ from megarl.models import (
 
 TOLERANCE = 1e-5
 CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3",
-               "gemma2", "gemma3", "glm4_moe"]
+               "gemma2", "gemma3", "glm4_moe", "kimi_k2"]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_tied_embeddings_share_one_tensor(world, model_zoo):
     assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2"])
 def test_export_reproduces_the_checkpoint_bit_for_bit(world, model_zoo, name):
     [model] = build_model(model_zoo / name, ParallelLayout())
     original = _checkpoint_tensors(model_zoo / name)
@@ -132,6 +132,24 @@ def test_saved_checkpoint_reloads_with_equal_logits(world, model_zoo, tmp_path):
     assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
     reference = _reference(model_zoo, "qwen3_moe")
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
+
+
+def test_kimi_k2_saves_under_its_own_model_type_and_reloads_with_equal_logits(world, model_zoo, tmp_path):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from megarl.models import load_hf_config
+
+    [model] = build_model(model_zoo / "kimi_k2", ParallelLayout())
+    save_hf_checkpoint([model], model_zoo / "kimi_k2", ParallelLayout(), tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["model_type"], written["architectures"]) == ("kimi_k2", ["DeepseekV3ForCausalLM"])
+    load_hf_config(tmp_path / "out")  # registers kimi_k2 with transformers' Auto classes
+    reference = _reference(model_zoo, "kimi_k2")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
 
