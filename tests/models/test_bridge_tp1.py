@@ -131,7 +131,7 @@ def test_saved_checkpoint_reloads_with_equal_logits(world, model_zoo, tmp_path):
     save_hf_checkpoint([model], model_zoo / "qwen3_moe", ParallelLayout(), tmp_path / "out", max_shard_bytes=400_000)
     assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
     reference = _reference(model_zoo, "qwen3_moe")
-    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
 
@@ -164,7 +164,7 @@ def test_critic_values_match_hf_token_classification(world, model_zoo, tmp_path)
     assert (values - reference["output"]).abs().max().item() <= TOLERANCE
     # Export writes an HF critic (ForTokenClassification, score.*) that transformers loads as is.
     save_hf_checkpoint([critic], model_zoo / "llama_critic", ParallelLayout(), tmp_path / "critic", role="critic")
-    hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
+    hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
 
