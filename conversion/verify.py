@@ -107,7 +107,8 @@ def hf_logits(hf_dir, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 def hf_model(hf_dir):
-    """transformers' model of ``hf_dir`` in fp32. An FP8 block-quantised checkpoint is built from its
+    """transformers' model of ``hf_dir`` in fp32, eager attention (its SDPA path drops Gemma-2's
+    attention soft-cap). An FP8 block-quantised checkpoint is built from its
     config without ``quantization_config`` and given the dequantised weights (transformers' own FP8
     loader cannot dequantise a ragged last block, e.g. DeepSeek-V3's 576-row kv_a_proj_with_mqa)."""
     from transformers import AutoModelForCausalLM
@@ -117,9 +118,9 @@ def hf_model(hf_dir):
 
     config = load_hf_config(hf_dir)
     if block_fp8(config) is None:
-        return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager")
     del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     missing, unexpected = model.load_state_dict(dict(dequantized_tensors(hf_dir)), strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:

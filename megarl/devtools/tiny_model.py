@@ -15,6 +15,10 @@ hide a bridge that drops it), config.json carries ``topk_method``/``scoring_func
 transformers writes neither), and the checkpoint holds one multi-token-prediction layer's
 tensors, as DeepSeek's own checkpoints do (the bridge skips them).
 
+A model family that declares ``FamilySpec.tiny_config`` (``megarl.models.families``) has a tiny
+model too, under its family name: its config comes from that hook, given the sizes and token ids
+every tiny model shares (``build_config``'s ``fields``), so the family stays one module.
+
 ``head="seq_cls"`` writes a reward model instead: ``<Family>ForSequenceClassification`` with one
 label, the backbone plus ``score.weight`` (no bias, as transformers' Llama/Qwen heads), the form of
 published reward models (e.g. Skywork-Reward); its score is the head's output at the last token.
@@ -95,11 +99,13 @@ HEADS = {"causal_lm": AutoModelForCausalLM, "seq_cls": AutoModelForSequenceClass
 
 @dataclass(frozen=True)
 class Family:
-    """What tells one architecture apart: its HF config class and its family-specific fields."""
+    """What tells one architecture apart: its HF config class and its family-specific fields, or the
+    model family's own ``tiny_config(fields, size)``."""
 
-    config_class: type[PretrainedConfig]
+    config_class: type[PretrainedConfig] | None
     rope_theta: float
     description: str
+    tiny_config: object = None
 
 
 FAMILIES: dict[str, Family] = {
@@ -140,6 +146,18 @@ DEEPSEEK_V3: dict[str, DeepSeekShape] = {
     "tiny": DeepSeekShape(num_hidden_layers=3, q_lora_rank=96, qk_nope_head_dim=32, v_head_dim=32, moe_intermediate_size=32),
     "small": DeepSeekShape(num_hidden_layers=4, q_lora_rank=128, qk_nope_head_dim=32, v_head_dim=32, moe_intermediate_size=64),
 }
+
+
+def _model_family_tiny_models() -> dict[str, Family]:
+    """The families of ``megarl.models.families`` that bring their own tiny config."""
+    from megarl.models.families import FAMILIES as MODEL_FAMILIES
+
+    return {name: Family(None, 10000.0, spec.description, spec.tiny_config)
+            for name, spec in MODEL_FAMILIES.items() if spec.tiny_config is not None and name not in FAMILIES}
+
+
+FAMILIES.update(_model_family_tiny_models())
+
 # What vLLM reads to route like DeepSeek-V3 (transformers' config does not write these).
 DEEPSEEK_V3_VLLM_FIELDS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 
@@ -193,6 +211,8 @@ def build_config(
         common.update(num_local_experts=NUM_EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN)
     if family == "deepseek_v3":
         return _deepseek_v3_config(common, DEEPSEEK_V3[size])
+    if spec.tiny_config is not None:
+        return spec.tiny_config(common, size)
     return spec.config_class(**common)
 
 

@@ -98,6 +98,22 @@ DEEPSEEK_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<｜Assistant｜>' }}{%- endif %}"
 )
 
+# Gemma's format: BOS, then <start_of_turn>user / model turns closed by <end_of_turn>; a system
+# message opens the first user turn (Gemma has no system role).
+GEMMA_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{- '<start_of_turn>user\\n' + message['content'] + '\\n\\n' }}"
+    "{%- elif message['role'] == 'user' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'system' %}{{- '<start_of_turn>user\\n' }}{%- endif %}"
+    "{{- message['content'] + '<end_of_turn>\\n' }}"
+    "{%- elif message['role'] == 'assistant' %}{{- '<start_of_turn>model\\n' + message['content'] + '<end_of_turn>\\n' }}"
+    "{%- else %}{{- raise_exception('unknown role: ' + message['role']) }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}"
+)
+
 CHATML = TokenizerStyle(
     special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     bos_token=None,
@@ -140,6 +156,18 @@ DEEPSEEK_V3 = TokenizerStyle(
     chat_template=DEEPSEEK_TEMPLATE,
     add_bos_on_encode=True,
 )
+
+GEMMA = TokenizerStyle(
+    special_tokens=("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+    bos_token="<bos>",
+    eos_token="<end_of_turn>",  # what closes an answer (Gemma's generation config stops on it)
+    pad_token="<pad>",
+    chat_template=GEMMA_TEMPLATE,
+    add_bos_on_encode=True,
+)
+
+# A model family's ``FamilySpec.tiny_chat_format`` -> its style (families not in TOKENIZER_STYLES)
+CHAT_FORMATS = {"chatml": CHATML, "llama3": LLAMA3, "inst": MISTRAL_INST, "deepseek": DEEPSEEK_V3, "gemma": GEMMA}
 
 TOKENIZER_STYLES = {
     "llama": LLAMA3,
@@ -240,10 +268,16 @@ def min_vocab_size(family: str) -> int:
 
 
 def _style(family: str) -> TokenizerStyle:
-    if family not in TOKENIZER_STYLES:
-        known = ", ".join(TOKENIZER_STYLES)
+    """The family's style: its own entry, else its model family's ``tiny_chat_format``."""
+    from megarl.models.families import FAMILIES as MODEL_FAMILIES
+
+    if family in TOKENIZER_STYLES:
+        return TOKENIZER_STYLES[family]
+    spec = MODEL_FAMILIES.get(family)
+    if spec is None or spec.tiny_config is None:
+        known = ", ".join(sorted({*TOKENIZER_STYLES, *(n for n, f in MODEL_FAMILIES.items() if f.tiny_config)}))
         raise ValueError(f"unknown model family {family!r}; choose one of: {known}")
-    return TOKENIZER_STYLES[family]
+    return CHAT_FORMATS[spec.tiny_chat_format]
 
 
 def build_tokenizer(family: str, vocab_size: int = 512) -> PreTrainedTokenizerFast:

@@ -1,7 +1,8 @@
 """Build megatron-core GPTModels from a Hugging Face config or checkpoint directory.
 
 ``build_model`` makes one GPTModel per virtual pipeline chunk of this rank, with the local layer
-spec (Transformer Engine's where TE imports and CUDA is present), at the TP/PP/SP/EP/VPP of a
+spec (Transformer Engine's where TE imports and CUDA is present) or the family's own
+(``FamilySpec.decoder_spec``: each chunk keeps its own layers of it), at the TP/PP/SP/EP/VPP of a
 ``ParallelLayout`` that must match megatron's initialised parallel state
 (``megarl.platform.init_distributed`` + ``initialize_model_parallel``). Given a checkpoint
 directory it loads the weights shard by shard (``megarl.models.loading``). The local spec's core
@@ -12,8 +13,10 @@ Roles: ``actor`` and ``ref`` are the causal LM (``ref`` frozen, in eval mode); `
 LM head for a scalar ``ValueHead`` and returns values [batch, seq, 1].
 
 After the build: a vocabulary padded for TP gets zero padding rows and masked padding logits
-(``megarl.models.vocab_padding``); Llama-3 RoPE gets transformers' exact inverse frequencies
-(megatron-core's own llama3 scaling fixes low/high factors and the original context to 1/4/8192).
+(``megarl.models.vocab_padding``); Llama-3 and linear RoPE get transformers' exact inverse
+frequencies (megatron-core's own llama3 scaling fixes low/high factors and the original context to
+1/4/8192); an embedding scale and final-logit soft-capping the family states in its ``ModelDims``
+become forward hooks (``megarl.models.scaling``), the soft-capping before the padding mask.
 
 Model transforms (``transforms=[...]``, torchtitan's "model converters"): callables
 ``transform(chunks, BuildContext)`` applied in order once the model is built and its weights are
@@ -32,7 +35,7 @@ import torch
 from transformers import PretrainedConfig
 
 from megarl.models.config import build_transformer_config, gpt_model_kwargs, transformer_config_kwargs
-from megarl.models.dims import Llama3Rope, load_hf_config
+from megarl.models.dims import LinearRope, Llama3Rope, ModelDims, load_hf_config
 from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
 from megarl.models.shards import ROLES, check_layout
@@ -115,11 +118,10 @@ def build_model(
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.tensor_parallel import set_defaults_if_not_set_tensor_model_parallel_attributes
 
-    from megarl.models.attention import use_core_attention
     from megarl.models.loading import load_hf_weights, zero_vocab_padding
+    from megarl.models.scaling import scale_embedding, softcap_logits
     from megarl.models.vocab_padding import mask_padding_logits
     from megarl.platform import default_dtype, device, ensure_platform, transformer_config_overrides
 
@@ -147,17 +149,7 @@ def build_model(
     pp_rank = ps.get_pipeline_model_parallel_rank()
     models = []
     for vpp_chunk in range(layout.vpp):
-        spec = get_gpt_decoder_block_spec(
-            transformer_config,
-            use_transformer_engine=impl == "transformer_engine",
-            normalization="RMSNorm",
-            vp_stage=vpp_chunk,
-            pp_rank=pp_rank,
-        )
-        for layer_spec in spec.layer_specs:
-            family.prepare_layer_spec(layer_spec)
-            if impl == "local":
-                use_core_attention(layer_spec)
+        spec = decoder_block_spec(family, dims, transformer_config, impl, vpp_chunk, pp_rank)
         pre, post = layout.is_first_chunk(pp_rank, vpp_chunk), layout.is_last_chunk(pp_rank, vpp_chunk)
         model = GPTModel(
             transformer_config,
@@ -167,8 +159,10 @@ def build_model(
             vp_stage=vpp_chunk if layout.vpp > 1 else None,
             **gpt_model_kwargs(dims, layout, role),
         )
-        if isinstance(dims.rope, Llama3Rope):
-            model.rotary_pos_emb.inv_freq = llama3_inverse_frequencies(config)
+        if isinstance(dims.rope, (Llama3Rope, LinearRope)):
+            model.rotary_pos_emb.inv_freq = rope_inverse_frequencies(config, dims, model.rotary_pos_emb.inv_freq)
+        if dims.embedding_scale is not None and pre:
+            scale_embedding(model, dims.embedding_scale)
         if role == "critic" and post:
             model.output_layer = ValueHead(
                 dims.hidden_size,
@@ -187,6 +181,8 @@ def build_model(
     else:
         zero_vocab_padding(models, config, layout, role, impl)
     if role != "critic":
+        if dims.final_logit_softcap is not None:
+            softcap_logits(models, dims.final_logit_softcap)
         mask_padding_logits(models, dims.vocab_size, layout)
     context = BuildContext(config, layout, role, impl)
     for transform in transforms:
@@ -196,6 +192,37 @@ def build_model(
             model.requires_grad_(False)
             model.eval()
     return models
+
+
+def decoder_block_spec(family, dims: ModelDims, transformer_config, impl: str, vpp_chunk: int, pp_rank: int):
+    """The decoder layers of one model chunk: the family's own (``FamilySpec.decoder_spec``), else
+    megatron's GPT spec with the family's fixes and, on the local spec, megarl's core attention."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from megarl.models.attention import use_core_attention
+
+    use_te = impl == "transformer_engine"
+    if family.decoder_spec is not None:
+        layer_specs, final_norm = family.decoder_spec(transformer_config, dims, use_te)
+        offset = get_transformer_layer_offset(transformer_config, vp_stage=vpp_chunk, pp_rank=pp_rank)
+        count = get_num_layers_to_build(transformer_config, vp_stage=vpp_chunk, pp_rank=pp_rank)
+        return TransformerBlockSubmodules(layer_specs=layer_specs[offset : offset + count], layer_norm=final_norm)
+    spec = get_gpt_decoder_block_spec(transformer_config, use_transformer_engine=use_te, normalization="RMSNorm",
+                                      vp_stage=vpp_chunk, pp_rank=pp_rank)
+    for layer_spec in spec.layer_specs:
+        family.prepare_layer_spec(layer_spec)
+        if not use_te:
+            use_core_attention(layer_spec)
+    return spec
+
+
+def rope_inverse_frequencies(hf_config: PretrainedConfig, dims: ModelDims, unscaled: torch.Tensor) -> torch.Tensor:
+    """transformers' inverse frequencies of a scaled RoPE, from megatron's unscaled ones (same formula)."""
+    if isinstance(dims.rope, LinearRope):
+        return unscaled / dims.rope.factor  # transformers' linear scaling: the default frequencies / factor
+    return llama3_inverse_frequencies(hf_config)
 
 
 def llama3_inverse_frequencies(hf_config: PretrainedConfig) -> torch.Tensor:

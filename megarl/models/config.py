@@ -1,7 +1,7 @@
 """megatron-core TransformerConfig and GPTModel arguments that reproduce an HF model.
 
-The fields shared by every family (depth, width, norms, SwiGLU, parallel sizes, MoE sizes) are
-derived from ``ModelDims`` here; the family adds its own (attention, RoPE, routing), then come
+The fields shared by every family (depth, width, norms, the gated MLP's activation, the softmax
+scale, parallel sizes, MoE sizes) are derived from ``ModelDims`` here; the family adds its own (attention, RoPE, routing), then come
 the platform's CPU flags and the caller's overrides, in that order. The config class is the
 family's (``TransformerConfig``, or ``MLATransformerConfig`` for DeepSeek-V3). MoE defaults:
 no load-balancing loss and aux loss 0 (pass overrides to train with one).
@@ -9,15 +9,18 @@ no load-balancing loss and aux loss 0 (pass overrides to train with one).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
 
-from megarl.models.dims import DefaultRope, Llama3Rope, ModelDims
+from megarl.models.dims import DefaultRope, GQAttention, LinearRope, Llama3Rope, ModelDims
 from megarl.models.families import FamilySpec
 from megarl.models.layout import ParallelLayout
 
 DISPATCHERS = ("alltoall", "allgather")
+# ModelDims.activation -> the gated MLP's activation (megatron applies it to the gate half of fc1)
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
 def transformer_config_kwargs(
@@ -39,7 +42,7 @@ def transformer_config_kwargs(
         normalization="RMSNorm",
         layernorm_epsilon=dims.norm_eps,
         gated_linear_unit=True,
-        activation_func=F.silu,
+        activation_func=ACTIVATIONS[dims.activation],
         add_bias_linear=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -57,6 +60,8 @@ def transformer_config_kwargs(
         num_layers_in_first_pipeline_stage=layout.first_stage_layers,
         num_layers_in_last_pipeline_stage=layout.last_stage_layers,
     )
+    if isinstance(dims.attention, GQAttention) and dims.attention.softmax_scale is not None:
+        kwargs["softmax_scale"] = dims.attention.softmax_scale
     if dims.moe is not None:
         kwargs.update(
             num_moe_experts=dims.moe.num_experts,
@@ -95,18 +100,18 @@ def build_transformer_config(kwargs: dict, platform_overrides: dict, overrides: 
 def gpt_model_kwargs(dims: ModelDims, layout: ParallelLayout, role: str) -> dict:
     """GPTModel arguments other than config/spec/pre/post: (padded) vocab, positions, RoPE, tying.
 
-    Llama-3 RoPE is built unscaled here and gets transformers' exact inverse frequencies after
-    the build (``megarl.models.build``); megatron-core's own llama3 scaling fixes its parameters.
+    Llama-3 and linear RoPE are built unscaled here and get transformers' exact inverse frequencies
+    after the build (``megarl.models.build``); megatron-core's own llama3 scaling fixes its parameters.
     MLA families carry their RoPE in the config (GPTModel builds none for them).
     """
     kwargs = dict(
         vocab_size=layout.padded_vocab_size(dims.vocab_size),
         max_sequence_length=dims.max_position_embeddings,
         position_embedding_type="rope",
-        rotary_percent=1.0,
+        rotary_percent=dims.rotary_percent,
         share_embeddings_and_output_weights=dims.tie_word_embeddings and role != "critic",
         parallel_output=True,
     )
-    if isinstance(dims.rope, (DefaultRope, Llama3Rope)):
+    if isinstance(dims.rope, (DefaultRope, LinearRope, Llama3Rope)):
         kwargs["rotary_base"] = dims.rope.theta
     return kwargs

@@ -4,17 +4,21 @@
 dense MLP) plus three typed blocks that families fill in their own way:
 
 * ``attention``: ``GQAttention`` (Llama, Qwen, Mixtral: grouped-query heads, optional QKV bias and
-  qk-norm) or ``MLAttention`` (DeepSeek-V3: multi-latent attention, low-rank q/kv projections);
-* ``rope``: ``DefaultRope``, ``Llama3Rope`` (any original context and low/high factors) or
-  ``YarnRope`` (DeepSeek-V3, with mscale);
+  qk-norm; Gemma: a softmax scale of its own, logit soft-capping, sliding windows per layer) or
+  ``MLAttention`` (DeepSeek-V3: multi-latent attention, low-rank q/kv projections);
+* ``rope``: ``DefaultRope``, ``LinearRope`` (Gemma-3's global layers), ``Llama3Rope`` (any
+  original context and low/high factors) or ``YarnRope`` (DeepSeek-V3, with mscale);
 * ``moe``: ``MoE`` or None for a dense model (softmax or sigmoid routing, expert groups, the
   routed scaling factor, the expert-bias buffer, shared experts).
 
 The readers here hide the differences between config classes and transformers versions
 (transformers 5 keeps RoPE in ``config.rope_parameters``, 4.x in ``rope_theta``/``rope_scaling``;
-Mixtral's ``head_dim`` may be None). Features the megatron-core local spec cannot reproduce
-exactly (sliding-window attention, unknown RoPE types, non-SiLU activations) are rejected here
-with an error that says what to change.
+Mixtral's ``head_dim`` may be None). Features no family has read (a sliding window, an
+activation other than SiLU, unknown RoPE types) are rejected here with an error that says what
+to change; a family that reads them (Gemma) says so through the dims it builds.
+
+``load_hf_config`` reads a config.json through transformers' ``AutoConfig``, after the families
+registered the config classes of model types transformers does not know (Kimi-K2's ``kimi_k2``).
 """
 from __future__ import annotations
 
@@ -34,6 +38,13 @@ class GQAttention:
     head_dim: int
     qkv_bias: bool
     qk_norm: bool
+    softmax_scale: float | None = None  # None: 1 / sqrt(head_dim); Gemma: query_pre_attn_scalar ** -0.5
+    softcap: float | None = None  # attention logits become softcap * tanh(logits / softcap) (Gemma-2)
+    windows: tuple[int | None, ...] = ()  # per layer: HF's sliding_window (keys ending at the query), None = full
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer ``layer`` (0-based), or None for full attention."""
+        return self.windows[layer] if self.windows else None
 
     @property
     def heads_per_group(self) -> int:
@@ -84,6 +95,14 @@ class DefaultRope:
 
 
 @dataclass(frozen=True)
+class LinearRope:
+    """Linear position interpolation (HF ``rope_type: linear``): the default frequencies divided by ``factor``."""
+
+    theta: float
+    factor: float
+
+
+@dataclass(frozen=True)
 class Llama3Rope:
     """Llama-3.1 frequency scaling; every parameter is honoured (megatron-core's own fixes 1/4/8192)."""
 
@@ -107,7 +126,7 @@ class YarnRope:
     mscale_all_dim: float
 
 
-Rope = DefaultRope | Llama3Rope | YarnRope
+Rope = DefaultRope | LinearRope | Llama3Rope | YarnRope
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,12 @@ class ModelDims:
     attention: GQAttention | MLAttention
     rope: Rope
     moe: MoE | None = None
+    # What a family may change in the layers every family shares (defaults: Llama's):
+    activation: str = "silu"  # the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    rotary_percent: float = 1.0  # the share of each head's channels RoPE rotates (GLM-4.5: 0.5)
+    local_rope: Rope | None = None  # the RoPE of the sliding-window layers, where it differs (Gemma-3)
+    embedding_scale: float | None = None  # the embedding output is multiplied by it (Gemma: sqrt(hidden))
+    final_logit_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma-2)
 
     @property
     def is_moe(self) -> bool:
@@ -167,11 +192,16 @@ def load_hf_config(hf_config_or_dir: PretrainedConfig | str | os.PathLike) -> Pr
     """A transformers config from a config object, a model directory or a config.json path."""
     if isinstance(hf_config_or_dir, PretrainedConfig):
         return hf_config_or_dir
+    import json
+
+    from megarl.models.families import register_hf_classes
+
     path = Path(hf_config_or_dir)
     if path.is_file():
         path = path.parent
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; pass a Hugging Face model directory or config")
+    register_hf_classes(json.loads((path / "config.json").read_text()).get("model_type"))
     return AutoConfig.from_pretrained(str(path))
 
 
@@ -186,9 +216,10 @@ def rope_parameters(config: PretrainedConfig) -> tuple[str, dict]:
     return scaling.get("rope_type", scaling.get("type", "default")), scaling
 
 
-def read_rope(config: PretrainedConfig, supported: tuple[str, ...] = ("default", "llama3")) -> Rope:
-    """The config's RoPE, if its type is one the family supports."""
-    rope_type, p = rope_parameters(config)
+def read_rope(config: PretrainedConfig, supported: tuple[str, ...] = ("default", "llama3"),
+              parameters: tuple[str, dict] | None = None) -> Rope:
+    """The config's RoPE (or ``parameters``: one layer type's ``(type, parameters)``), if the family supports its type."""
+    rope_type, p = parameters or rope_parameters(config)
     theta = float(p["rope_theta"])
     if rope_type not in supported:
         raise ValueError(
@@ -197,6 +228,8 @@ def read_rope(config: PretrainedConfig, supported: tuple[str, ...] = ("default",
         )
     if rope_type == "default":
         return DefaultRope(theta)
+    if rope_type == "linear":
+        return LinearRope(theta, float(p["factor"]))
     if rope_type == "llama3":
         return Llama3Rope(theta, float(p["factor"]), float(p.get("low_freq_factor", 1.0)),
                           float(p.get("high_freq_factor", 4.0)), int(p.get("original_max_position_embeddings", 8192)))
@@ -233,11 +266,24 @@ def yarn_attention_factor(rope: YarnRope) -> float:
     return _yarn_mscale(rope.factor, rope.mscale) / _yarn_mscale(rope.factor, rope.mscale_all_dim)
 
 
-def check_common(config: PretrainedConfig) -> None:
-    """Reject features no family of the bridge reproduces."""
-    if getattr(config, "hidden_act", "silu") != "silu":
+# HF activation names -> ``ModelDims.activation``
+HF_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def hf_activation(config: PretrainedConfig, field: str = "hidden_act") -> str:
+    """``ModelDims.activation`` of the HF config's ``field``, refused when the bridge has no such MLP."""
+    value = getattr(config, field, None) or "silu"
+    if value not in HF_ACTIVATIONS:
+        raise ValueError(f"{field}={value!r}: the bridge's gated MLPs use {sorted(HF_ACTIVATIONS)}")
+    return HF_ACTIVATIONS[value]
+
+
+def check_common(config: PretrainedConfig, attention=None, activation: str | None = None) -> None:
+    """Reject features the family did not read: an activation other than SiLU unless the family
+    gave one (``activation``), a sliding window unless its attention holds the windows."""
+    if activation is None and getattr(config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={config.hidden_act!r}: only SwiGLU (silu) MLPs are supported")
-    if _uses_sliding_window(config):
+    if _uses_sliding_window(config) and not getattr(attention, "windows", ()):
         raise ValueError(
             f"sliding-window attention (sliding_window={config.sliding_window}) is not supported by the "
             "bridge; set use_sliding_window=false / sliding_window=null if the model does not need it"
@@ -246,9 +292,10 @@ def check_common(config: PretrainedConfig) -> None:
         raise ValueError("mlp_bias=True is not supported by the bridge (no family uses it)")
 
 
-def common_dims(config: PretrainedConfig, *, attention, rope: Rope, moe: MoE | None = None) -> ModelDims:
-    """ModelDims from the fields every family shares plus the family's attention, RoPE and MoE blocks."""
-    check_common(config)
+def common_dims(config: PretrainedConfig, *, attention, rope: Rope, moe: MoE | None = None, **features) -> ModelDims:
+    """ModelDims from the fields every family shares plus the family's attention, RoPE and MoE blocks;
+    ``features``: the other ``ModelDims`` fields the family sets (activation, embedding scale...)."""
+    check_common(config, attention, features.get("activation"))
     architectures = getattr(config, "architectures", None) or [""]
     return ModelDims(
         architecture=architectures[0],
@@ -263,10 +310,12 @@ def common_dims(config: PretrainedConfig, *, attention, rope: Rope, moe: MoE | N
         attention=attention,
         rope=rope,
         moe=moe,
+        **features,
     )
 
 
-def gqa_attention(config: PretrainedConfig, *, qkv_bias: bool, qk_norm: bool) -> GQAttention:
+def gqa_attention(config: PretrainedConfig, *, qkv_bias: bool, qk_norm: bool, **features) -> GQAttention:
+    """GQA from the config's head counts; ``features``: the other ``GQAttention`` fields (scale, softcap, windows)."""
     heads = config.num_attention_heads
     return GQAttention(
         num_heads=heads,
@@ -274,6 +323,7 @@ def gqa_attention(config: PretrainedConfig, *, qkv_bias: bool, qk_norm: bool) ->
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
         qkv_bias=qkv_bias,
         qk_norm=qk_norm,
+        **features,
     )
 
 

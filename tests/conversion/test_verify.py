@@ -30,6 +30,23 @@ def test_verify_accepts_a_faithful_deepseek_v3_ep2_checkpoint(tiny_models, to_me
     assert max_diff(done.stdout) < 1e-5
 
 
+def test_verify_accepts_a_faithful_gemma2_tp2_checkpoint(tiny_models, to_megatron):
+    """Gemma-2's attention soft-cap clips on the tiny model: the reference must be transformers' eager
+    attention (its SDPA path drops the cap, 9e-3 off)."""
+    source = tiny_models / "gemma2"
+    done = run_cli(["verify", "--hf", source, "--megatron", to_megatron("gemma2", ("--tp", "2"), 2)])
+    assert_ok(done)
+    assert max_diff(done.stdout) < 1e-5
+
+
+def test_a_kimi_k2_config_converts_and_verifies_in_fresh_processes(tiny_models, to_megatron):
+    """model_type kimi_k2, unknown to transformers: each CLI process registers it from its config.json."""
+    source = tiny_models / "kimi_k2"
+    done = run_cli(["verify", "--hf", source, "--megatron", to_megatron("kimi_k2", (), 1)])
+    assert_ok(done)
+    assert max_diff(done.stdout) < 1e-5
+
+
 def test_a_checkpoint_loads_under_another_vocabulary_padding(tiny_models, to_megatron):
     """Converted with the vocabulary padded to 512 rows, loaded padded to 768 (megatron's
     allow_shape_mismatch for the embedding and output layer): the logits are HF's."""

@@ -22,6 +22,8 @@ from megarl.devtools.tiny_model import FAMILIES, SIZES, build_tokenizer, make_ti
 
 ALL_FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]  # GQA families
 WITH_DEEPSEEK = ALL_FAMILIES + ["deepseek_v3"]
+OWN_TINY = ["gemma2", "gemma3", "glm4_moe", "kimi_k2"]  # model families with their own tiny config (FamilySpec.tiny_config)
+CHECKED = WITH_DEEPSEEK + ["gemma2"]  # Gemma-3's tokenizer is Gemma-2's
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
 
@@ -29,7 +31,7 @@ SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_R
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
-    return {family: make_tiny_model(family, "tiny", root / family) for family in WITH_DEEPSEEK}
+    return {family: make_tiny_model(family, "tiny", root / family) for family in CHECKED}
 
 
 def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -53,7 +55,7 @@ MTP = ["model.layers.3.eh_proj.weight", "model.layers.3.enorm.weight", "model.la
 
 
 def test_registry_lists_all_families_and_sizes():
-    assert sorted(FAMILIES) == sorted(WITH_DEEPSEEK)
+    assert sorted(FAMILIES) == sorted(WITH_DEEPSEEK + OWN_TINY)
     assert set(SIZES) == {"tiny", "small"}
 
 
@@ -98,7 +100,7 @@ def test_checkpoint_has_the_family_architecture(checkpoints, family):
                            tensors[layer0 + "post_attention_layernorm.weight"])
 
 
-@pytest.mark.parametrize("family", ALL_FAMILIES)
+@pytest.mark.parametrize("family", ALL_FAMILIES + ["gemma2"])
 def test_loads_and_generates_like_a_plain_greedy_loop(checkpoints, family):
     model_dir = checkpoints[family]
     model = load(model_dir)
@@ -141,13 +143,14 @@ def test_save_load_round_trip_is_exact(checkpoints, family, tmp_path):
         assert torch.equal(model(input_ids).logits, reloaded(input_ids).logits)
 
 
-@pytest.mark.parametrize("family", WITH_DEEPSEEK)
+@pytest.mark.parametrize("family", CHECKED)
 def test_special_token_ids_agree_everywhere(checkpoints, family):
     model_dir = checkpoints[family]
     config = json.loads((model_dir / "config.json").read_text())
     generation = GenerationConfig.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    expected_eos = {"llama": "<|eot_id|>", "mixtral": "</s>", "deepseek_v3": "<｜end▁of▁sentence｜>"}.get(family, "<|im_end|>")
+    expected_eos = {"llama": "<|eot_id|>", "mixtral": "</s>", "deepseek_v3": "<｜end▁of▁sentence｜>",
+                    "gemma2": "<end_of_turn>"}.get(family, "<|im_end|>")
     assert tokenizer.eos_token == expected_eos
     for kind in ("bos", "eos", "pad"):
         token_id = getattr(tokenizer, f"{kind}_token_id")
@@ -166,7 +169,7 @@ ROUND_TRIP_TEXTS = [
 ]
 
 
-@pytest.mark.parametrize("family", WITH_DEEPSEEK)
+@pytest.mark.parametrize("family", CHECKED)
 def test_tokenizer_round_trips_text_and_isolates_digits(checkpoints, family):
     tokenizer = AutoTokenizer.from_pretrained(checkpoints[family])
     special = tokenizer.eos_token
@@ -181,7 +184,7 @@ def test_tokenizer_round_trips_text_and_isolates_digits(checkpoints, family):
     assert [tokenizer.decode([i]) for i in in_text if i in digit_ids] == list("30517")
 
     with_specials = tokenizer.encode("hi")
-    if family in ("llama", "mixtral", "deepseek_v3"):  # these tokenizers prepend BOS, like the real ones
+    if family in ("llama", "mixtral", "deepseek_v3", "gemma2"):  # these tokenizers prepend BOS, like the real ones
         assert with_specials[0] == tokenizer.bos_token_id
     else:
         assert with_specials == tokenizer.encode("hi", add_special_tokens=False)
@@ -210,10 +213,13 @@ EXPECTED_CHAT = {
     "deepseek_v3": ("<｜begin▁of▁sentence｜>Be brief.<｜User｜>What is 2 + 3?<｜Assistant｜>5<｜end▁of▁sentence｜>"
                     "<｜User｜>And 4 + 4?", "<｜Assistant｜>"),
 }
+EXPECTED_CHAT["gemma2"] = (  # Gemma's own format: no system role, the system message opens the first user turn
+    "<bos><start_of_turn>user\nBe brief.\n\nWhat is 2 + 3?<end_of_turn>\n<start_of_turn>model\n5<end_of_turn>\n"
+    "<start_of_turn>user\nAnd 4 + 4?<end_of_turn>\n", "<start_of_turn>model\n")
 EXPECTED_CHAT["qwen3"] = EXPECTED_CHAT["qwen3_moe"] = EXPECTED_CHAT["qwen2"]
 
 
-@pytest.mark.parametrize("family", WITH_DEEPSEEK)
+@pytest.mark.parametrize("family", CHECKED)
 def test_chat_template_renders_with_generation_prompt(checkpoints, family):
     tokenizer = AutoTokenizer.from_pretrained(checkpoints[family])
     body, generation_prompt = EXPECTED_CHAT[family]

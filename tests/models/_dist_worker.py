@@ -58,6 +58,23 @@ DEEPSEEK_V3 = {
     "tp2_etp2_sp": (ParallelLayout(tp=2, etp=2, sequence_parallel=True), {"export": True}),
 }
 SCENARIOS += [(f"deepseek_v3/{name}", "deepseek_v3", layout, "actor", extra) for name, (layout, extra) in DEEPSEEK_V3.items()]
+# Gemma-2 / Gemma-3 (2 layers: sliding, then global): TP with and without SP, PP splitting the two layer kinds.
+for family in ["gemma2", "gemma3"]:
+    SCENARIOS.append((f"{family}/tp2", family, ParallelLayout(tp=2), "actor", {"export": True}))
+    SCENARIOS.append((f"{family}/tp2_sp", family, ParallelLayout(tp=2, sequence_parallel=True), "actor", {}))
+    SCENARIOS.append((f"{family}/pp2", family, ParallelLayout(pp=2), "actor", {"export": True}))
+# GLM-4.5 (2 layers: dense, MoE): TP (with SP, as megatron needs with MoE), PP, EP, TP x EP.
+GLM4_MOE = {
+    "tp2_sp": (ParallelLayout(tp=2, sequence_parallel=True), {"export": True}),
+    "pp2": (ParallelLayout(pp=2), {"export": True}),
+    "ep2": (ParallelLayout(ep=2), {"export": True}),
+    "ep2_allgather": (ParallelLayout(ep=2), {"dispatcher": "allgather"}),
+    "tp2_ep2_sp": (ParallelLayout(tp=2, ep=2, sequence_parallel=True), {}),
+}
+SCENARIOS += [(f"glm4_moe/{name}", "glm4_moe", layout, "actor", extra) for name, (layout, extra) in GLM4_MOE.items()]
+# Kimi-K2 is deepseek_v3's bridge: two layouts show its model type reaches it on every rank.
+SCENARIOS += [("kimi_k2/tp2_sp", "kimi_k2", ParallelLayout(tp=2, sequence_parallel=True), "actor", {"export": True}),
+              ("kimi_k2/ep2", "kimi_k2", ParallelLayout(ep=2), "actor", {"export": True})]
 
 
 class ReadRecorder:

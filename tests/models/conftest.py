@@ -10,9 +10,16 @@
                   bias, one dense layer then two MoE layers, an MTP layer in the checkpoint)
   llama_rope3     llama with Llama-3 RoPE whose factors and original context differ from megatron's 1/4/8192
   llama_vocab504  llama with a vocabulary of 504 (padded to 512 for megatron)
+  gemma2, gemma3  tiny Gemma-2 / Gemma-3 text (``megarl.models.families.gemma``: soft-caps that clip,
+                  a window of 5 on 16 tokens, Gemma-3's two RoPEs with a linear-scaled global one)
+  glm4_moe        tiny GLM-4.5 (half-rotary heads, QKV bias, qk-norm, 8 experts in 2 groups with a
+                  random router bias, a shared expert, layer 0 dense)
+  kimi_k2         tiny Kimi-K2: DeepSeek-V3's architecture under model_type kimi_k2 (transformers has
+                  none: megarl registers it), Kimi-K2's one expert group, YaRN betas 1/1, scaling 2.827
   reference.pt    {checkpoint: {"input_ids", "output"}}: HF transformers logits (values for the
                   critic) in fp32 on a fixed random batch, the reference every test compares to.
                   RoPE checkpoints get sequences past their original context (YaRN / Llama-3 scaling).
+                  transformers runs with eager attention (its SDPA path ignores Gemma's soft-capping).
 """
 import json
 from pathlib import Path
@@ -21,8 +28,9 @@ import pytest
 import torch
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
+NEW_FAMILIES = ["gemma2", "gemma3", "glm4_moe", "kimi_k2"]  # families of issue 24, their own tiny models (FamilySpec.tiny_config)
 BATCH, SEQ = 2, 16
-LONG = {"deepseek_v3": 96, "llama_rope3": 160}  # past YaRN's original 64 / the Llama-3 original 32
+LONG = {"deepseek_v3": 96, "kimi_k2": 96, "llama_rope3": 160}  # past YaRN's original 64 / the Llama-3 original 32
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 2.0,
                "high_freq_factor": 8.0, "original_max_position_embeddings": 32}
 
@@ -31,7 +39,7 @@ def _hf_output(checkpoint: Path, input_ids: torch.Tensor, critic: bool) -> torch
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     auto = AutoModelForTokenClassification if critic else AutoModelForCausalLM
-    model = auto.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    model = auto.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         return model(input_ids).logits
 
@@ -71,11 +79,13 @@ def build_zoo(root: Path) -> Path:
     make_tiny_model("deepseek_v3", "tiny", root / "deepseek_v3", seed=0)
     with_rope(make_tiny_model("llama", "tiny", root / "llama_rope3", seed=4), LLAMA3_ROPE)
     make_tiny_model("llama", "tiny", root / "llama_vocab504", seed=5, vocab_size=504)
+    for family in NEW_FAMILIES:
+        make_tiny_model(family, "tiny", root / family, seed=0)
 
     generator = torch.Generator().manual_seed(0)
     reference = {}
     extra = ["llama_tied", "llama_small", "llama_sharded", "llama_critic", "deepseek_v3", "llama_rope3", "llama_vocab504"]
-    for name in FAMILIES + extra:
+    for name in FAMILIES + extra + NEW_FAMILIES:
         vocab = 504 if name == "llama_vocab504" else 512
         input_ids = torch.randint(0, vocab, (BATCH, LONG.get(name, SEQ)), generator=generator)
         output = _hf_output(root / name, input_ids, critic=name == "llama_critic")

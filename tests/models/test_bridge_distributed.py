@@ -1,6 +1,8 @@
 """The bridge at TP=2 (with and without SP), PP=2, PP=2 x VPP=2, EP=2 and expert-TP=2: one torchrun launch, 2 ranks.
 
-DeepSeek-V3 (MLA, sigmoid group-limited routing with the router bias, shared expert, a dense first
+Gemma-2 and Gemma-3 (their own decoder layers: four norms, windows, soft-caps, two RoPEs) run at
+TP=2, TP=2+SP and PP=2; GLM-4.5 (partial RoPE, QKV bias, qk-norm, group-limited sigmoid routing)
+at TP=2+SP, PP=2, EP=2 (alltoall, allgather) and TP=2 x EP=2 + SP; Kimi-K2 at TP=2+SP and EP=2. DeepSeek-V3 (MLA, sigmoid group-limited routing with the router bias, shared expert, a dense first
 layer) runs at TP=2+SP, uneven PP=2 (1+2 and 2+1 layers), EP=2 (alltoall and allgather),
 TP=2 x EP=2 and TP=2 x expert-TP=2; a padded vocabulary (504 -> 512) at TP=2.
 
@@ -31,12 +33,17 @@ FORWARD_SCENARIOS = (
     + ["llama_sharded/pp2", "llama_sharded/tp2", "llama_critic/tp2_sp", "llama_critic/pp2"]
     + ["llama_vocab504/tp2", "llama_vocab504/tp2_sp"]
     + [f"deepseek_v3/{layout}" for layout in ("tp2_sp", "pp2_1_2", "pp2_2_1", "ep2", "ep2_allgather", "tp2_ep2_sp", "tp2_etp2_sp")]
+    + [f"{f}/{layout}" for f in ("gemma2", "gemma3") for layout in ("tp2", "tp2_sp", "pp2")]
+    + [f"glm4_moe/{layout}" for layout in ("tp2_sp", "pp2", "ep2", "ep2_allgather", "tp2_ep2_sp")]
+    + ["kimi_k2/tp2_sp", "kimi_k2/ep2"]
 )
 EXPORT_SCENARIOS = (
     [f"{f}/{layout}" for f in FAMILIES for layout in ("tp2", "pp2")]
     + [f"{f}/ep2" for f in MOE]
     + ["mixtral/tp2_etp2", "llama_tied/tp2", "llama_tied/pp2", "llama_small/pp2_vpp2", "llama_critic/tp2_sp"]
     + ["llama_vocab504/tp2"] + [f"deepseek_v3/{layout}" for layout in ("tp2_sp", "pp2_1_2", "ep2", "tp2_etp2_sp")]
+    + [f"{f}/{layout}" for f in ("gemma2", "gemma3") for layout in ("tp2", "pp2")]
+    + [f"glm4_moe/{layout}" for layout in ("tp2_sp", "pp2", "ep2")] + ["kimi_k2/tp2_sp", "kimi_k2/ep2"]
 )
 
 
@@ -155,7 +162,7 @@ def test_saved_checkpoint_loads_in_transformers(results, model_zoo):
         with safe_open(str(saved / saved_map[name]), framework="pt") as a, safe_open(str(original / original_map[name]), framework="pt") as b:
             assert torch.equal(a.get_tensor(name), b.get_tensor(name)), name
     reference = torch.load(model_zoo / "reference.pt")["llama_sharded"]
-    model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         logits = model(reference["input_ids"]).logits
     assert torch.equal(logits, reference["output"])

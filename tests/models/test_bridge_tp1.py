@@ -13,7 +13,8 @@ from megarl.models import (
 )
 
 TOLERANCE = 1e-5
-CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3"]
+CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3",
+               "gemma2", "gemma3", "glm4_moe", "kimi_k2"]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_logits_match_hugging_face(world, model_zoo, name):
     assert (logits - reference["output"]).abs().max().item() <= TOLERANCE
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe"])
 def test_packed_sequences_match_hugging_face(world, model_zoo, name):
     """A prefix of row 0 and all of row 1 packed into one row (megatron's THD with ``cu_seqlens``): RoPE
     restarts at each sequence and nothing attends across them, so each equals HF on its own."""
@@ -99,7 +100,7 @@ def test_tied_embeddings_share_one_tensor(world, model_zoo):
     assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2"])
 def test_export_reproduces_the_checkpoint_bit_for_bit(world, model_zoo, name):
     [model] = build_model(model_zoo / name, ParallelLayout())
     original = _checkpoint_tensors(model_zoo / name)
@@ -130,7 +131,25 @@ def test_saved_checkpoint_reloads_with_equal_logits(world, model_zoo, tmp_path):
     save_hf_checkpoint([model], model_zoo / "qwen3_moe", ParallelLayout(), tmp_path / "out", max_shard_bytes=400_000)
     assert (tmp_path / "out" / "model.safetensors.index.json").is_file()
     reference = _reference(model_zoo, "qwen3_moe")
-    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
+
+
+def test_kimi_k2_saves_under_its_own_model_type_and_reloads_with_equal_logits(world, model_zoo, tmp_path):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from megarl.models import load_hf_config
+
+    [model] = build_model(model_zoo / "kimi_k2", ParallelLayout())
+    save_hf_checkpoint([model], model_zoo / "kimi_k2", ParallelLayout(), tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["model_type"], written["architectures"]) == ("kimi_k2", ["DeepseekV3ForCausalLM"])
+    load_hf_config(tmp_path / "out")  # registers kimi_k2 with transformers' Auto classes
+    reference = _reference(model_zoo, "kimi_k2")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
 
@@ -145,7 +164,7 @@ def test_critic_values_match_hf_token_classification(world, model_zoo, tmp_path)
     assert (values - reference["output"]).abs().max().item() <= TOLERANCE
     # Export writes an HF critic (ForTokenClassification, score.*) that transformers loads as is.
     save_hf_checkpoint([critic], model_zoo / "llama_critic", ParallelLayout(), tmp_path / "critic", role="critic")
-    hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
+    hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
 

@@ -3,15 +3,20 @@
 Adding a family is one new module in this package defining a ``FamilySpec`` (see ``base``: its
 dims, parameter maps, megatron config fields, Transformer Engine names and vLLM exceptions) and
 one entry in ``_BUILTIN`` below, or a ``register_family`` call from outside.
+
+Several families may serve one architecture under different model types (Kimi-K2 is
+``DeepseekV3ForCausalLM`` with ``model_type: kimi_k2``): a config goes to the family of its
+model type when that family serves its architecture, else to the architecture's first family.
 """
 from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from megarl.models.families import deepseek_v3, llama, mixtral, qwen2, qwen3, qwen3_moe
+from megarl.models.families import deepseek_v3, gemma, glm4_moe, kimi_k2, llama, mixtral, qwen2, qwen3, qwen3_moe
 from megarl.models.families.base import FamilySpec, ParamMap
 
-_BUILTIN = (llama.SPEC, qwen2.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC, deepseek_v3.SPEC)
+_BUILTIN = (llama.SPEC, qwen2.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC, deepseek_v3.SPEC, gemma.GEMMA2, gemma.GEMMA3,
+            glm4_moe.SPEC, kimi_k2.SPEC)
 
 FAMILIES: dict[str, FamilySpec] = {}
 _BY_ARCHITECTURE: dict[str, FamilySpec] = {}
@@ -24,9 +29,23 @@ def register_family(spec: FamilySpec) -> None:
         raise ValueError(f"model family {spec.name!r} is already registered")
     FAMILIES[spec.name] = spec
     for architecture in spec.architectures:
-        _BY_ARCHITECTURE[architecture] = spec
+        _BY_ARCHITECTURE.setdefault(architecture, spec)
     for model_type in spec.model_types:
         _BY_MODEL_TYPE[model_type] = spec
+
+
+def register_hf_classes(model_type: str | None) -> bool:
+    """Register the transformers classes a family brings for ``model_type`` (``FamilySpec.hf_classes``)
+    with ``AutoConfig`` and ``AutoModelForCausalLM``; False when no family brings any."""
+    spec = _BY_MODEL_TYPE.get(model_type)
+    if spec is None or spec.hf_classes is None:
+        return False
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config_class, causal_lm = spec.hf_classes()
+    AutoConfig.register(model_type, config_class, exist_ok=True)
+    AutoModelForCausalLM.register(config_class, causal_lm, exist_ok=True)
+    return True
 
 
 for _spec in _BUILTIN:
@@ -43,10 +62,14 @@ def family_for(config: PretrainedConfig) -> FamilySpec:
     The model_type fallback serves configs without architectures and other heads of the same
     backbone (e.g. ``Qwen2ForTokenClassification`` for a critic).
     """
-    for architecture in getattr(config, "architectures", None) or []:
+    model_type = getattr(config, "model_type", None)
+    architectures = getattr(config, "architectures", None) or []
+    by_type = _BY_MODEL_TYPE.get(model_type)
+    if by_type is not None and any(a in by_type.architectures for a in architectures):
+        return by_type
+    for architecture in architectures:
         if architecture in _BY_ARCHITECTURE:
             return _BY_ARCHITECTURE[architecture]
-    model_type = getattr(config, "model_type", None)
     if model_type in _BY_MODEL_TYPE:
         return _BY_MODEL_TYPE[model_type]
     raise ValueError(
@@ -55,4 +78,5 @@ def family_for(config: PretrainedConfig) -> FamilySpec:
     )
 
 
-__all__ = ["FAMILIES", "FamilySpec", "ParamMap", "family_for", "register_family", "supported_architectures"]
+__all__ = ["FAMILIES", "FamilySpec", "ParamMap", "family_for", "register_family", "register_hf_classes",
+           "supported_architectures"]

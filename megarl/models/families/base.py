@@ -18,7 +18,17 @@ knows about the architecture:
   ``vllm_hf_overrides``: config fields vLLM needs that transformers does not write (given to the
   engine and written into exported config.json files);
 * ``prepare_layer_spec``: fixes to megatron's layer spec before the model is built;
-* ``skipped_hf_tensors``: checkpoint tensors the bridge leaves out on purpose (named in a log line).
+* ``decoder_spec``: the family's own decoder layers, where megatron's GPT layer spec cannot express
+  them (Gemma's four norms per layer, its soft-capped and windowed attention, a RoPE per layer type);
+* ``skipped_hf_tensors``: checkpoint tensors the bridge leaves out on purpose (named in a log line);
+* ``tiny_config`` / ``tiny_chat_format``: the family's tiny random model (``megarl.devtools.tiny_model``);
+* ``hf_classes``: the transformers config and causal-LM classes of a model type transformers does
+  not know (Kimi-K2's ``kimi_k2``), registered with its Auto classes when such a config.json is
+  first read, so that it loads unchanged.
+
+What a family changes in the parts every family shares (the MLP's activation, the softmax scale,
+attention soft-capping and windows, partial RoPE, an embedding scale, final-logit soft-capping)
+it states in the ``ModelDims`` its ``read_dims`` returns; the bridge applies it.
 
 The top-level parameters (embedding, final norm, output layer or value head) use the standard HF
 names and live in ``megarl.models.shards``.
@@ -60,6 +70,11 @@ def gqa_transformer_engine(param: ParamMap, dims: ModelDims, layer: int) -> Para
     return fused_pre_mlp_norm(param, dims, layer)
 
 
+def same_under_transformer_engine(param: ParamMap, dims: ModelDims, layer: int) -> ParamMap:
+    """For a family whose ``decoder_spec`` builds the same modules under Transformer Engine: no renames."""
+    return param
+
+
 def fused_pre_mlp_norm(param: ParamMap, dims: ModelDims, layer: int) -> ParamMap:
     if param.megatron == "pre_mlp_layernorm.weight" and not dims.is_moe_layer(layer):
         return replace(param, megatron="mlp.linear_fc1.layer_norm_weight")
@@ -83,6 +98,17 @@ class FamilySpec:
     vllm_hf_overrides: dict = field(default_factory=dict)  # config.json fields vLLM needs that transformers drops
     prepare_layer_spec: Callable[[object], None] = field(default=lambda layer_spec: None)
     skipped_hf_tensors: Callable[[PretrainedConfig], re.Pattern | None] = field(default=lambda config: None)
+    # The family's own decoder, None for megatron's GPT layer specs (local or TE) with ``prepare_layer_spec``:
+    # ``decoder_spec(transformer_config, dims, use_transformer_engine) -> (layer_specs, final_norm)``, one
+    # megatron ``ModuleSpec`` per global decoder layer and the final norm's module; ``megarl.models.build``
+    # keeps each model chunk's layers. Its parameter names are ``layer_params``' (``transformer_engine``'s under TE).
+    decoder_spec: Callable[[object, ModelDims, bool], tuple[list, object]] | None = None
+    # ``tiny_config(fields, size) -> PretrainedConfig``: a tiny random model's config from the sizes and
+    # token ids every tiny model shares (``megarl.devtools.tiny_model.build_config``), None: no tiny model.
+    tiny_config: Callable[[dict, str], PretrainedConfig] | None = None
+    tiny_chat_format: str = "chatml"  # the tiny tokenizer's chat format (``megarl.devtools.tiny_tokenizer``)
+    # ``hf_classes() -> (config class, causal-LM class)`` for a model type transformers lacks (imported on first use)
+    hf_classes: Callable[[], tuple[type, type]] | None = None
 
 
 # ---------------------------------------------------------------- parameter maps
