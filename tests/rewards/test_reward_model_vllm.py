@@ -50,7 +50,12 @@ def service(cfg):
 
     os.environ["OMP_NUM_THREADS"] = "1"
     ray_cluster.init_ray(num_cpus=2)
-    service, pool = start_reward_model(cfg, None, use_gpu=False)
+    from megarl.settings.cluster import reward_pool_from_config
+    from megarl.settings.reward_models import reward_engine, settings_from_config
+
+    settings = settings_from_config(cfg)
+    service, pool = start_reward_model(settings, reward_engine(cfg, settings), reward_pool_from_config(cfg), None,
+                                       use_gpu=False)
     yield service
     service.close()
     pool.close()

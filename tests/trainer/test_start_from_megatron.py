@@ -68,7 +68,10 @@ def test_the_loop_syncs_the_fleet_to_a_megatron_start_checkpoint(tmp_path):
 
     synced = []
     finite = SimpleNamespace(call=lambda method, roles: [{role: {"count": 0, "first": None} for role in roles}])
-    trainer = SimpleNamespace(cfg=config("m", "/ckpt/actor", f"trainer.default_local_dir={tmp_path}"), total_steps=1,
+    from megarl.settings.trainer import trainer_settings
+
+    settings = trainer_settings(config("m", "/ckpt/actor", f"trainer.default_local_dir={tmp_path}"))
+    trainer = SimpleNamespace(settings=settings, total_steps=1,
                               weight_sync=SimpleNamespace(sync=lambda: synced.append("sync")),
                               rollout_memory=RolloutMemory(None, False), workers=finite, coords=[{}])
     assert TrainingLoop(trainer, None, str(tmp_path)).resume() == 0
