@@ -1,0 +1,37 @@
+"""Settings that a run would accept and never use: each is refused, naming what would take effect.
+
+A key's value is read only under some other setting (the KL controller only with KL in the reward,
+the adaptive controller's target only by that controller). Given at a value of its own while that
+setting is off, it would change nothing, silently; megarl's rule is that every key is honoured or
+refused with a message, so these are refused here, before any process starts.
+"""
+from __future__ import annotations
+
+from megarl.config.errors import Problem
+
+
+def no_effect_problems(cfg) -> list[Problem]:
+    return _kl_controller_problems(cfg.algorithm)
+
+
+def _kl_controller_problems(algorithm) -> list[Problem]:
+    """``algorithm.kl_ctrl.*`` is read only with ``use_kl_in_reward``; ``target_kl`` and ``horizon`` only by
+    the adaptive controller. A value of 0 for ``kl_coef`` asks for nothing (verl's launches give it)."""
+    from megarl.config.schema import KLControlConfig
+
+    defaults, ctrl, key = KLControlConfig(), algorithm.kl_ctrl, "algorithm.kl_ctrl"
+    given = {name: ctrl[name] for name in ("type", "kl_coef", "target_kl", "horizon")
+             if ctrl[name] != getattr(defaults, name) and not (name == "kl_coef" and ctrl[name] == 0)}
+    if not algorithm.use_kl_in_reward:
+        if not given:
+            return []
+        settings = ", ".join(f"{key}.{name}={value}" for name, value in given.items())
+        return [Problem(f"{settings} set, but algorithm.use_kl_in_reward=False: the KL controller only scales a KL "
+                        "penalty in the reward, so this would change nothing. Set algorithm.use_kl_in_reward=True, "
+                        "or, for a KL term in the loss, actor_rollout_ref.actor.use_kl_loss=True with "
+                        f"actor_rollout_ref.actor.kl_loss_coef (no controller), and drop {key}.*.", key=f"{key}.{next(iter(given))}")]
+    unused = [f"{key}.{name}={given[name]}" for name in ("target_kl", "horizon") if name in given]
+    if ctrl.type == "fixed" and unused:
+        return [Problem(f"{', '.join(unused)} set, but {key}.type=fixed keeps kl_coef constant; only the adaptive "
+                        f"controller reads them: set {key}.type=adaptive or drop them.", key=f"{key}.type")]
+    return []

@@ -1,0 +1,35 @@
+"""Values a run would accept and never read are refused, naming what would take effect (``megarl.checks.no_effect``)."""
+from __future__ import annotations
+
+import pytest
+
+from megarl.checks import ConfigError, load_config
+from tests.config.test_command_line import VALID
+
+KL_IN_REWARD = ["algorithm.use_kl_in_reward=True", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2"]
+
+
+def problems(*overrides: str) -> list:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [*VALID, *overrides])
+    return info.value.problems
+
+
+def test_the_kl_controller_without_kl_in_the_reward_is_refused():
+    (problem,) = problems("algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0.05")
+    assert problem.key == "algorithm.kl_ctrl.type"
+    assert problem.message.startswith("algorithm.kl_ctrl.type=adaptive, algorithm.kl_ctrl.target_kl=0.05 set, but "
+                                      "algorithm.use_kl_in_reward=False")
+    assert "actor_rollout_ref.actor.use_kl_loss=True" in problem.message
+    (problem,) = problems("algorithm.kl_ctrl.kl_coef=0.05")
+    assert "algorithm.kl_ctrl.kl_coef=0.05 set" in problem.message
+    load_config(None, [*VALID, "algorithm.kl_ctrl.kl_coef=0.0"])  # asks for nothing (verl's launches write it)
+    cfg = load_config(None, [*VALID, *KL_IN_REWARD, "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0.05"])
+    assert (cfg.algorithm.kl_ctrl.type, cfg.algorithm.kl_ctrl.target_kl) == ("adaptive", 0.05)
+
+
+def test_the_adaptive_controllers_settings_with_a_fixed_controller_are_refused():
+    (problem,) = problems(*KL_IN_REWARD, "algorithm.kl_ctrl.target_kl=0.05", "algorithm.kl_ctrl.horizon=500")
+    assert problem.message.startswith("algorithm.kl_ctrl.target_kl=0.05, algorithm.kl_ctrl.horizon=500 set, but "
+                                      "algorithm.kl_ctrl.type=fixed keeps kl_coef constant")
+    load_config(None, [*VALID, *KL_IN_REWARD, "algorithm.kl_ctrl.kl_coef=0.05"])  # the fixed controller's own value
