@@ -37,12 +37,21 @@ def test_gsm8k_tool_scores_like_verls():
     wrong = run(tools.call(tool.name, {"answer": "70"}, instances))
     right = run(tools.call(tool.name, {"answer": "72"}, instances))
     again = run(tools.call(tool.name, {"answer": "#### 72"}, instances))
-    assert "reward=0.0" in wrong.text and wrong.reward == -0.05  # no better than the best so far
+    assert "reward=0.0" in wrong.text and wrong.reward == -0.05  # no better than the last answer (none: 0)
     assert "reward=1.0" in right.text and right.reward == 0.0  # improved
     assert again.reward == -0.05
     assert run(tools.rewards(instances)) == {tool.name: 1.0}
     with pytest.raises(ValueError, match="needs a ground_truth"):
         run(tools.create({}))
+
+
+def test_gsm8k_tools_step_reward_compares_with_the_last_answer_as_verls_does():
+    """verl's Gsm8kTool.execute: 0.0 if this answer scores above the previous one, else -0.05."""
+    tool, = load_tool_config(verl_configs() / "gsm8k_tool_config.yaml")
+    tools = ToolSet({tool.name: tool})
+    instances = run(tools.create({tool.name: {"create_kwargs": {"ground_truth": "72"}}}))
+    rewards = [run(tools.call(tool.name, {"answer": answer}, instances)).reward for answer in ("72", "70", "72")]
+    assert rewards == [0.0, -0.05, 0.0]
 
 
 def test_tool_config_errors_name_the_problem(tmp_path):
