@@ -5,7 +5,7 @@ saying that it was stopped at the timeout or that its output was cut. Each call 
 with an empty scratch directory: nothing persists between calls.
 
 Config (``config:`` in the tool YAML), all optional: ``timeout_s`` (10), ``cpu_s`` (10),
-``memory_mb`` (512), ``max_processes`` (32), ``max_file_mb`` (16), ``scratch_mb`` (64),
+``memory_mb`` (512, all of a call's processes together), ``max_processes`` (32), ``max_file_mb`` (16), ``scratch_mb`` (64),
 ``max_output_bytes`` (65536). The schema's single parameter is ``code`` (a string). The tool
 refuses to start where the sandbox cannot run (see ``sandbox.check_available``).
 """
@@ -52,6 +52,8 @@ class PythonCodeTool(BaseTool):
             parts.append("[stderr]\n" + result.stderr.rstrip("\n"))
         if result.timed_out:
             parts.append(f"[stopped: the program ran longer than {self.limits.timeout_s:g} s]")
+        elif result.memory_exceeded:
+            parts.append(f"[killed: the program's processes together used more than {self.limits.memory_mb} MB]")
         elif result.returncode:
             parts.append(f"[exit status {result.returncode}]")
         if result.output_truncated:
