@@ -1,7 +1,7 @@
 """Settings that a run would accept and never use: each is refused, naming what would take effect.
 
 A key's value is read only under some other setting (the KL controller only with KL in the reward,
-the adaptive controller's target only by that controller). Given at a value of its own while that
+the adaptive controller's target only by that controller, the tool files only with multi-turn on). Given at a value of its own while that
 setting is off, it would change nothing, silently; megarl's rule is that every key is honoured or
 refused with a message, so these are refused here, before any process starts.
 """
@@ -11,7 +11,18 @@ from megarl.config.errors import Problem
 
 
 def no_effect_problems(cfg) -> list[Problem]:
-    return _kl_controller_problems(cfg.algorithm)
+    return _kl_controller_problems(cfg.algorithm) + _tool_problems(cfg.actor_rollout_ref.rollout.multi_turn)
+
+
+def _tool_problems(multi_turn) -> list[Problem]:
+    """Tools are built only with ``multi_turn.enable`` (``megarl.agent.rollout.build_agent_context``)."""
+    key = "actor_rollout_ref.rollout.multi_turn"
+    given = [f"{key}.{name}={multi_turn[name]}" for name in ("tool_config_path", "function_tool_path") if multi_turn[name]]
+    if given and not multi_turn.enable:
+        return [Problem(f"{', '.join(given)} set, but {key}.enable=False: no tool is built and the rows run "
+                        f"single-turn; set {key}.enable=True (verl's multi-turn configs set it) or drop the path.",
+                        key=f"{key}.enable")]
+    return []
 
 
 def _kl_controller_problems(algorithm) -> list[Problem]:

@@ -35,6 +35,7 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
 
     problems += lora_preflight_problems(cfg)
     problems += _data_problems(cfg)
+    problems += _tool_problems(cfg)
     problems += _reward_problems(cfg)
     problems += _logger_problems(cfg)
     if not model:  # the layouts and the memory plan read the model's config.json (megarl.plan; trainer.plan_check)
@@ -181,6 +182,24 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
         problems.append(Problem(f"no built-in reward for the data source(s) {unknown} (column {d.reward_fn_key!r}); "
                                 "set custom_reward_function.path to a file with your compute_score"))
     return problems
+
+
+# ------------------------------------------------------------------ tools
+def _tool_problems(cfg: DictConfig) -> list[Problem]:
+    """A multi-turn run's tools (verl's tool YAML, function tools), built as the run builds them: a class that
+    does not import (a file copied from verl), a refused config key or a missing sandbox is a problem here."""
+    from megarl.agent.rollout import build_tools
+    from megarl.agent.settings import MultiTurnSettings
+
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    key = f"actor_rollout_ref.rollout.multi_turn.{'tool_config_path' if multi_turn.tool_config_path else 'function_tool_path'}"
+    try:
+        settings = MultiTurnSettings.from_config(multi_turn)
+        if settings.enable:
+            build_tools(settings)
+    except (ImportError, ValueError, TypeError, AttributeError, OSError, RuntimeError) as exc:  # the sandbox's too
+        return [Problem(f"{key}: {exc}", key=key)]
+    return []
 
 
 # ------------------------------------------------------------------ reward function

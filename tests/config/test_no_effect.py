@@ -33,3 +33,13 @@ def test_the_adaptive_controllers_settings_with_a_fixed_controller_are_refused()
     assert problem.message.startswith("algorithm.kl_ctrl.target_kl=0.05, algorithm.kl_ctrl.horizon=500 set, but "
                                       "algorithm.kl_ctrl.type=fixed keeps kl_coef constant")
     load_config(None, [*VALID, *KL_IN_REWARD, "algorithm.kl_ctrl.kl_coef=0.05"])  # the fixed controller's own value
+
+
+def test_tool_files_without_multi_turn_are_refused(tmp_path):
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: calculator\n")
+    (problem,) = problems(f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}")
+    assert problem.key == "actor_rollout_ref.rollout.multi_turn.enable"
+    assert "set, but actor_rollout_ref.rollout.multi_turn.enable=False: no tool is built" in problem.message
+    load_config(None, [*VALID, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                       "actor_rollout_ref.rollout.multi_turn.enable=True"])
