@@ -43,3 +43,19 @@ def test_tool_files_without_multi_turn_are_refused(tmp_path):
     assert "set, but actor_rollout_ref.rollout.multi_turn.enable=False: no tool is built" in problem.message
     load_config(None, [*VALID, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
                        "actor_rollout_ref.rollout.multi_turn.enable=True"])
+
+
+def test_megatron_dtype_bfloat16_is_accepted_with_a_word_on_what_a_cpu_host_trains_in():
+    """verl's default ``megatron.dtype=bfloat16`` loads (a full verl config carries it), but the run says that a
+    CPU host trains in fp32 instead of staying silent; another dtype is refused."""
+    notes: list[str] = []
+    load_config(None, [*VALID, "actor_rollout_ref.actor.megatron.dtype=bfloat16",
+                       "actor_rollout_ref.ref.megatron.dtype=bf16"], notes=notes)
+    (note,) = [n for n in notes if "megatron.dtype" in n]
+    assert note.startswith("actor_rollout_ref.actor.megatron.dtype=bfloat16, actor_rollout_ref.ref.megatron.dtype=bf16: ")
+    assert "on a CPU host it trains in fp32 whatever this key says" in note
+    notes.clear()
+    load_config(None, list(VALID), notes=notes)
+    assert not [n for n in notes if "megatron.dtype" in n]  # not given: nothing to say
+    (problem,) = problems("critic.megatron.dtype=float16")
+    assert "critic.megatron.dtype=float16" in problem.message and "fp32 on CPUs" in problem.message
