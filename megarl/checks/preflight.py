@@ -38,6 +38,9 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
     problems += _tool_problems(cfg)
     problems += _reward_problems(cfg)
     problems += _logger_problems(cfg)
+    if not model:
+        model = _quantization_problems(arr.model.path)
+        problems += model
     if not model:  # the layouts and the memory plan read the model's config.json (megarl.plan; trainer.plan_check)
         from megarl.plan.check import plan_problems
 
@@ -45,6 +48,22 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
         problems += plan_problems(cfg)
     problems += _resume_problems(cfg)
     return problems
+
+
+def _quantization_problems(path) -> list[Problem]:
+    """The actor's checkpoint is what the fleet serves: an FP8 one would be served in FP8 and synced in full
+    precision (``fp8_rollout_problem``), and other quantisations are not read at all (``block_fp8``)."""
+    from megarl.models import load_hf_config
+    from megarl.models.fp8 import block_fp8, fp8_rollout_problem
+
+    key = "actor_rollout_ref.model.path"
+    try:
+        quantized = block_fp8(load_hf_config(resolve_model_path(str(path)) or path)) is not None
+    except ValueError as exc:  # another quantisation, named by its field
+        return [Problem(f"{key}={path}: {exc}", key=key)]
+    except (OSError, TypeError, AttributeError):
+        return []  # a config that transformers cannot read: the layout checks report it
+    return [Problem(fp8_rollout_problem(key, path), key=key)] if quantized else []
 
 
 def _layout_problems(cfg: DictConfig) -> list[Problem]:

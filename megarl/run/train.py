@@ -63,7 +63,7 @@ def check_model(cfg) -> None:
     """Before any process starts: ``actor_rollout_ref.model.path`` is an unquantised HF checkpoint (the
     fleet loads it itself) that the actor's megatron layout can split."""
     from megarl.models import check_layout, load_hf_config, model_dims
-    from megarl.models.fp8 import block_fp8
+    from megarl.models.fp8 import block_fp8, fp8_rollout_problem
     from megarl.settings.engine import layout_from_config
 
     model_path = cfg.actor_rollout_ref.model.path
@@ -71,14 +71,7 @@ def check_model(cfg) -> None:
         raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path} has no config.json: give a Hugging "
                                 "Face checkpoint directory (megarl make-tiny-model writes one)")
     if block_fp8(load_hf_config(model_path)) is not None:  # other quantisations are refused inside
-        raise ValueError(
-            f"actor_rollout_ref.model.path={model_path} is FP8 block-quantised: the trainer would dequantise it, but "
-            "the vLLM fleet would serve it in FP8 while the weight sync sends it full-precision weights. Make a bf16 "
-            f"copy once and train from that: python -m conversion hf-to-megatron --hf {model_path} --out MCORE "
-            f"--dtype bf16 (under torchrun for a large model), then python -m conversion megatron-to-hf --checkpoint "
-            f"MCORE --hf-config {model_path} --out BF16_DIR, and set actor_rollout_ref.model.path=BF16_DIR "
-            "(actor_rollout_ref.actor.megatron.dist_checkpointing_path=MCORE starts the trainer from the conversion)"
-        )
+        raise ValueError(fp8_rollout_problem("actor_rollout_ref.model.path", model_path))
     try:
         dims = model_dims(model_path)
         check_layout(dims, layout_from_config(cfg.actor_rollout_ref.actor.megatron, dims.num_layers))
