@@ -308,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    from megarl.data import DataFormatError
     from megarl.trainer.training_safety import TrainingHalted
 
     guard = InterruptGuard().install()
@@ -320,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingHalted as exc:  # non-finite gradients or weights: the cause, where to look, the last checkpoint
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except DataFormatError as exc:  # a data file or row, found while the prompts load (before any process starts)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         guard.restore()
     return 0
