@@ -186,6 +186,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     ray_nodes = sum(1 for node in __import__("ray").nodes() if node["Alive"])
     logger.info("Ray cluster: %d node(s), resources %s", ray_nodes, resources)
     say("%s", startup_lines.layout_line(cfg, plan, use_gpu, ray_nodes))
+    say("%s", startup_lines.memory_line(cfg))
     follower = WorkerLogFollower(worker_logs).start()
     summary = RunSummary(total)
     metrics_logger = workers = fleet = sync = placement = agent_rollout = loop = trainer = None
