@@ -45,6 +45,23 @@ def load_tokenizer(cfg):
     return tokenizer
 
 
+def tool_template_warning(cfg, tokenizer, tools) -> None:
+    """Before start: a chat template that renders no schema of the run's tools (SmolLM2's ignores ``tools``)
+    means the model never learns what it may call; said once, as a warning."""
+    from megarl.agent.chat import dropped_tool_schemas
+
+    if not tools or not tools.schemas:
+        return
+    dropped = dropped_tool_schemas(tokenizer, tools.schemas, dict(cfg.data.apply_chat_template_kwargs or {}))
+    if dropped:
+        model = cfg.actor_rollout_ref.model
+        logger.warning("the chat template of %s renders no schema of the tools %s (apply_chat_template(tools=...) "
+                       "leaves them out of the prompt): the model never sees what it may call. Use a model whose "
+                       "template renders tools (Qwen2.5 / Qwen3 instruct), set actor_rollout_ref.model."
+                       "custom_chat_template, or put the schemas into the prompt text yourself",
+                       model.tokenizer_path or model.path, ", ".join(dropped))
+
+
 def local_model_paths(cfg) -> None:
     """Replace hub ids of model.path / tokenizer_path / critic.model.path by their HF-cache snapshot dirs."""
     from megarl.models.locate import resolve_model_path
@@ -155,6 +172,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     agent_context = build_agent_context(cfg, tokenizer)
     loops = LoopSet(agent_context)
     chat_tools = tool_schemas_for(loops, default_loop_name(cfg.actor_rollout_ref.rollout))
+    tool_template_warning(cfg, tokenizer, agent_context.tools)
     train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools)
     val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools) if cfg.data.val_files else None
     total = total_training_steps(cfg.trainer, len(train_loader))

@@ -262,3 +262,32 @@ def test_the_python_tool_runs_at_most_max_concurrent_calls_at_once(monkeypatch):
         most[0] = 0
         run(calls(python_code.PythonCodeTool({"max_concurrent_calls": limit} if limit else {})))
         assert most[0] == expected
+
+
+LOOKUP = {"type": "function", "function": {"name": "lookup_code", "description": "The code of an item.",
+                                           "parameters": {"type": "object", "properties": {"item": {"type": "integer"}}}}}
+
+
+def test_a_chat_template_that_renders_no_tool_schema_is_warned_about_before_start(caplog):
+    """A template that ignores ``tools`` (the tiny Llama's, like SmolLM2's) leaves every schema out of the prompt: the
+    run warns, naming the tools; Qwen3's renders them: no warning."""
+    import logging
+    from types import SimpleNamespace
+
+    from megarl.agent.chat import dropped_tool_schemas
+    from megarl.checks import load_config
+    from megarl.devtools.tiny_tokenizer import build_tokenizer
+    from megarl.run.train import tool_template_warning
+
+    llama, qwen3 = build_tokenizer("llama"), build_tokenizer("qwen3")
+    assert dropped_tool_schemas(llama, [LOOKUP]) == ["lookup_code"]
+    assert dropped_tool_schemas(qwen3, [LOOKUP]) == []
+    cfg = load_config("quickstart", ["data.train_files=/d/train.parquet", "actor_rollout_ref.model.path=/models/smol"])
+    tools = SimpleNamespace(schemas=[LOOKUP])
+    with caplog.at_level(logging.WARNING, logger="megarl.run.train"):
+        tool_template_warning(cfg, qwen3, tools)
+        assert not caplog.records
+        tool_template_warning(cfg, llama, tools)
+    (record,) = caplog.records
+    assert record.getMessage().startswith("the chat template of /models/smol renders no schema of the tools "
+                                          "lookup_code")
