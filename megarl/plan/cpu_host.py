@@ -83,7 +83,10 @@ def cpu_host_problems(cfg, params: int, available: float, cpus: int) -> list:
 
     if cfg.trainer.nnodes > 1 or cfg.trainer.ray_address:
         return []
-    found = estimate(cfg, params)
+    try:
+        found = estimate(cfg, params)
+    except ValueError:  # a placement that cannot be made: the placement check reports it
+        return []
     if found.processes > cpus:
         logger.warning("%d trainer rank(s) and %d vLLM replica(s) (%d processes) will share this host's %d core(s): "
                        "expect each step to be slow; trainer.n_gpus_per_node sets the trainer ranks on CPU",

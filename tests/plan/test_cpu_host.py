@@ -59,3 +59,11 @@ def test_the_config_check_runs_it_on_a_cpu_host(tmp_path, monkeypatch):
     load_config(None, [*run, "trainer.plan_check=False"], preflight=True)
     monkeypatch.setattr(cpu_host, "host_resources", lambda: (64 * GIB, 2))
     load_config(None, run, preflight=True)
+
+
+def test_a_placement_that_cannot_be_made_is_left_to_the_placement_check():
+    """A reward model's TP that does not divide the trainer's devices makes no plan: no estimate, no exception."""
+    cfg = quickstart("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    cfg.reward_model.enable = True
+    cfg.reward_model.rollout.tensor_model_parallel_size = 4
+    assert cpu_host_problems(cfg, PARAMS, available=1 * GIB, cpus=2) == []
