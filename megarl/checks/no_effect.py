@@ -10,6 +10,23 @@ from __future__ import annotations
 from megarl.config.errors import Problem
 
 
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def cpu_notes(cfg) -> list[str]:
+    """GPU-only values that a run on a CPU host accepts and runs without, said at start (a GPU config
+    validated or run on CPU is common, so they are notes, not refusals)."""
+    from megarl.config.schema import RolloutConfig
+    from megarl.platform import has_cuda
+
+    rollout = cfg.actor_rollout_ref.rollout
+    if has_cuda() or rollout.gpu_memory_utilization == RolloutConfig.gpu_memory_utilization:
+        return []
+    return [f"{ROLLOUT}.gpu_memory_utilization={rollout.gpu_memory_utilization} sizes the vLLM engines' share of a "
+            "GPU; on this CPU host each engine gets a 1 GiB KV cache instead (megarl.rollout.backend cpu_kv_cache_gib), "
+            "so the value is not used here"]
+
+
 def no_effect_problems(cfg) -> list[Problem]:
     return _kl_controller_problems(cfg.algorithm) + _tool_problems(cfg.actor_rollout_ref.rollout.multi_turn)
 

@@ -46,10 +46,11 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
 
     for problem in engine_key_problems(cfg, with_critic=critic_enabled(cfg)):  # megatron overrides, offload, checkpoints
         add(problem)
-    from megarl.checks.no_effect import no_effect_problems
+    from megarl.checks.no_effect import cpu_notes, no_effect_problems
 
     for problem in no_effect_problems(cfg):  # values read only under a setting that is off
         add(problem)
+    notes += cpu_notes(cfg)  # GPU-only values a CPU host runs without
     return problems
 
 
