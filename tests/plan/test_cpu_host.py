@@ -7,7 +7,8 @@ import pytest
 
 from megarl.checks import ConfigError, load_config
 from megarl.plan import cpu_host
-from megarl.plan.cpu_host import CPU_KV_CACHE_BYTES, ENGINE_PROCESS_BYTES, GIB, TRAINER_PROCESS_BYTES, cpu_host_problems
+from megarl.plan.cpu_host import (CPU_KV_CACHE_BYTES, ENGINE_PROCESS_BYTES, ENGINE_WORKER_BYTES, GIB, TRAINER_PROCESS_BYTES,
+                                  cpu_host_problems)
 from tests.config._fixtures import write_model_config, write_prompts
 
 PARAMS = 135_000_000  # SmolLM2-135M
@@ -38,7 +39,7 @@ def test_the_arithmetic_of_one_rank_and_one_replica():
     found = cpu_host.estimate(cfg, PARAMS)
     assert (found.trainer_ranks, found.replicas) == (1, 1)
     assert found.per_rank == TRAINER_PROCESS_BYTES + (4 + 4 + 8) * PARAMS
-    assert found.per_replica == ENGINE_PROCESS_BYTES + 4 * PARAMS + CPU_KV_CACHE_BYTES
+    assert found.per_replica == ENGINE_PROCESS_BYTES + ENGINE_WORKER_BYTES + 4 * PARAMS + CPU_KV_CACHE_BYTES  # TP 1
     lora = cpu_host.estimate(quickstart("actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.model.lora.rank=8"),
                              PARAMS)
     assert lora.per_rank == TRAINER_PROCESS_BYTES + 4 * PARAMS  # the frozen base; the adapters are small
