@@ -25,6 +25,9 @@ setup(
         "ray[default]>=2.55,<3",
         "tensorboard>=2.20,<3",
         "pyarrow>=18",
+        # the seed guide's and verl's data snippets write parquet with pandas (DataFrame.to_parquet, on pyarrow);
+        # megarl's own readers use pyarrow alone
+        "pandas>=2.2",
         "omegaconf>=2.3,<2.4",
         # verl's command line: Hydra's compose API and override grammar (1.3.2 is the latest release;
         # megarl calls its override application per override, so the version is pinned)

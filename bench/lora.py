@@ -15,14 +15,23 @@ from the engine's own tensors:
 
 Sync bytes per step: merged weights (``lora.merge=True``, and full fine-tuning) send every weight
 of the model (``export_hf_pieces``, what the sharded sync reads); adapter-only updates
-(``lora.merge=False``) send the adapter in PEFT format (``gather_adapter_tensors``). Printed: both
-ratios (LoRA / full) from this one run.
+(``lora.merge=False``) send the adapter in PEFT format (``gather_adapter_tensors``).
+
+Process peak memory: each of the two actors is built and trained in a process of its own (this
+script, ``--only full`` / ``--only lora``), whose peak resident set (``ru_maxrss``) is reported
+next to the tensor bytes: it adds what the tensors leave out (Python, torch and megatron, the
+activations of the step, allocator slack), so its ratio is higher. Printed: the ratios (LoRA /
+full) of tensor bytes, of process peaks and of sync bytes.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -88,26 +97,46 @@ def measure(model: Path, lora) -> dict[str, int]:
     return result
 
 
+def run_one(model: Path, args) -> dict[str, int]:
+    """``measure`` in this process (a child of ``main``), with its peak resident set."""
+    from megarl.models.lora import LoRASettings
+    from megarl.platform import init_distributed, initialize_model_parallel
+
+    torch.set_num_threads(1)
+    init_distributed()
+    initialize_model_parallel(seed=0)
+    lora = LoRASettings(rank=args.rank, alpha=args.alpha, target_modules=("all-linear",)) if args.only == "lora" else None
+    result = measure(model, lora)
+    result["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return result
+
+
+def child(model: Path, args, mode: str) -> dict[str, int]:
+    command = [sys.executable, __file__, "--model", str(model), "--rank", str(args.rank), "--alpha", str(args.alpha),
+               "--only", mode]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} measurement failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", help="a megarl.devtools.pretrained name or an HF directory")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--alpha", type=float, default=32.0)
+    parser.add_argument("--only", choices=("full", "lora"), help=argparse.SUPPRESS)  # one measurement, as JSON
     args = parser.parse_args()
-
-    from megarl.models.lora import LoRASettings
-    from megarl.platform import init_distributed, initialize_model_parallel
 
     model = Path(args.model)
     if not model.is_dir():
         from megarl.devtools.pretrained import pretrained_model
 
         model = pretrained_model(args.model)
-    torch.set_num_threads(1)
-    init_distributed()
-    initialize_model_parallel(seed=0)
-    full = measure(model, None)
-    lora = measure(model, LoRASettings(rank=args.rank, alpha=args.alpha, target_modules=("all-linear",)))
+    if args.only:
+        print(json.dumps(run_one(model, args)))
+        return
+    full, lora = child(model, args, "full"), child(model, args, "lora")
 
     def mib(n: int) -> str:
         return f"{n / 2**20:9.1f} MiB"
@@ -117,10 +146,12 @@ def main() -> None:
     for part in ("parameters", "gradients", "optimizer"):
         print(f"{part:18s}{mib(full[part]):>18s}{mib(lora[part]):>18s}")
     total_full, total_lora = (sum(r[k] for k in ("parameters", "gradients", "optimizer")) for r in (full, lora))
-    print(f"{'total':18s}{mib(total_full):>18s}{mib(total_lora):>18s}")
+    print(f"{'tensor total':18s}{mib(total_full):>18s}{mib(total_lora):>18s}")
+    print(f"{'process peak':18s}{mib(full['peak_rss']):>18s}{mib(lora['peak_rss']):>18s}")
     print(f"sync per step: merged weights {mib(lora['merged_sync'])} (full fine-tuning {mib(full['merged_sync'])}), "
           f"adapter-only {mib(lora['adapter_sync'])}")
-    print(f"ratio 1 (trainer memory, LoRA / full): {total_lora / total_full:.3f}")
+    print(f"ratio 1 (trainer tensor bytes, LoRA / full): {total_lora / total_full:.3f}")
+    print(f"ratio 1b (process peak memory, LoRA / full): {lora['peak_rss'] / full['peak_rss']:.3f}")
     print(f"ratio 2 (sync bytes per step, adapter-only / merged): {lora['adapter_sync'] / lora['merged_sync']:.4f}")
 
 

@@ -27,6 +27,17 @@ def render_text(tokenizer: Any, messages: Sequence[dict], tools: list | None, ad
                                          **extra)
 
 
+def dropped_tool_schemas(tokenizer: Any, tools: list, kwargs: dict[str, Any] | None = None) -> list[str]:
+    """The names of ``tools`` that the chat template leaves out of a prompt rendered with them (all of them
+    for a template that ignores ``tools``, e.g. SmolLM2's): the model would never see those schemas."""
+    names = [str(t.get("function", t).get("name")) for t in tools]
+    messages = [{"role": "user", "content": "Which tools do you have?"}]
+    rendered = render_text(tokenizer, messages, tools, True, kwargs)
+    if rendered == render_text(tokenizer, messages, None, True, kwargs):
+        return names
+    return [name for name in names if name not in rendered]
+
+
 def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -154,11 +154,14 @@ def resolve_agent_loop(name: str) -> type:
 
 def load_module(module_part: str, what: str):
     """An importable module (``package.module``) or a Python file (``/path/file.py``), loaded once."""
+    from megarl.agent.verl_imports import verl_import_problem
+
     if not module_part.endswith(".py"):
         try:
             return importlib.import_module(module_part)
         except ImportError as exc:
-            raise ImportError(f"{what}: cannot import {module_part!r}: {exc}") from exc
+            raise ImportError(verl_import_problem(exc, f"{what}: {module_part}")
+                              or f"{what}: cannot import {module_part!r}: {exc}") from exc
     file = Path(module_part).expanduser().resolve()
     if not file.is_file():
         raise FileNotFoundError(f"{what}: file {file} not found")
@@ -170,6 +173,12 @@ def load_module(module_part: str, what: str):
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
+        except ImportError as exc:
+            del sys.modules[module_name]
+            problem = verl_import_problem(exc, f"{what}: {file}")
+            if problem is None:
+                raise
+            raise ImportError(problem) from None
         except Exception:
             del sys.modules[module_name]
             raise

@@ -111,7 +111,7 @@ def lora_preflight_problems(cfg) -> list[Problem]:
                                     "router's expert bias included (megarl sets the rate to 0); drop the override",
                                     key=f"{prefix}.rank"))
         if lora.adapter_path:
-            problems += _adapter_path_problems(f"{prefix}.adapter_path", lora.adapter_path, settings)
+            problems += _adapter_path_problems(f"{prefix}.adapter_path", lora.adapter_path, settings, local, role)
     return problems
 
 
@@ -122,10 +122,11 @@ def _has_expert_bias(model_path: str) -> bool:
     return dims.moe is not None and dims.moe.expert_bias
 
 
-def _adapter_path_problems(key: str, path: str, settings) -> list[Problem]:
-    """A PEFT adapter directory of this rank and alpha, or a megarl LoRA checkpoint."""
+def _adapter_path_problems(key: str, path: str, settings, model_path: str, role: str) -> list[Problem]:
+    """A PEFT adapter directory of this rank and alpha that megarl's fused adapters represent exactly (its
+    weights read here: what ``load_peft_adapter`` would refuse after the workers start), or a megarl LoRA checkpoint."""
     from megarl.engine.checkpoint import META_FILE, checkpoint_meta
-    from megarl.models.lora.peft import ADAPTER_CONFIG, check_peft_config, read_peft_config
+    from megarl.models.lora.peft import ADAPTER_CONFIG, check_peft_config, peft_adapter_problems, read_peft_config
 
     folder = Path(path).expanduser()
     if not folder.is_dir():
@@ -133,7 +134,7 @@ def _adapter_path_problems(key: str, path: str, settings) -> list[Problem]:
     try:
         if (folder / ADAPTER_CONFIG).is_file():
             check_peft_config(read_peft_config(folder), settings, str(folder))
-            return []
+            return [Problem(f"{key}: {message}", key=key) for message in peft_adapter_problems(folder, model_path, settings, role)]
         if (folder / META_FILE).is_file() or (folder / "latest").is_file():
             meta = checkpoint_meta(folder)
             saved = meta.get("lora")

@@ -35,8 +35,12 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
 
     problems += lora_preflight_problems(cfg)
     problems += _data_problems(cfg)
+    problems += _tool_problems(cfg)
     problems += _reward_problems(cfg)
     problems += _logger_problems(cfg)
+    if not model:
+        model = _quantization_problems(arr.model.path)
+        problems += model
     if not model:  # the layouts and the memory plan read the model's config.json (megarl.plan; trainer.plan_check)
         from megarl.plan.check import plan_problems
 
@@ -44,6 +48,22 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
         problems += plan_problems(cfg)
     problems += _resume_problems(cfg)
     return problems
+
+
+def _quantization_problems(path) -> list[Problem]:
+    """The actor's checkpoint is what the fleet serves: an FP8 one would be served in FP8 and synced in full
+    precision (``fp8_rollout_problem``), and other quantisations are not read at all (``block_fp8``)."""
+    from megarl.models import load_hf_config
+    from megarl.models.fp8 import block_fp8, fp8_rollout_problem
+
+    key = "actor_rollout_ref.model.path"
+    try:
+        quantized = block_fp8(load_hf_config(resolve_model_path(str(path)) or path)) is not None
+    except ValueError as exc:  # another quantisation, named by its field
+        return [Problem(f"{key}={path}: {exc}", key=key)]
+    except (OSError, TypeError, AttributeError):
+        return []  # a config that transformers cannot read: the layout checks report it
+    return [Problem(fp8_rollout_problem(key, path), key=key)] if quantized else []
 
 
 def _layout_problems(cfg: DictConfig) -> list[Problem]:
@@ -181,6 +201,24 @@ def _data_problems(cfg: DictConfig) -> list[Problem]:
         problems.append(Problem(f"no built-in reward for the data source(s) {unknown} (column {d.reward_fn_key!r}); "
                                 "set custom_reward_function.path to a file with your compute_score"))
     return problems
+
+
+# ------------------------------------------------------------------ tools
+def _tool_problems(cfg: DictConfig) -> list[Problem]:
+    """A multi-turn run's tools (verl's tool YAML, function tools), built as the run builds them: a class that
+    does not import (a file copied from verl), a refused config key or a missing sandbox is a problem here."""
+    from megarl.agent.rollout import build_tools
+    from megarl.settings.agent import multi_turn_settings
+
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    key = f"actor_rollout_ref.rollout.multi_turn.{'tool_config_path' if multi_turn.tool_config_path else 'function_tool_path'}"
+    try:
+        settings = multi_turn_settings(multi_turn)
+        if settings.enable:
+            build_tools(settings)
+    except (ImportError, ValueError, TypeError, AttributeError, OSError, RuntimeError) as exc:  # the sandbox's too
+        return [Problem(f"{key}: {exc}", key=key)]
+    return []
 
 
 # ------------------------------------------------------------------ reward function

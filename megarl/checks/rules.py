@@ -47,6 +47,11 @@ def config_problems(cfg: DictConfig, notes: list[str] | None = None) -> list[Pro
 
     for problem in engine_key_problems(cfg, with_critic=critic_enabled(cfg)):  # megatron overrides, offload, checkpoints
         add(problem)
+    from megarl.checks.no_effect import cpu_notes, no_effect_problems
+
+    for problem in no_effect_problems(cfg):  # values read only under a setting that is off
+        add(problem)
+    notes += cpu_notes(cfg)  # GPU-only values a CPU host runs without
     return problems
 
 
@@ -155,15 +160,19 @@ def _check_layout_and_batches(cfg, add) -> None:
 
     d, a = cfg.data, cfg.algorithm
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    from megarl.checks.batches import batch_problems
+
     try:  # placement mode, node sizes, rollout TP divides the rollout devices, replicas fit
         plan_from_config(cfg)
     except ValueError as exc:
-        add(f"{exc}.")
-        return
-    trainer_devices, _ = devices_for(cfg)
-    _check_batches(add, "actor_rollout_ref.actor", actor, actor.megatron, trainer_devices, d.train_batch_size, rollout.n)
+        add(f"{exc}.")  # the batch checks below still run: one pass reports every problem
+    try:
+        trainer_devices: int | None = devices_for(cfg)[0]
+    except ValueError:  # the cluster's shape itself is wrong (reported above): checked without the DP size
+        trainer_devices = None
+    batch_problems(add, "actor_rollout_ref.actor", actor, actor.megatron, trainer_devices, d.train_batch_size, rollout.n)
     if critic_enabled(cfg):
-        _check_batches(add, "critic", cfg.critic, cfg.critic.megatron, trainer_devices, d.train_batch_size, rollout.n)
+        batch_problems(add, "critic", cfg.critic, cfg.critic.megatron, trainer_devices, d.train_batch_size, rollout.n)
     layout_keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
                    "expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size", "context_parallel_size",
                    "sequence_parallel", "make_vocab_size_divisible_by")  # schema.LAYOUT_KEYS
@@ -245,51 +254,6 @@ def _check_agent(add, rollout) -> None:
     if agent.custom_async_server.path or agent.custom_async_server.name:
         add(refusal(f"{prefix}.agent.custom_async_server", "custom rollout servers", "megarl's rollout replicas "
                     "are vLLM AsyncLLM engines; register an agent loop instead (megarl.agent.register_agent_loop)"))
-
-
-def _check_batches(add, prefix: str, role, megatron, devices: int, train_batch_size: int, n: int) -> None:
-    tp, pp, cp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size, megatron.context_parallel_size
-    ep, etp = megatron.expert_model_parallel_size, megatron.expert_tensor_parallel_size or tp
-    model_parallel = tp * pp * cp
-    if min(tp, pp, cp, ep, etp) < 1:
-        add(f"{prefix}.megatron: parallel sizes must be >= 1 (tp={tp}, pp={pp}, cp={cp}, ep={ep}, etp={etp}).")
-        return
-    if devices % model_parallel:
-        add(f"trainer.n_gpus_per_node * trainer.nnodes = {devices} trainer devices is not divisible by "
-            f"{prefix}.megatron TP x PP x CP = {tp} x {pp} x {cp} = {model_parallel}; change the node/GPU count "
-            "or the parallel sizes.")
-        return
-    if (devices // pp) % (ep * etp):
-        add(f"{prefix}.megatron expert_model_parallel_size x expert_tensor_parallel_size = {ep} x {etp} must divide "
-            f"the {devices // pp} devices of one pipeline stage.")
-    vpp = megatron.virtual_pipeline_model_parallel_size
-    if vpp is not None and (vpp < 1 or pp < 2):
-        add(f"{prefix}.megatron.virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size >= 2.")
-    dp = devices // model_parallel
-    mini = role.ppo_mini_batch_size
-    if mini < 1 or train_batch_size % mini:
-        add(f"{prefix}.ppo_mini_batch_size={mini} must divide data.train_batch_size={train_batch_size}; "
-            f"pick a divisor of {train_batch_size}.")
-        return
-    samples = mini * n
-    if samples % dp:
-        add(f"{prefix}.ppo_mini_batch_size * rollout.n = {mini} * {n} = {samples} samples per mini-batch "
-            f"do not split evenly over the {dp} data-parallel ranks; make it a multiple of {dp}.")
-        return
-    per_rank = samples // dp
-    if role.use_dynamic_bsz:
-        return
-    micro = role.ppo_micro_batch_size_per_gpu
-    if micro is None and prefix == "actor_rollout_ref.actor" and role.ppo_micro_batch_size is not None:
-        micro = max(role.ppo_micro_batch_size // dp, 1)  # verl's deprecated global form, as the engine converts it
-    if micro is None:
-        add(f"{prefix}.ppo_micro_batch_size_per_gpu is not set; set it (a divisor of the {per_rank} samples "
-            f"each rank gets per mini-batch) or set {prefix}.use_dynamic_bsz=True.")
-    elif micro < 1 or per_rank % micro:
-        add(f"{prefix}.ppo_micro_batch_size_per_gpu={micro} must divide the {per_rank} samples each data-parallel "
-            f"rank gets per mini-batch (ppo_mini_batch_size * rollout.n / DP = {mini} * {n} / {dp}); otherwise "
-            "gradient accumulation would be fractional or 0 (NaN grad norms). Pick a divisor of "
-            f"{per_rank}.")
 
 
 # ------------------------------------------------------------------ rollout and weight sync

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from megarl.config.errors import Problem
 from megarl.config.screen import in_schema, suggest
@@ -112,7 +113,7 @@ def apply_overrides(tree: DictConfig, overrides: Sequence[str], problems: list[P
                                         "job per launch: give one value", key=override.key_or_group))
                 continue
             key = override.key_or_group
-            present = OmegaConf.select(tree, key, default=_ABSENT, throw_on_missing=False) is not _ABSENT
+            present = _present(tree, key)
             if override.package is None and not present and _known_without_plus(key):
                 if not override.is_delete():  # nothing to delete: verl's default would be used anyway
                     OmegaConf.update(tree, key, override.value(), merge=True, force_add=True)
@@ -129,6 +130,16 @@ def apply_overrides(tree: DictConfig, overrides: Sequence[str], problems: list[P
                     problems.append(Problem(f"command line: '{text}': {_first_line(exc)}", key=key))
     finally:
         OmegaConf.set_struct(tree, False)
+
+
+def _present(tree: DictConfig, key: str) -> bool:
+    """Whether ``key`` is in ``tree``, without resolving its value: ``critic.model.path`` is
+    ``${actor_rollout_ref.model.path}``, which a later override may set, so an override of it
+    must not need that value yet."""
+    try:
+        return OmegaConf.select(tree, key, default=_ABSENT, throw_on_missing=False) is not _ABSENT
+    except InterpolationResolutionError:  # present, an interpolation to a value not set yet
+        return True
 
 
 def _known_without_plus(key: str) -> bool:

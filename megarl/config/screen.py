@@ -101,6 +101,8 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
         elif isinstance(rule, Refused):
             if rule.asks(value, get):
                 refused.setdefault((rule.feature, rule.instead, rule.issue), []).append(f"{key}={_show(value)}")
+            elif rule.note and value is not None and not (isinstance(value, str) and value.startswith("${")):
+                notes.setdefault(rule.note, []).append(f"{key}={_show(value)}")
         elif isinstance(rule, Renamed):
             if value is not None:
                 problems.append(Problem(f"{key} is a deprecated verl key that megarl does not convert; "

@@ -75,6 +75,7 @@ class Refused:
     instead: str
     off: Off = ()  # values that ask for nothing; None, {}, [] and ${...} interpolations always do
     issue: int | None = None
+    note: str | None = None  # logged once when the key is given at an accepted value that may not hold everywhere
 
     def asks(self, value: Any, get: Callable[[str], Any]) -> bool:
         if value is None or value == {} or value == [] or (isinstance(value, str) and value.startswith("${")):
@@ -153,7 +154,9 @@ RULES: tuple[Rule, ...] = ALIASES + (
           "the bridge builds the critic from config.json and the safetensors; no remote code runs"),
     Parameters(_each(ENGINES, "megatron.forward_only", "rollout_n"), of="verl's per-role internals"),
     Refused(_each(ENGINES, "megatron.dtype"), "training in a dtype other than bf16",
-            "megarl trains in bf16 on GPUs and fp32 on CPUs (megarl.platform.default_dtype)", off=("bfloat16", "bf16")),
+            "megarl trains in bf16 on GPUs and fp32 on CPUs (megarl.platform.default_dtype)", off=("bfloat16", "bf16"),
+            note="megarl trains in bf16 on GPUs; on a CPU host it trains in fp32 whatever this key says (bf16 matmuls "
+                 "are 2-3x slower on CPUs)"),
     Refused(_each(ENGINES, "megatron.dist_checkpointing_prefix"), "a key prefix in dist checkpoints",
             "megarl's dist checkpoints use the bridge's parameter names", off=("",)),
     Refused(_each(ENGINES, "megatron.override_ddp_config.*"), "overriding megatron's DDPConfig",

@@ -7,8 +7,8 @@ Semantics of the length keys (verl's names and defaults):
 - ``data.filter_overlong_prompts`` (default True): drop prompts longer than
   ``max_prompt_length`` when the dataset is loaded; the count is logged.
 - ``data.truncation`` (default ``"error"``): what happens to a prompt that is
-  still too long, i.e. only when filtering is off. ``"error"`` raises and names
-  the file and row; ``"left"`` keeps the last ``max_prompt_length`` tokens,
+  still too long, i.e. only when filtering is off. ``"error"`` raises once for
+  all of them, with their count and the first few by file and row; ``"left"`` keeps the last ``max_prompt_length`` tokens,
   ``"right"`` the first ones, ``"middle"`` the first half and the last half.
 
 All prompts are tokenised once, at load time, so length problems show up before
@@ -152,13 +152,17 @@ class PromptDataset:
         self.items: list[PromptItem] = []
         self.num_filtered = 0
         self.num_truncated = 0
+        overlong = [(row, len(ids)) for row, ids in zip(rows, all_ids) if len(ids) > max_prompt_length]
+        if overlong and not filter_overlong_prompts and truncation == "error":
+            raise self._overlong_error(overlong, len(rows))
         for index, (row, text, ids) in enumerate(zip(rows, texts, all_ids)):
             ids = list(ids)
             if len(ids) > max_prompt_length:
                 if filter_overlong_prompts:
                     self.num_filtered += 1
                     continue
-                ids = self._truncate(ids, row)
+                self.num_truncated += 1
+                ids = truncate_ids(ids, max_prompt_length, truncation)
             self.items.append(self._make_item(index, row, text, ids))
 
         if self.num_filtered:
@@ -177,15 +181,17 @@ class PromptDataset:
                 "raise data.max_prompt_length or set data.filter_overlong_prompts=False with a data.truncation mode"
             )
 
-    def _truncate(self, ids: list[int], row: PromptRow) -> list[int]:
-        if self.truncation == "error":
-            raise DataFormatError(
-                f"{row.source_file}: row {row.row_number}: prompt has {len(ids)} tokens, more than "
-                f"data.max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length, set "
-                "data.filter_overlong_prompts=True, or choose data.truncation=left/right/middle"
-            )
-        self.num_truncated += 1
-        return truncate_ids(ids, self.max_prompt_length, self.truncation)
+    def _overlong_error(self, overlong: list[tuple[PromptRow, int]], total: int) -> DataFormatError:
+        """Every prompt over ``max_prompt_length`` at once (data.truncation=error, filtering off), the first few by
+        file and row, so that one fix covers them all."""
+        shown = "; ".join(f"{row.source_file}: row {row.row_number}: prompt has {n} tokens" for row, n in overlong[:3])
+        more = f"; and {len(overlong) - 3} more" if len(overlong) > 3 else ""
+        return DataFormatError(
+            f"{len(overlong)} of {total} prompts are longer than data.max_prompt_length={self.max_prompt_length} "
+            f"tokens (the longest has {max(n for _, n in overlong)}), with data.filter_overlong_prompts=False and "
+            f"data.truncation=error: {shown}{more}. Raise data.max_prompt_length, set "
+            "data.filter_overlong_prompts=True (drops them, counted), or choose data.truncation=left/right/middle"
+        )
 
     @staticmethod
     def _make_item(index: int, row: PromptRow, text: str, ids: list[int]) -> PromptItem:

@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     tasks = parser.add_subparsers(dest="task", required=True)
 
     gsm8k = tasks.add_parser("gsm8k", help="GSM8K jsonl -> verl parquet")
-    gsm8k.add_argument("--input-dir", type=Path, default=DEFAULT_GSM8K_INPUT, help=f"folder with train.jsonl, test.jsonl (default {DEFAULT_GSM8K_INPUT})")
+    gsm8k.add_argument("--input-dir", type=Path, default=None, help="folder with GSM8K's train.jsonl and test.jsonl "
+                       f"(default: {DEFAULT_GSM8K_INPUT}, the repository's shared data, where it exists)")
     gsm8k.add_argument("--output-dir", type=Path, default=Path("~/data/gsm8k"), help="default ~/data/gsm8k")
     gsm8k.add_argument("--multiturn", action="store_true",
                        help="verl's tool-calling variant (agent_name=tool_agent, tools_kwargs for calc_gsm8k_reward)")
@@ -169,7 +170,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     output_dir = Path(os.path.expanduser(args.output_dir))
     if args.task == "gsm8k":
-        counts = prepare_gsm8k(Path(os.path.expanduser(args.input_dir)), output_dir, args.multiturn)
+        input_dir = args.input_dir or DEFAULT_GSM8K_INPUT
+        if args.input_dir is None and not DEFAULT_GSM8K_INPUT.is_dir():
+            parser.error(f"gsm8k: pass --input-dir DIR, a folder with GSM8K's train.jsonl and test.jsonl (openai/"
+                         f"grade-school-math, grade_school_math/data/); the default {DEFAULT_GSM8K_INPUT} exists only "
+                         "in megarl's development layout")
+        try:
+            counts = prepare_gsm8k(Path(os.path.expanduser(input_dir)), output_dir, args.multiturn)
+        except (FileNotFoundError, ValueError) as exc:  # a missing file, a bad line: named, no traceback
+            parser.error(f"gsm8k: {exc}")
     else:
         ops = [op.strip() for op in args.ops.split(",") if op.strip()]
         counts = prepare_arithmetic(output_dir, args.num_train, args.num_test, args.seed, args.max_operand, ops,

@@ -36,6 +36,7 @@ from typing import Sequence
 import torch
 
 from megarl.algorithms import agg_loss, compute_kl_loss, compute_rollout_correction, get_policy_loss
+from megarl.algorithms.mismatch import probs_diff_sums, verl_probs_diff
 from megarl.engine.batch import RLBatch
 from megarl.engine.batching import mini_batches
 from megarl.engine.optimizer import build_optimizer, wrap_for_training
@@ -46,6 +47,7 @@ from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_
 
 _TOKEN_MEANS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
 _PROBE = ("logprob_diff", "logprob_diff_max")  # reported as rollout/<name>
+_VERL_PROBE = ("probs_diff", "probs_diff_sq", "probs_diff_max")  # verl's training/rollout_probs_diff_* (mismatch.py)
 
 
 class MegatronActor:
@@ -89,14 +91,18 @@ class MegatronActor:
         batch.require("advantages", *(["ref_log_probs"] if use_kl else []), purpose="update_policy")
         if batch.old_log_probs is None:
             self._require_on_policy(len(batch))
-        sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else [])]
         probe = batch.rollout_log_probs is not None
+        sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else []), *(["probe_tokens"] if probe else [])]
         metrics = run_update(
             "actor", self.runner, self.optimizer, self.scheduler, batch, self.settings.train, self._loss_fn, sums,
-            (*self.token_means, *_PROBE[:1]) if probe else self.token_means, maxes=_PROBE[1:] if probe else ()
+            (*self.token_means, *_PROBE[:1], *_VERL_PROBE[:2]) if probe else self.token_means,
+            maxes=(_PROBE[1], _VERL_PROBE[2]) if probe else ()
         )
-        for name in _PROBE if probe else ():
-            metrics[f"rollout/{name}"] = metrics.pop(f"actor/{name}")
+        if probe:
+            for name in _PROBE:
+                metrics[f"rollout/{name}"] = metrics.pop(f"actor/{name}")
+            mean, mean_sq, largest = (metrics.pop(f"actor/{name}") for name in _VERL_PROBE)
+            metrics.update(verl_probs_diff(mean, mean_sq, largest, metrics.pop("actor/probe_tokens")))
         if use_kl:
             metrics["actor/kl_coef"] = self.settings.loss.kl_loss_coef
         return metrics
@@ -156,6 +162,7 @@ class MegatronActor:
             if batch.rollout_log_probs is not None:  # the sync probe: this forward against the fleet's log-probs
                 diff = (log_probs.detach() - batch.rollout_log_probs).abs() * mask
                 collected.update(logprob_diff=diff.sum(), logprob_diff_max=diff.max())
+                collected.update(probs_diff_sums(log_probs.detach(), batch.rollout_log_probs, mask), probe_tokens=tokens)
             if s.use_kl_loss:
                 kl_loss = compute_kl_loss(log_probs, batch.ref_log_probs, mask, s.kl_loss_type, agg, info)
                 total = total + s.kl_loss_coef * kl_loss

@@ -82,8 +82,9 @@ class MetricsLogger:
                                   "pip install wandb, or drop 'wandb' from trainer.logger") from exc
             self._wandb = wandb.init(project=project, name=experiment, config=dict(config or {}))
 
-    def log(self, metrics: Mapping[str, float], step: int, console: bool = True) -> None:
-        """Send the scalars of ``metrics`` to every sink (``console=False``: not the console line)."""
+    def log(self, metrics: Mapping[str, float], step: int, console: bool = True, progress: str | None = None) -> None:
+        """Send the scalars of ``metrics`` to every sink (``console=False``: not the console line, which
+        ends with ``progress``, the run's position, rate and ETA, when given)."""
         scalars = {k: float(v) for k, v in metrics.items() if _is_scalar(v)}
         if self._tensorboard() is not None:
             for key, value in scalars.items():
@@ -95,7 +96,8 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
         if console and "console" in self.loggers:
-            print(format_console_line(step, scalars), file=self.stream, flush=True)
+            line = format_console_line(step, scalars)
+            print(f"{line} | {progress}" if progress else line, file=self.stream, flush=True)
 
     def log_generations(self, samples: Sequence[Mapping[str, Any]], step: int, title: str = "val/generations",
                         file_name: str = GENERATIONS_FILE) -> None:

@@ -14,7 +14,7 @@ disappears when the work ends. Otherwise (a log file, Slurm's output) a line suc
 ``validation: 300/1000 prompts (30%), 12.5 prompts/s, ETA 56 s`` goes to the console logger
 every ``every_s``, the first one after ``every_s``: work shorter than that prints nothing, and the
 caller's own result line ("validation at step 20: ...") says how long it took. Without a total
-the line gives the amount and the rate; without either, the time so far.
+the line gives the amount and the rate; before anything is done, only the time so far.
 """
 from __future__ import annotations
 
@@ -89,13 +89,13 @@ class Progress:
         elapsed = self.elapsed
         rate = self.done / elapsed if elapsed > 0 else 0.0
         unit = "" if self.unit == "B" else f" {self.unit}"
+        if not self.done:  # "0/1 engines (0%), 0 engines/s" says nothing the time does not
+            return f"{self.what}: {duration(elapsed)} so far"
         if self.total:
             text = (f"{self.what}: {human(self.done, self.unit)}/{human(self.total, self.unit)}{unit} "
                     f"({100 * self.done / self.total:.0f}%)")
-        elif self.done:
-            text = f"{self.what}: {human(self.done, self.unit)}{unit}"
         else:
-            return f"{self.what}: {duration(elapsed)} so far"
+            text = f"{self.what}: {human(self.done, self.unit)}{unit}"
         text += f", {human(rate, self.unit)}{unit}/s"
         if self.total and rate > 0 and self.done < self.total:
             text += f", ETA {duration((self.total - self.done) / rate)}"
@@ -124,6 +124,32 @@ class Progress:
             self._bar.close()
             self._bar = None
         return self.elapsed
+
+
+class StepProgress:
+    """Where a training run stands, for its step lines: ``3/120 (2%), 0.42 steps/s, 1,234 tok/s, ETA 4m38s``.
+
+    Rates count the steps this process ran (a resumed run's earlier steps took no time here) and the
+    tokens they processed (``perf/total_num_tokens``); the first step (compile, warm caches) is in them."""
+
+    def __init__(self, first_step: int, total_steps: int, clock: Callable[[], float] = time.monotonic):
+        self.first_step, self.total_steps = first_step, total_steps
+        self._clock = clock
+        self._start = clock()
+        self._tokens = 0.0
+
+    def text(self, step: int, tokens: float = 0.0) -> str:
+        """After ``step`` (which processed ``tokens``)."""
+        self._tokens += tokens
+        elapsed = max(self._clock() - self._start, 1e-9)
+        done = step - self.first_step + 1
+        rate = done / elapsed
+        text = f"{step}/{self.total_steps} ({100 * step / max(self.total_steps, 1):.0f}%), {rate:.3g} steps/s"
+        if self._tokens:
+            text += f", {human(self._tokens / elapsed, 'tok')} tok/s"
+        if step < self.total_steps:
+            text += f", ETA {duration((self.total_steps - step) / rate)}"
+        return text
 
 
 def directory_bytes(*paths) -> int:

@@ -70,6 +70,18 @@ def block_fp8(config) -> BlockFP8 | None:
     return BlockFP8(tuple(int(b) for b in block))
 
 
+def fp8_rollout_problem(key: str, model_path) -> str:
+    """Why a run cannot train from the FP8 checkpoint at ``model_path`` (given as ``key``), and how to make one
+    it can: the trainer dequantises it, but the vLLM fleet would serve it in FP8 while the weight sync sends it
+    full-precision weights."""
+    return (f"{key}={model_path} is FP8 block-quantised: the trainer would dequantise it, but the vLLM fleet would "
+            "serve it in FP8 while the weight sync sends it full-precision weights. Make a bf16 copy once and train "
+            f"from that: python -m conversion hf-to-megatron --hf {model_path} --out MCORE --dtype bf16 (under "
+            f"torchrun for a large model), then python -m conversion megatron-to-hf --checkpoint MCORE --hf-config "
+            f"{model_path} --out BF16_DIR, and set {key}=BF16_DIR (actor_rollout_ref.actor.megatron."
+            "dist_checkpointing_path=MCORE starts the trainer from the conversion)")
+
+
 def scale_name(weight_name: str) -> str:
     return weight_name + SCALE_SUFFIX
 

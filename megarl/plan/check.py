@@ -8,8 +8,9 @@ turn an offload key on, recompute, halve the micro-batch or its token budget, mo
 go away, so the advice is arithmetic, not a rule of thumb.
 
 ``plan_problems(cfg)`` is the check ``megarl.checks.preflight`` runs before a launch: on a machine
-with a GPU it plans the run on that GPU and refuses one that cannot fit; without a GPU (the
-driver of a CPU run, a login node) it plans nothing. ``trainer.plan_check=False`` turns it off.
+with a GPU it plans the run on that GPU and refuses one that cannot fit; without a GPU it checks
+that a single-node CPU run's processes fit in this host's RAM (``megarl.plan.cpu_host``).
+``trainer.plan_check=False`` turns it off.
 """
 from __future__ import annotations
 
@@ -212,7 +213,7 @@ def plan_problems(cfg) -> list:
         return []
     hardware = local_gpu()
     if hardware is None:
-        return []
+        return _cpu_host_problems(cfg)
     try:
         plan = plan_config(cfg, hardware)
     except ValueError as exc:  # the config checks report what is wrong with the layout itself
@@ -227,3 +228,20 @@ def plan_problems(cfg) -> list:
                                 f"{finding.message}{fix} (megarl plan shows the whole plan; "
                                 "trainer.plan_check=False skips this check)", key="trainer.plan_check"))
     return problems
+
+
+def _cpu_host_problems(cfg) -> list:
+    """Without a GPU: whether the run's processes fit in this host's RAM (``megarl.plan.cpu_host``)."""
+    from megarl.models import load_hf_config
+    from megarl.models.locate import resolve_model_path
+    from megarl.plan.cpu_host import cpu_host_problems, host_resources
+    from megarl.plan.model import ModelFacts
+
+    path = cfg.actor_rollout_ref.model.path
+    try:
+        params = ModelFacts(load_hf_config(resolve_model_path(str(path)) or path)).hf_params
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        logger.warning("could not count the parameters of %s (%s); the CPU host memory check is skipped", path, exc)
+        return []
+    available, cpus = host_resources()
+    return cpu_host_problems(cfg, params, available, cpus)

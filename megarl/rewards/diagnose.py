@@ -6,7 +6,9 @@ the model writes, e.g. a reward that reads the last ``\boxed{...}`` on prompts t
 one. ``constant_reward_hint`` scores the ground truth of one sample itself, bare and in the common
 answer formats, with the run's own reward function (whatever it is, built-in or custom), and
 says which format it rewards, whether any response contains that format and whether the prompts
-ask for it; it also names truncated and empty responses.
+ask for it; it also names truncated and empty responses. The probes are compared with a non-answer
+scored the same way, not with the run's reward: a penalty on the responses themselves (DAPO's
+overlong penalty) lowers the run's rewards below what any probe gets, and is named as such.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ ANSWER_FORMATS = (
 )
 
 
+NON_ANSWER = "I do not know."  # scored like the probes: what the reward gives an answer that is not there
+
+
 def _one_line(text: Any, limit: int = 160, tail: bool = False) -> str:
     """``text`` on one line, cut to ``limit`` characters (keeping its end with ``tail``: a templated
     prompt's question is at its end)."""
@@ -41,25 +46,34 @@ def _one_line(text: Any, limit: int = 160, tail: bool = False) -> str:
 def constant_reward_hint(score_fn: Callable[[list[str], list[str], list[Any], list[Any]], list[float]],
                          reward_name: str, value: float, steps: Sequence[int], prompts: Sequence[str],
                          responses: Sequence[str], ground_truths: Sequence[Any], data_sources: Sequence[str],
-                         extra_infos: Sequence[Any], finish_reasons: Sequence[str], max_response_length: int) -> str:
+                         extra_infos: Sequence[Any], finish_reasons: Sequence[str], max_response_length: int,
+                         critic: bool = False) -> str:
     """Lines explaining a reward that was ``value`` for every sample of the training ``steps``.
 
     ``score_fn(data_sources, responses, ground_truths, extra_infos)`` scores texts with the run's
-    reward function; the first sample is the example.
+    reward function; the first sample is the example. ``critic``: the advantages come from a value
+    function (GAE), so they are not zero, but they carry nothing about which response is better.
     """
     count = len(responses)
     truth = str(ground_truths[0])
     source, extra = data_sources[0], extra_infos[0]
-    probes = [truth] + [fmt.wrap(truth) for fmt in ANSWER_FORMATS]
-    scores = score_fn([source] * len(probes), probes, [ground_truths[0]] * len(probes), [extra] * len(probes))
+    probes = [truth] + [fmt.wrap(truth) for fmt in ANSWER_FORMATS] + [NON_ANSWER]
+    *scores, baseline = score_fn([source] * len(probes), probes, [ground_truths[0]] * len(probes),
+                                 [extra] * len(probes))
     span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-    lines = [f"hint: every reward of {span} is {value:g} ({count} samples), so GRPO-style advantages are all "
-             "zero and nothing is learned. One sample:",
+    effect = ("no response scores better than another, so the advantages (the critic's errors) say nothing about "
+              "which answer is better and the policy learns nothing from the reward" if critic else
+              "GRPO-style advantages are all zero and nothing is learned")
+    lines = [f"hint: every reward of {span} is {value:g} ({count} samples): {effect}. One sample:",
              f"  prompt: {_one_line(prompts[0], tail=True)}",
              f"  response: {_one_line(responses[0])}",
              f"  ground truth: {_one_line(truth)} | score: {value:g} | reward: {reward_name}"]
-    rewarded = [(fmt, s) for fmt, s in zip(ANSWER_FORMATS, scores[1:]) if s > value]
-    if scores[0] > value:
+    if baseline > value:
+        lines.append(f"  a non-answer scored alone gets {baseline:g}, more than the responses' {value:g}: a penalty on "
+                     "the responses lowers every reward (DAPO's overlong penalty, reward_model.overlong_buffer, for "
+                     "responses near data.max_response_length)")
+    rewarded = [(fmt, s) for fmt, s in zip(ANSWER_FORMATS, scores[1:]) if s > baseline]
+    if scores[0] > baseline:
         lines.append(f"  the reward function gives {scores[0]:g} to the bare answer '{_one_line(truth, 40)}': the "
                      "responses are wrong, not badly formatted (a task too hard to start from, or a prompt that "
                      "does not say what to answer)")
@@ -73,7 +87,7 @@ def constant_reward_hint(score_fn: Callable[[list[str], list[str], list[Any], li
             cause += "; the prompts never ask for it"
         lines.append(cause)
     else:
-        lines.append(f"  the reward function gives {value:g} even to the ground truth itself, bare and as "
+        lines.append(f"  the reward function gives {baseline:g} even to the ground truth itself, bare and as "
                      f"{', '.join(f.name for f in ANSWER_FORMATS)}: check the reward function and the data's "
                      "reward_model.ground_truth")
     truncated = sum(1 for f in finish_reasons if f == "length")

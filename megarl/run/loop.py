@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from megarl.logging.console import say
-from megarl.logging.progress import Progress, directory_bytes, duration, human
+from megarl.logging.progress import Progress, StepProgress, directory_bytes, duration, human
 from megarl.run.summary import RunSummary
 from megarl.trainer.checkpointing import prune_checkpoints, save_on_workers
 from megarl.trainer.controller import RLTrainer
@@ -127,6 +127,7 @@ class TrainingLoop:
             self.metrics_logger.log(last, step=start, console=False)  # the validation line said it
         if cfg.val_only:
             return last
+        progress = StepProgress(start + 1, t.total_steps)
         for step in range(start + 1, t.total_steps + 1):
             self.step = step
             metrics = t.train_step(step)
@@ -139,7 +140,7 @@ class TrainingLoop:
                     metrics.update(self.validate(step))
             t.history.append({"step": step, **{k: v for k, v in metrics.items()
                                                if k in ("critic/score/mean", "val/score", "critic/vf_loss")}})
-            self.metrics_logger.log(metrics, step=step)
+            self.metrics_logger.log(metrics, step=step, progress=progress.text(step, metrics.get("perf/total_num_tokens", 0.0)))
             diverged = self.skips.record(step, metrics)
             summary.skipped_steps = self.skips.summary()
             if diverged is not None:

@@ -115,6 +115,7 @@ class SampleReporter:
 
     def _hint(self, value: float) -> str:
         from megarl.rewards.diagnose import constant_reward_hint
+        from megarl.settings.derived import critic_enabled
 
         steps = [step for step, _ in self._watch]
         parts = [data for _, data in self._watch]
@@ -129,4 +130,5 @@ class SampleReporter:
                 f"megarl's rule reward for data_source {source!r}")
         return constant_reward_hint(score, name, value, steps, column("prompt_text"), column("response_text"),
                                     column("ground_truth"), column("data_source"), column("extra_info"),
-                                    column("finish_reason"), self.cfg.actor_rollout_ref.rollout.response_length)
+                                    column("finish_reason"), self.cfg.actor_rollout_ref.rollout.response_length,
+                                    critic=critic_enabled(self.cfg))

@@ -3,6 +3,7 @@
     data: 2,000 train prompts (125 steps of 16 per epoch), 100 validation prompts; steps 1-120 of 120
     Ray cluster: 1 node(s); colocated on 1 x 1 device slot(s) (CPU worker processes): trainer 1 rank(s)
         (TP1 PP1 DP1; actor), rollout 1 vLLM replica x TP1
+    memory: actor full recompute (uniform, 1 layer per unit), distributed optimizer, packed sequences
     ready in 24 s: trainer 5.1 s, rollout 19 s (vLLM CPU float32, engine start 13 s), weight sync 0.1 s
         (gloo, full tensors, 1.6 MB in 1 bucket per step)
 """
@@ -42,6 +43,47 @@ def layout_line(cfg, plan, use_gpu: bool, ray_nodes: int) -> str:
 def engine_label(name: str) -> str:
     """How a rollout backend (``rollout.name``) reads in these lines."""
     return {"vllm": "vLLM", "hf": "hf (transformers)"}.get(name, name)
+
+
+def memory_line(cfg) -> str:
+    """The memory features each trained role is built with: recompute (``override_transformer_config.recompute_*``,
+    ``model.enable_gradient_checkpointing``, as the engine resolves them), offload, the distributed optimizer,
+    sequence packing, token-budget micro-batches and LoRA, so that a key that saves memory shows it is on."""
+    from megarl.settings.derived import critic_enabled
+    from megarl.settings.engine import model_overrides
+
+    roles = [("actor", cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model)]
+    if critic_enabled(cfg):
+        roles.append(("critic", cfg.critic, cfg.critic.model))
+    parts = []
+    for role, section, model in roles:
+        parts.append(f"{role} " + ", ".join(_memory_features(model_overrides(cfg, role, typed=False), section, model)))
+    return "memory: " + "; ".join(parts)
+
+
+def _memory_features(overrides: dict, section, model) -> list[str]:
+    megatron = section.megatron
+    granularity = overrides.get("recompute_granularity")
+    if granularity == "full":
+        method, layers = overrides.get("recompute_method"), overrides.get("recompute_num_layers")
+        features = [f"full recompute ({method}, {layers} layer{'s' if layers != 1 else ''} per unit)"
+                    if method == "uniform" else f"full recompute ({method}: {layers} layer(s) per pipeline stage)"]
+    elif granularity == "selective":
+        features = [f"selective recompute ({', '.join(overrides.get('recompute_modules') or ['core_attn'])})"]
+    else:
+        features = ["no recompute"]
+    offload = [name for name in ("param", "grad", "optimizer") if megatron.get(f"{name}_offload")]
+    if offload:
+        features.append(f"{'/'.join(offload)} offload")
+    if megatron.use_distributed_optimizer:
+        features.append("distributed optimizer")
+    if megatron.use_remove_padding:
+        features.append("packed sequences")
+    if section.get("use_dynamic_bsz"):
+        features.append("token-budget micro-batches")
+    if model.get("lora") is not None and model.lora.rank > 0:
+        features.append(f"LoRA rank {model.lora.rank} (frozen base)")
+    return features
 
 
 def ready_line(trainer_s: float, fleet_s: float, sync_s: float, fleet, sync) -> str:

@@ -32,6 +32,23 @@ from pathlib import Path
 logger = logging.getLogger("megarl.run.train")
 
 
+def tool_template_warning(cfg, tokenizer, tools) -> None:
+    """Before start: a chat template that renders no schema of the run's tools (SmolLM2's ignores ``tools``)
+    means the model never learns what it may call; said once, as a warning."""
+    from megarl.agent.chat import dropped_tool_schemas
+
+    if not tools or not tools.schemas:
+        return
+    dropped = dropped_tool_schemas(tokenizer, tools.schemas, dict(cfg.data.apply_chat_template_kwargs or {}))
+    if dropped:
+        model = cfg.actor_rollout_ref.model
+        logger.warning("the chat template of %s renders no schema of the tools %s (apply_chat_template(tools=...) "
+                       "leaves them out of the prompt): the model never sees what it may call. Use a model whose "
+                       "template renders tools (Qwen2.5 / Qwen3 instruct), set actor_rollout_ref.model."
+                       "custom_chat_template, or put the schemas into the prompt text yourself",
+                       model.tokenizer_path or model.path, ", ".join(dropped))
+
+
 def local_model_paths(cfg) -> None:
     """Replace hub ids of model.path / tokenizer_path / critic.model.path by their HF-cache snapshot dirs."""
     from megarl.models.locate import resolve_model_path
@@ -50,7 +67,7 @@ def check_model(cfg) -> None:
     """Before any process starts: ``actor_rollout_ref.model.path`` is an unquantised HF checkpoint (the
     fleet loads it itself) that the actor's megatron layout can split."""
     from megarl.models import check_layout, load_hf_config, model_dims
-    from megarl.models.fp8 import block_fp8
+    from megarl.models.fp8 import block_fp8, fp8_rollout_problem
     from megarl.settings.engine import layout_from_config
 
     model_path = cfg.actor_rollout_ref.model.path
@@ -58,14 +75,7 @@ def check_model(cfg) -> None:
         raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path} has no config.json: give a Hugging "
                                 "Face checkpoint directory (megarl make-tiny-model writes one)")
     if block_fp8(load_hf_config(model_path)) is not None:  # other quantisations are refused inside
-        raise ValueError(
-            f"actor_rollout_ref.model.path={model_path} is FP8 block-quantised: the trainer would dequantise it, but "
-            "the vLLM fleet would serve it in FP8 while the weight sync sends it full-precision weights. Make a bf16 "
-            f"copy once and train from that: python -m conversion hf-to-megatron --hf {model_path} --out MCORE "
-            f"--dtype bf16 (under torchrun for a large model), then python -m conversion megatron-to-hf --checkpoint "
-            f"MCORE --hf-config {model_path} --out BF16_DIR, and set actor_rollout_ref.model.path=BF16_DIR "
-            "(actor_rollout_ref.actor.megatron.dist_checkpointing_path=MCORE starts the trainer from the conversion)"
-        )
+        raise ValueError(fp8_rollout_problem("actor_rollout_ref.model.path", model_path))
     try:
         dims = model_dims(model_path)
         check_layout(dims, layout_from_config(cfg.actor_rollout_ref.actor.megatron, dims.num_layers))
@@ -126,6 +136,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
             logger.info("%s starts from the megatron checkpoint %s", role, checkpoint)
     prepared = prepare(cfg, log_dir, load_tokenizer)  # tools, agent loops, data, resume: errors before any process
     total = prepared.total_steps
+    tool_template_warning(cfg, prepared.tokenizer, prepared.loops.context.tools)
     if prepared.finished is not None:  # before Ray: nothing would run
         step, checkpoint = prepared.finished
         say("%s has finished already: its checkpoint %s holds step %d of %d. Nothing to train: raise "
@@ -152,6 +163,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     ray_nodes = sum(1 for node in ray.nodes() if node["Alive"])
     logger.info("Ray cluster: %d node(s), resources %s", ray_nodes, resources)
     say("%s", startup_lines.layout_line(cfg, plan, use_gpu, ray_nodes))
+    say("%s", startup_lines.memory_line(cfg))
     follower = WorkerLogFollower(worker_logs).start()
     summary = RunSummary(total)
     run = None
@@ -240,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    from megarl.data import DataFormatError
     from megarl.trainer.training_safety import TrainingHalted
 
     guard = InterruptGuard().install()
@@ -252,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingHalted as exc:  # non-finite gradients or weights: the cause, where to look, the last checkpoint
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except DataFormatError as exc:  # a data file or row, found while the prompts load (before any process starts)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         guard.restore()
     return 0

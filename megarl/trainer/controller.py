@@ -50,6 +50,7 @@ import numpy as np
 import ray
 import torch
 
+from megarl.algorithms.mismatch import rollout_mismatch_metrics
 from megarl.algorithms import (RolloutCorrection, filter_groups_by_metric, get_kl_controller, masked_mean,
                                need_more_gen_batches, seq_metric_values)
 from megarl.rewards import scores_to_token_level
@@ -214,10 +215,8 @@ class RLTrainer:
             with timer(timings, "old_log_prob"):
                 old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
             metrics["actor/entropy"] = float(masked_mean(entropy, mask)) if entropy is not None else 0.0
-            if verify:
-                diff = (old_log_probs - data["rollout_log_probs"]).abs() * mask
-                metrics["rollout/logprob_diff"] = float(masked_mean(diff, mask))
-                metrics["rollout/logprob_diff_max"] = float(diff.max())
+            if verify:  # megarl's rollout/logprob_diff* and verl's training/rollout_probs_diff_*
+                metrics.update(rollout_mismatch_metrics(old_log_probs, data["rollout_log_probs"], mask))
         train_mask, is_weights = mask, None
         if old_log_probs is not None:  # without them (on-policy skip) old_log_prob_pass saw no correction to apply
             train_mask, is_weights, correction_metrics = correct(self.correction, old_log_probs,

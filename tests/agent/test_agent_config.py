@@ -57,10 +57,12 @@ def test_agent_name_column_picks_the_loop_and_tool_rows_render_their_schemas(tmp
              "reward_model": {"ground_truth": "6"}, "agent_name": name} for name in ("tool_agent", None)]
     data = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), data)
-    cfg = load_config(None, BASE + [f"data.train_files={data}", f"{MT}.tool_config_path={tools}"])
+    with pytest.raises(ConfigError, match="no tool is built"):  # multi_turn.enable is off: the tools would be unused
+        load_config(None, BASE + [f"data.train_files={data}", f"{MT}.tool_config_path={tools}"])
+    cfg = load_config(None, BASE + [f"data.train_files={data}"])
     tokenizer = build_tokenizer("qwen3")
     context = build_agent_context(agent_settings(cfg), tokenizer)
-    assert context.tools is None  # multi_turn.enable is off: no tools are built
+    assert context.tools is None
     with pytest.raises(ValueError, match="needs tools: set actor_rollout_ref.rollout.multi_turn.enable=True"):
         build_dataset(cfg.data, tokenizer, "train",
                       chat_tools=tool_schemas_for(LoopSet(context), default_loop_name(cfg.actor_rollout_ref.rollout)))

@@ -125,6 +125,59 @@ def test_fork_bomb_and_memory_and_output_are_bounded():
     assert not r.timed_out and r.returncode != 0  # killed by the CPU limit (SIGXCPU), long before the timeout
 
 
+THREE_CHILDREN_OF_120_MB = """
+import os, time
+children = []
+for i in range(3):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            block = bytearray(120 << 20)
+            for j in range(0, len(block), 4096):
+                block[j] = 1  # resident, not only reserved
+        except MemoryError:
+            os._exit(3)
+        time.sleep(1)
+        os._exit(0)
+    children.append(pid)
+print('held', sum(os.waitpid(pid, 0)[1] == 0 for pid in children))
+"""
+
+
+def test_the_memory_limit_bounds_the_call_as_a_whole():
+    """Three children of 120 MB each fit the per-process limit (256 MB) but not the call's: 360 MB > 256 MB."""
+    from megarl.agent.tools.cgroup import memory_cgroups
+
+    assert memory_cgroups() is not None, "this host gives root a writable memory cgroup (v1 here)"
+    r = python(THREE_CHILDREN_OF_120_MB, SandboxLimits(timeout_s=20, memory_mb=256))
+    held = int(r.stdout.split()[-1])
+    assert held < 3 and r.memory_exceeded, (r.stdout, r.stderr)
+    tool = PythonCodeTool({"timeout_s": 20, "memory_mb": 256})
+    text = asyncio.run(tool.execute("i", {"code": "import os\nos.fork()\nx = bytearray(200 << 20)\n"
+                                                  "for i in range(0, len(x), 4096): x[i] = 1"}))[0].text
+    assert "[killed: the program's processes together used more than 256 MB]" in text, text
+
+
+def test_without_a_memory_cgroup_the_call_gets_fewer_processes_of_a_share_each(monkeypatch):
+    import megarl.agent.tools.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "memory_cgroups", lambda: None)
+    r = python(THREE_CHILDREN_OF_120_MB, SandboxLimits(timeout_s=20, memory_mb=512))
+    assert r.stdout.split()[-1] == "0" and not r.memory_exceeded, (r.stdout, r.stderr)  # 128 MB of address space each
+    r = python("import os\nfor i in range(8):\n    os.fork() or os._exit(0)", SandboxLimits(memory_mb=512))
+    assert "Resource temporarily unavailable" in r.stderr  # at most 4 processes
+
+
+def test_the_loopback_is_up_inside_and_reaches_nothing_outside():
+    r = python("""
+import socket
+server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen(1)
+client = socket.create_connection(server.getsockname(), timeout=2)
+print('loopback', client.getsockname()[0])
+""")
+    assert r.stdout == "loopback 127.0.0.1\n", r.stderr
+
+
 def test_the_tool_reports_what_happened():
     tool = PythonCodeTool({"timeout_s": 2, "memory_mb": 256})
     text = asyncio.run(tool.execute("i", {"code": "print(6 * 7)"}))[0].text

@@ -86,6 +86,21 @@ def test_hydra_override_semantics():
                        "actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=fused"])
 
 
+
+def test_a_key_that_follows_another_may_be_set_before_it_on_the_command_line():
+    """critic.model.path and reward_model.model.input_tokenizer default to ${actor_rollout_ref.model.path}: setting
+    them before the actor's path is set (later on the same line) is not an OmegaConf traceback."""
+    rest = [o for o in VALID if not o.startswith("actor_rollout_ref.model.path=")]
+    cfg = load_config(None, ["critic.model.path=/critic", "reward_model.model.input_tokenizer=/tok", *rest,
+                             "actor_rollout_ref.model.path=/m"])
+    assert (cfg.critic.model.path, cfg.reward_model.model.input_tokenizer, cfg.actor_rollout_ref.model.path) == (
+        "/critic", "/tok", "/m")
+    result = subprocess.run([sys.executable, "-m", "megarl.run.train", "critic.model.path=/critic",
+                             "actor_rollout_ref.model.path=/m"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "required config keys are not set: data.train_files" in result.stderr
+
+
 # ------------------------------------------------------------------ one pass, pointers, refusals
 def test_every_problem_is_reported_in_one_pass_one_line_each():
     problems = problems_of("actor_rollout_ref.actor.lr=1e-6", "actor_rollout_ref.actor.max_grad_norm=1.0",
@@ -168,6 +183,28 @@ def test_micro_batch_keys_the_workers_need_are_checked_before_start():
     assert "rollout.log_prob_micro_batch_size_per_gpu=0: must be >= 1" in messages(
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0")
     assert "lr_decay_style='wsd': LR schedules are" in messages("actor_rollout_ref.actor.optim.lr_decay_style=wsd")
+
+
+
+def test_a_wrong_parallel_size_does_not_hide_the_batch_problems():
+    """One pass: TP=3 on 2 devices leaves the data-parallel size unknown, and the micro-batch that divides no
+    mini-batch, the mini-batch that does not divide the batch and the critic's are still reported."""
+    text = messages("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_mini_batch_size=3")
+    assert "2 trainer devices is not divisible by actor_rollout_ref.actor.megatron TP x PP x CP = 3 x 1 x 1" in text
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=3 must divide data.train_batch_size=4" in text
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 must divide the 6 samples of a mini-batch" in text
+    text = messages("trainer.placement=split", "trainer.rollout_gpus=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3")
+    assert "split placement needs 0 < rollout_gpus" in text and "ppo_micro_batch_size_per_gpu=3 must divide" in text
+
+
+def test_the_global_micro_batch_key_with_its_per_gpu_form_is_refused_as_verl_does():
+    problems = problems_of("actor_rollout_ref.actor.ppo_micro_batch_size=4")
+    assert [p.key for p in problems] == ["actor_rollout_ref.actor.ppo_micro_batch_size"]
+    assert "ppo_micro_batch_size=4 and actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 are both set" in problems[0].message
+    rest = [o for o in VALID if "ppo_micro_batch_size_per_gpu" not in o]
+    cfg = load_config(None, [*rest, "actor_rollout_ref.actor.ppo_micro_batch_size=4"])  # alone: verl's global form
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size == 4
 
 
 def test_weight_sync_verify_and_log_val_generations_are_checked():

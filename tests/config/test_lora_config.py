@@ -114,19 +114,44 @@ def test_expert_adapters_need_expert_tensor_parallel_size_1(files):
     assert problems(*run, f"{LORA}.exclude_modules=['*.experts.*']", preflight=True) == []
 
 
+def peft_adapter(model: Path, out: Path, target_modules: list[str], r: int = 8, alpha: int = 16) -> Path:
+    """A real PEFT adapter (PEFT's default init: a random A per projection, B zero) on a random model of ``model``'s
+    config.json."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=target_modules)).save_pretrained(out)
+    return out
+
+
 def test_adapter_path_must_be_an_adapter_of_this_rank_and_alpha(files):
     root, model, _, data = files
     run = [*BATCH, f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", f"{LORA}.rank=8",
            f"{LORA}.alpha=16"]
-    adapter = root / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16}))
-    assert problems(*run, f"{LORA}.adapter_path={adapter}", preflight=True) == []
+    adapter = peft_adapter(model, root / "adapter", ["o_proj"])
+    assert problems(*run, f"{LORA}.adapter_path={adapter}", f"{LORA}.target_modules=[o_proj]", preflight=True) == []
     (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 32}))
     (problem,) = problems(*run, f"{LORA}.adapter_path={adapter}", preflight=True)
     assert "lora_alpha=32 but the run's lora.alpha=16.0" in problem and "rescales it" in problem
     (problem,) = problems(*run, f"{LORA}.adapter_path={root / 'nowhere'}", preflight=True)
     assert "no such directory" in problem
+
+
+def test_a_peft_adapter_with_an_a_per_projection_of_a_fused_linear_is_refused_before_start(files):
+    """PEFT's default adapter on q_proj and v_proj (each its own A) against megarl's fused linear_qkv (one A): refused
+    by the config check, naming the projections (it was refused after Ray and vLLM started, naming lora_A thrice)."""
+    root, model, _, data = files
+    run = [*BATCH, f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", f"{LORA}.rank=8",
+           f"{LORA}.alpha=16", f"{LORA}.target_modules=[q_proj,v_proj]"]
+    adapter = peft_adapter(model, root / "qv", ["q_proj", "v_proj"])
+    (problem,) = problems(*run, f"{LORA}.adapter_path={adapter}", preflight=True)
+    assert f"{LORA}.adapter_path: {adapter}: q_proj, v_proj of model.layers.0.self_attn have different lora_A" in problem
+    assert "fused linear_qkv shares one A" in problem and "lora_A, lora_A" not in problem
+    (problem,) = problems(*run[:-1], f"{LORA}.target_modules=[q_proj]", f"{LORA}.adapter_path={adapter}", preflight=True)
+    assert "does not cover exactly the projections this run adapts" in problem and "v_proj.lora_A" in problem
 
 
 def test_the_critics_own_lora(files):

@@ -58,9 +58,9 @@ def test_model_directory_and_architecture(files):
     assert check(f"actor_rollout_ref.model.path={root / 'empty'}", f"data.train_files={data}") == [
         f"actor_rollout_ref.model.path={root / 'empty'}: {root / 'empty'} has no config.json; give a Hugging Face "
         "checkpoint directory (megarl make-tiny-model writes one)"]
-    gemma = write_model_config(root / "gemma", "Gemma3ForCausalLM", "gemma3_text")
-    (problem,) = check(f"actor_rollout_ref.model.path={gemma}", f"data.train_files={data}")
-    assert "the Gemma3ForCausalLM architecture is not supported" in problem and "LlamaForCausalLM" in problem
+    phi = write_model_config(root / "phi", "Phi3ForCausalLM", "phi3")
+    (problem,) = check(f"actor_rollout_ref.model.path={phi}", f"data.train_files={data}")
+    assert "the Phi3ForCausalLM architecture is not supported" in problem and "LlamaForCausalLM" in problem
 
 
 def test_data_files_columns_rows_and_sources(files):
@@ -172,7 +172,8 @@ def test_tp_that_does_not_split_the_model_fails_before_start(tmp_path, fields, o
     used to fail 90-100 s into a launch, after Ray, with vLLM's or torch's raw error)."""
     model = write_model_config(tmp_path / "model", **{"intermediate_size": 256, **fields})
     data = write_prompts(tmp_path / "train.parquet", rows=24, data_source="megarl/arithmetic")
-    sizes = ["trainer.n_gpus_per_node=12", "data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=12"]
+    sizes = ["trainer.n_gpus_per_node=12", "data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=12",
+             "trainer.plan_check=False"]  # 12 ranks and engines for GPUs: whether they fit this CPU host is not the point
     (problem,) = check(f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", *sizes, override)
     assert re.search(message, problem), problem
     # a TP that splits every count passes; fewer KV heads than ranks are replicated (tp=4, 2 KV heads)

@@ -69,3 +69,17 @@ def test_verify_rejects_a_perturbed_checkpoint(tiny_models, tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert max_diff(done.stdout) > 1e-5
     assert "FAILED" in done.stdout
+
+
+def test_verify_on_smollm2_holds_the_conversion_to_transformers_own_noise_floor(smollm2):
+    """SmolLM2 through the bridge with no conversion at all: the old fixed 1e-5 failed it (transformers' own eager
+    and sdpa logits differ by ~7e-5 here); the default tolerance is 4x that gap, printed with its source."""
+    done = run_cli(["verify", "--hf", smollm2], timeout=300)
+    assert_ok(done)
+    found = re.search(r"tolerance (\S+): 4 x transformers' eager-vs-sdpa gap (\S+), at least 1e-05\): OK", done.stdout)
+    assert found, done.stdout
+    tolerance, gap = float(found.group(1)), float(found.group(2))
+    assert 1e-6 < gap < 1e-3 and tolerance == pytest.approx(4 * gap, rel=0.05)
+    assert max_diff(done.stdout) <= tolerance
+    strict = run_cli(["verify", "--hf", smollm2, "--tolerance", "1e-12"], timeout=300)  # an explicit one is kept
+    assert strict.returncode == 1 and "(tolerance 1.0e-12: --tolerance): FAILED" in strict.stdout

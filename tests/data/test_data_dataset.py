@@ -85,6 +85,19 @@ def test_truncation_error_names_file_and_row(tmp_path, tokenizer):
     assert f"max_prompt_length={limit}" in str(info.value)
 
 
+def test_truncation_error_counts_every_overlong_prompt_at_once(tmp_path, tokenizer):
+    """With filtering off, one error counts all the prompts over the limit (not the first one alone)."""
+    limit = _length("x" * 10)
+    questions = ["x" * 3, "x" * 11, "x" * 12, "x" * 2, "x" * 13, "x" * 14, "x" * 40]
+    path = write_parquet([verl_row(q, str(i), i) for i, q in enumerate(questions)], tmp_path / "long.parquet")
+    with pytest.raises(DataFormatError) as info:
+        PromptDataset(path, tokenizer, max_prompt_length=limit, filter_overlong_prompts=False, truncation="error")
+    message = str(info.value)
+    assert message.startswith(f"5 of 7 prompts are longer than data.max_prompt_length={limit} tokens "
+                              f"(the longest has {_length('x' * 40)})")
+    assert "row 1: prompt has" in message and "row 4: prompt has" in message and "; and 2 more." in message
+
+
 @pytest.mark.parametrize("mode", ["left", "right", "middle"])
 def test_truncation_modes(tmp_path, tokenizer, mode):
     question = "abcdefghijklmnopqrstuvwxyz"

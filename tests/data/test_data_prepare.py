@@ -74,6 +74,18 @@ def test_arithmetic_is_deterministic_and_loads(tmp_path, tokenizer):
     assert len(dataset) == 20 and dataset.num_filtered == 0
 
 
-def test_missing_input_names_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match=str(tmp_path / "train.jsonl")):
+def test_gsm8k_without_input_dir_outside_the_repository_layout_says_what_to_pass(tmp_path, monkeypatch, capsys):
+    """Installed elsewhere, the default input folder (the repository's shared data) does not exist: one usage error
+    naming --input-dir and the two files, exit status 2, no traceback; a folder without the files is named too."""
+    import megarl.data.prepare as prepare
+
+    monkeypatch.setattr(prepare, "DEFAULT_GSM8K_INPUT", tmp_path / "no-shared-data")
+    with pytest.raises(SystemExit) as info:
+        main(["gsm8k", "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "gsm8k: pass --input-dir DIR, a folder with GSM8K's train.jsonl and test.jsonl" in err
+    assert "Traceback" not in err
+    with pytest.raises(SystemExit) as info:
         main(["gsm8k", "--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"GSM8K file not found: {tmp_path / 'train.jsonl'}" in err

@@ -214,6 +214,7 @@ def on_policy_pair(work: Path, model: str, layout: ParallelLayout, batch, **sett
     from a separate pass (and the controller's sync probe on them), and without (the update's own
     forward; the probe from that forward). Also the gradients of one loss evaluation both ways, and
     the error of an update without old log-probs that is not on-policy."""
+    from megarl.algorithms.mismatch import rollout_mismatch_metrics
     from megarl.engine.update import global_batch_info
 
     dp_rank, dp_size = dp_coords()
@@ -230,9 +231,7 @@ def on_policy_pair(work: Path, model: str, layout: ParallelLayout, batch, **sett
         actor = actor_for(work, model, layout, settings)
         if mode == "pass":
             old, _ = actor.compute_log_prob(local)
-            diff = (gather_dp(old) - rollout).abs() * batch.response_mask
-            probe = {"rollout/logprob_diff": float(diff.sum() / batch.response_mask.sum()),
-                     "rollout/logprob_diff_max": float(diff.max())}
+            probe = rollout_mismatch_metrics(gather_dp(old), rollout, batch.response_mask)  # the controller's probe
             train = local.with_fields(old_log_probs=old, rollout_log_probs=None)
         else:
             probe, train = {}, local

@@ -176,7 +176,8 @@ def assert_on_policy_pair_identical(result: dict) -> None:
     the pass."""
     with_pass, skipped = result["pass"], result["skip"]
     assert set(with_pass["metrics"]) == set(skipped["metrics"])
-    assert {"rollout/logprob_diff", "rollout/logprob_diff_max", "actor/pg_loss", "actor/grad_norm"} <= set(skipped["metrics"])
+    assert {"rollout/logprob_diff", "rollout/logprob_diff_max", "actor/pg_loss", "actor/grad_norm",
+            *(f"training/rollout_probs_diff_{s}" for s in ("max", "mean", "std"))} <= set(skipped["metrics"])
     for name, value in with_pass["metrics"].items():
         assert skipped["metrics"][name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
     assert skipped["metrics"]["rollout/logprob_diff"] > 1e-4  # the probe sees the noise put on the rollout log-probs

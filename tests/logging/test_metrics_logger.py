@@ -31,6 +31,14 @@ def test_console_line_shows_reward_kl_and_times():
     assert line == "step 7 | score=0.5 | ppo_kl=0.01 | time[s] gen=2.00 update_actor=3.25"
 
 
+def test_the_step_line_ends_with_the_runs_progress(tmp_path):
+    out = io.StringIO()
+    logger = MetricsLogger(["console"], tmp_path, stream=out)
+    logger.log({"critic/score/mean": 0.5}, step=3, progress="3/40 (8%), 0.25 steps/s, ETA 2m28s")
+    logger.log({"critic/score/mean": 0.5}, step=4)
+    assert out.getvalue().splitlines() == ["step 3 | score=0.5 | 3/40 (8%), 0.25 steps/s, ETA 2m28s", "step 4 | score=0.5"]
+
+
 def test_unknown_logger_rejected(tmp_path):
     with pytest.raises(ValueError, match="unknown loggers"):
         MetricsLogger(["tensorbored"], tmp_path)

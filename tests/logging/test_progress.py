@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 
-from megarl.logging.progress import Progress, directory_bytes, duration, human
+from megarl.logging.progress import Progress, StepProgress, directory_bytes, duration, human
 
 
 def test_lines_give_amount_rate_and_eta(monkeypatch):
@@ -24,6 +24,27 @@ def test_lines_give_amount_rate_and_eta(monkeypatch):
     assert waiting.line() == "starting 8 trainer rank(s): 1m35s so far"
     waiting.close()
     assert (human(1536, "B"), human(3, "engines"), duration(3725)) == ("1.5 kB", "3", "1h02m")
+
+
+def test_nothing_done_yet_gives_the_time_only(monkeypatch):
+    """Not 'starting 1 vllm engine(s): 0/1 engines (0%), 0 engines/s': the count and rate say nothing yet."""
+    monkeypatch.setattr(Progress, "elapsed", property(lambda self: self.frozen_s))
+    engines = Progress("starting 1 vllm engine(s)", total=1, unit="engines", tty=False)
+    engines.frozen_s = 30
+    assert engines.line() == "starting 1 vllm engine(s): 30 s so far"
+    engines.close()
+
+
+def test_training_steps_give_position_rate_tokens_and_eta():
+    """A run resumed at step 10 of 40: rates count this process's steps and tokens only."""
+    now = [100.0]
+    progress = StepProgress(11, 40, clock=lambda: now[0])
+    now[0] += 4
+    assert progress.text(11, tokens=2000) == "11/40 (28%), 0.25 steps/s, 500 tok/s, ETA 1m56s"
+    now[0] += 4
+    assert progress.text(12, tokens=2000) == "12/40 (30%), 0.25 steps/s, 500 tok/s, ETA 1m52s"
+    now[0] += 112
+    assert progress.text(40) == "40/40 (100%), 0.25 steps/s, 33 tok/s"  # 4,000 tokens in 120 s
 
 
 def test_periodic_lines_only_for_long_work_and_polled_amounts(caplog, tmp_path):

@@ -6,6 +6,7 @@ written independently there; a model built from the FP8 checkpoint must give tra
 on the reference-dequantised weights.
 """
 import json
+import re
 
 import pytest
 import torch
@@ -197,6 +198,30 @@ def test_loader_refuses_other_quantisations_before_reading(world, checkpoints, t
     (tmp_path / "gptq" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"quantization_config\.quant_method='awq' is not supported"):
         build_model(tmp_path / "gptq", ParallelLayout())
+
+
+def test_an_fp8_or_other_quantised_model_path_is_a_config_problem(checkpoints, tmp_path):
+    """The config check (preflight) names the FP8 checkpoint and the conversion, as a problem of
+    actor_rollout_ref.model.path, instead of ``run`` raising it as a traceback; another quantisation too."""
+    import shutil
+
+    from megarl.checks import ConfigError, load_config
+    from tests.config._fixtures import write_prompts
+    from tests.config.test_preflight import BATCH
+
+    root, _ = checkpoints
+    data = write_prompts(tmp_path / "train.parquet", rows=8)
+    shutil.copytree(root / "fp8", tmp_path / "awq")
+    config = json.loads((tmp_path / "awq" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (tmp_path / "awq" / "config.json").write_text(json.dumps(config))
+    for model, expected in ((root / "fp8", "is FP8 block-quantised: .* megatron-to-hf --checkpoint MCORE"),
+                            (tmp_path / "awq", r"quantization_config\.quant_method='awq' is not supported")):
+        with pytest.raises(ConfigError) as info:
+            load_config(None, [*BATCH, f"actor_rollout_ref.model.path={model}", f"data.train_files={data}"],
+                        preflight=True)
+        (problem,) = [p for p in info.value.problems if p.key == "actor_rollout_ref.model.path"]
+        assert re.search(expected, problem.message), problem.message
 
 
 def test_training_from_an_fp8_model_path_is_refused_before_any_process_starts(checkpoints):

@@ -48,3 +48,30 @@ def test_wrong_answers_truncation_and_a_reward_nothing_satisfies():
     assert r"gives 0 even to the ground truth itself, bare and as \boxed{...}, #### <answer>" in impossible
     assert "every response stopped at the length limit (8 tokens, data.max_response_length)" in impossible
     assert "1 of 2 responses are empty" in impossible
+
+
+def test_under_dapos_overlong_penalty_the_cause_is_the_format_not_wrong_answers():
+    """reward_manager=dapo: every response ran to the length limit, so each got boxed()'s 0 plus a penalty of -1.
+    The probes (scored without that penalty, as the run's hint does) are compared with a non-answer scored the same
+    way, so the hint names \\boxed{} and the penalty, not 'the responses are wrong' (the bare answer's 0 > -1)."""
+    from megarl.rewards.manager_keys import OverlongPenalty
+
+    manager = RewardManager(boxed, kind="dapo", overlong=OverlongPenalty(buffer_len=4, penalty_factor=1.0,
+                                                                          max_resp_len=8, log=False))
+    responses = ["7 7 7 7 7 7 7 7", "it is 7 ..."]
+    assert list(manager.score(["x"] * 2, responses, ["7"] * 2, [None] * 2, [8, 8]).scores) == [-1.0, -1.0]
+    text = constant_reward_hint(lambda *cols: list(manager.score(*cols, [1] * len(cols[1])).scores), "my reward", -1.0,
+                                [1], [PROMPT] * 2, responses, ["7"] * 2, ["x"] * 2, [None] * 2, ["length"] * 2, 8)
+    assert "the responses are wrong" not in text
+    assert r"likely cause: the reward function expects \boxed{...} (it gives 1 to '\boxed{7}' but 0 to the bare" in text
+    assert "a non-answer scored alone gets 0, more than the responses' -1: a penalty on the responses" in text
+
+
+def test_with_a_critic_the_hint_does_not_say_the_advantages_are_zero():
+    manager = RewardManager(boxed)
+    args = (lambda *cols: list(manager.score(*cols).scores), "my reward", 0.0, [1], [PROMPT], ["7"], ["7"], ["x"],
+            [None], ["stop"], 8)
+    assert "GRPO-style advantages are all zero" in constant_reward_hint(*args)
+    with_critic = constant_reward_hint(*args, critic=True)
+    assert "advantages are all zero" not in with_critic
+    assert "the advantages (the critic's errors) say nothing about which answer is better" in with_critic

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from statistics import mean
 
@@ -196,8 +197,21 @@ def test_bad_inputs_fail_before_any_process(quickstart_inputs, tmp_path):
         run(cfg)
     cfg = load_config("quickstart", overrides(quickstart_inputs, tmp_path, "data.max_prompt_length=5",
                                               "data.filter_overlong_prompts=false", "data.truncation=error"))
-    with pytest.raises(Exception, match="max_prompt_length"):
+    with pytest.raises(DataFormatError, match=r"^\d+ of \d+ prompts are longer than data.max_prompt_length=5"):
         run(cfg)
+
+
+def test_overlong_prompts_end_the_command_with_one_error_line_and_their_count(quickstart_inputs, tmp_path, capsys):
+    """``megarl train`` with prompts over data.max_prompt_length and filtering off: one ``error:`` line with the
+    count and exit status 2, before any process starts, instead of a traceback."""
+    from megarl.run.train import main
+
+    status = main(["--config-name", "quickstart", *overrides(quickstart_inputs, tmp_path, "data.max_prompt_length=5",
+                                                             "data.filter_overlong_prompts=false")])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert re.search(r"^error: \d+ of \d+ prompts are longer than data.max_prompt_length=5 tokens", err, re.M), err
+    assert "Traceback" not in err
 
 
 @pytest.mark.timeout(900)

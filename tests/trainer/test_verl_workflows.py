@@ -122,6 +122,42 @@ def test_both_workflows_pass_the_command_line_checks(seed_project, monkeypatch):
     assert cfg.data.train_files == "data/train.parquet"  # relative to the working directory, as in verl
 
 
+def given_keys(root: Path, model: str) -> list[str]:
+    """Every key the two workflows set: workflow 1's overrides and the leaves of workflow 2's YAML."""
+    import yaml
+
+    keys = [arg.split("=", 1)[0].lstrip("+~") for arg in workflow_1(root, model) if "=" in arg]
+
+    def leaves(node, prefix=""):
+        for name, value in node.items():
+            if isinstance(value, dict):
+                yield from leaves(value, f"{prefix}{name}.")
+            else:
+                yield f"{prefix}{name}"
+    return keys + [k for k in leaves(yaml.safe_load(WORKFLOW_2_YAML)) if not k.startswith(("hydra.", "defaults"))]
+
+
+def test_no_key_the_workflows_set_is_accepted_and_ignored(seed_project, monkeypatch):
+    """Each key is a schema key (every one is read by a check or a settings constructor:
+    tests/config/test_key_readers.py) and none is inert; on a CPU host the GPU-only
+    rollout.gpu_memory_utilization=0.9 is accepted with a note saying so."""
+    from megarl.config.screen import in_schema
+    from tests.config.test_key_readers import INERT
+    from megarl.platform import has_cuda
+
+    root, model = seed_project
+    for key in given_keys(root, model):
+        assert in_schema(key), key
+        assert key not in INERT, f"{key} is accepted but has no effect: {INERT[key]}"
+    monkeypatch.chdir(root)
+    notes: list[str] = []
+    cmd = parse_command_line(WORKFLOW_2_ARGS)
+    load_config(cmd.name, cmd.overrides, config_path=cmd.config_path, notes=notes)
+    said = [n for n in notes if n.startswith("actor_rollout_ref.rollout.gpu_memory_utilization=0.9")]
+    assert len(said) == (0 if has_cuda() else 1), notes
+    assert has_cuda() or "on this CPU host each engine gets a 1 GiB KV cache instead" in said[0]
+
+
 @pytest.mark.ray
 @pytest.mark.vllm
 @pytest.mark.slow

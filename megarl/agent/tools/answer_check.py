@@ -4,8 +4,9 @@
 (``verl.tools.geo3k_tool.Geo3kTool``) keep verl's behaviour: ``create`` takes the sample's
 ``ground_truth`` (from ``extra_info.tools_kwargs.<tool>.create_kwargs``), ``execute`` scores the
 submitted ``answer`` and replies ``Current parsed answer='...' reward=...``; the step reward is 0.0
-when the answer scores better than the best one submitted so far, else -0.05 (verl's penalty for
-resubmitting without improving), and ``calc_reward`` is the score of the last answer.
+when the answer scores better than the previous one (verl compares with the last answer, not the
+best: 72, 70, 72 for 72 give 0, -0.05, 0), else -0.05 (verl's penalty for resubmitting without
+improving), and ``calc_reward`` is the score of the last answer.
 GSM8K answers are scored with megarl's GSM8K rule (``flexible``: the last number, as verl's tool
 does); Geo3k answers with megarl's MATH-style answer equivalence.
 """
@@ -28,7 +29,7 @@ class _AnswerCheckTool(BaseTool):
         if ground_truth is None:
             raise ValueError(f"tool {self.name!r} needs a ground_truth: put it in extra_info.tools_kwargs."
                              f"{self.name}.create_kwargs.ground_truth of the data")
-        return await super().create(instance_id, ground_truth=str(ground_truth), response="", best=0.0)
+        return await super().create(instance_id, ground_truth=str(ground_truth), response="", last=0.0)
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         state = self.instance(instance_id)
@@ -36,8 +37,8 @@ class _AnswerCheckTool(BaseTool):
         answer = answer if isinstance(answer, str) else str(answer)
         state["response"] = answer
         reward = self.score(answer, state["ground_truth"])
-        step_reward = 0.0 if reward > state["best"] else NOT_IMPROVED_PENALTY
-        state["best"] = max(state["best"], reward)
+        step_reward = 0.0 if reward > state["last"] else NOT_IMPROVED_PENALTY
+        state["last"] = reward
         return ToolResponse(text=f"Current parsed answer={answer!r} reward={reward}"), step_reward, {}
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:

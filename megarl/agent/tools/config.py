@@ -33,7 +33,10 @@ from megarl.config.registry import Registry
 VERL_CLASS_NAMES = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "megarl.agent.tools.answer_check:Gsm8kTool",
     "verl.tools.geo3k_tool.Geo3kTool": "megarl.agent.tools.answer_check:Geo3kTool",
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "megarl.agent.tools.python_code:PythonCodeTool",
 }
+# verl tools whose config keys differ from the megarl tool's: class name -> (module:function) translating them
+VERL_CONFIGS = {"verl.tools.sandbox_fusion_tools.SandboxFusionTool": "megarl.agent.tools.python_code:from_sandbox_fusion"}
 # The built-in tools a tool config names by ``class_name`` (a class path each; imported when used).
 BUILTIN_TOOLS = Registry("built-in tool", "class_name in actor_rollout_ref.rollout.multi_turn.tool_config_path")
 for _name, _path in (("calculator", "megarl.agent.tools.calculator:CalculatorTool"),
@@ -71,6 +74,15 @@ def _build(entry: Any, where: str) -> BaseTool:
         raise ValueError(f"{where}: config.type={kind!r}: megarl runs native (in-process) tools only; MCP tools "
                          "are not supported")
     name = entry["class_name"]
+    if name.startswith("verl.") and name not in VERL_CLASS_NAMES:
+        raise ImportError(f"{where}: class_name {name} is verl's, and megarl has no counterpart; megarl maps "
+                          f"{', '.join(sorted(VERL_CLASS_NAMES))} and has the built-in tools {', '.join(BUILTIN_TOOLS)} "
+                          "(README: Agent loops and tool calling), or give your own tool class")
+    if name in VERL_CONFIGS:
+        try:
+            config = load_object(VERL_CONFIGS[name], "tool config")(config)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     cls = load_object(VERL_CLASS_NAMES.get(name) or BUILTIN_TOOLS.get(name) or name, f"{where} class_name")
     if not isinstance(cls, type) or not all(callable(getattr(cls, m, None)) for m in _METHODS):
         raise TypeError(f"{where}: class_name {name} is not a tool class (it needs {', '.join(_METHODS)})")

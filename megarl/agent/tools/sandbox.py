@@ -12,14 +12,18 @@ What the code sees and can do:
   size-limited tmpfs: the scratch directory ``/work`` (its working directory) and ``/tmp``. No
   ``/etc``, no home, no repository, no host ``/tmp``: there is nothing else to read or write, and
   the scratch is gone when the call ends.
-- **Network**: a new network namespace with only a loopback interface that is down: no socket
-  can reach anything, on this machine or elsewhere (abstract Unix sockets are per namespace too).
+- **Network**: a new network namespace whose only interface is its own loopback (up: bubblewrap
+  brings it up), so the code can talk to itself on 127.0.0.1 but no socket reaches anything outside
+  the namespace, on this machine or elsewhere (abstract Unix sockets are per namespace too).
 - **Processes**: it runs as an unprivileged uid of its own (``RLIMIT_NPROC`` bounds a fork bomb),
   in its own PID namespace (it cannot see or signal anything outside); when the call ends or times
   out the namespace's init is killed and the kernel kills every process in it, so nothing outlives
   the timeout.
-- **Resources**: address space (``memory_mb``), CPU seconds, the size of any file it writes and
-  the tmpfs sizes are bounded; stdout and stderr are cut at ``max_output_bytes``.
+- **Resources**: the memory of the whole call (``memory_mb``, all its processes together: a
+  memory cgroup of its own, ``cgroup.py``, where the host allows one; elsewhere at most
+  ``FALLBACK_PROCESSES`` processes of ``memory_mb / FALLBACK_PROCESSES`` address space each), CPU
+  seconds, the size of any file it writes and the tmpfs sizes are bounded; stdout and stderr are cut
+  at ``max_output_bytes``.
 
 It needs Linux with bubblewrap (``bwrap``, Debian package ``bubblewrap``) and ``setpriv``
 (util-linux), run as root (as the trainer is in containers): elsewhere ``check_available`` raises
@@ -40,15 +44,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from megarl.agent.tools.cgroup import CallCgroup, memory_cgroups
+
 _UIDS = itertools.count()
+FALLBACK_PROCESSES = 4  # without a memory cgroup: processes per call, each with memory_mb / 4 of address space
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     timeout_s: float = 10.0  # wall clock
     cpu_s: int = 10
-    memory_mb: int = 512  # address space of each process
-    max_processes: int = 32
+    memory_mb: int = 512  # the whole call: all its processes together
+    max_processes: int = 32  # FALLBACK_PROCESSES where the host gives no memory cgroup
     max_file_mb: int = 16
     scratch_mb: int = 64  # tmpfs /work and /tmp, each
     max_output_bytes: int = 65536
@@ -63,6 +70,7 @@ class SandboxResult:
     timed_out: bool
     output_truncated: bool
     seconds: float
+    memory_exceeded: bool = False  # the OOM killer ended a process at the call's memory limit
 
 
 class SandboxUnavailable(RuntimeError):
@@ -90,11 +98,15 @@ def python_home() -> Path:
     return Path(sys.base_prefix)
 
 
-def command(code: str, limits: SandboxLimits, uid: int) -> list[str]:
+def command(code: str, limits: SandboxLimits, uid: int, in_cgroup: bool = True) -> list[str]:
+    """The sandbox's command line; ``in_cgroup=False``: no cgroup bounds the call's memory as a whole,
+    so it gets ``FALLBACK_PROCESSES`` processes of ``memory_mb / FALLBACK_PROCESSES`` each."""
     home = python_home()
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     mb = 1 << 20
-    rlimits = [f"--as={limits.memory_mb * mb}", f"--cpu={limits.cpu_s}", f"--nproc={limits.max_processes}",
+    processes = limits.max_processes if in_cgroup else min(limits.max_processes, FALLBACK_PROCESSES)
+    memory = limits.memory_mb * mb if in_cgroup else limits.memory_mb * mb // processes
+    rlimits = [f"--as={memory}", f"--cpu={limits.cpu_s}", f"--nproc={processes}",
                f"--fsize={limits.max_file_mb * mb}", "--nofile=256", "--core=0"]
     return [
         "prlimit", *rlimits, "--", "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -115,10 +127,20 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
     """Run ``code`` in a fresh sandbox; never raises for anything the code does."""
     check_available()
     uid = limits.uid_base + next(_UIDS) % 1000
+    cgroups = memory_cgroups()
+    call = CallCgroup(cgroups, limits.memory_mb << 20) if cgroups is not None else None
+    argv = command(code, limits, uid, in_cgroup=call is not None)
+    try:
+        return await _run(call.join_command(argv) if call is not None else argv, limits, call)
+    finally:
+        if call is not None:
+            call.close()
+
+
+async def _run(argv: list[str], limits: SandboxLimits, call: CallCgroup | None) -> SandboxResult:
     start = time.perf_counter()
     process = await asyncio.create_subprocess_exec(
-        *command(code, limits, uid), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True)
+        *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     truncated = False
 
     async def read(stream) -> bytes:
@@ -148,7 +170,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         raise
     return SandboxResult(out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
                          None if timed_out else process.returncode, timed_out, truncated,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, call is not None and call.oom_killed())
 
 
 def _kill(pid: int) -> None:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.models.lora.settings import LoRASettings, hf_short
-from megarl.models.lora.shards import AdapterSpec, hf_module_of, lora_shards, selection
+from megarl.models.lora.shards import AdapterSpec, lora_shards, selection
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +162,51 @@ def check_peft_config(config: dict, settings: LoRASettings, where: str) -> None:
                          "Set actor_rollout_ref.model.lora.* to the adapter's values or point at another adapter.")
 
 
+def _separate_a_message(adapter_dir, spec: AdapterSpec) -> str:
+    """The refusal of an adapter whose projections of one fused linear have their own A (PEFT's default)."""
+    projections = [m.rsplit(".", 1)[-1] for m in spec.hf_modules]
+    parent = spec.hf_modules[0].rsplit(".", 1)[0]
+    return (f"{adapter_dir}: {', '.join(projections)} of {parent} have different lora_A matrices (PEFT trains each "
+            f"projection's A separately); megarl's adapter of the fused {spec.module.rsplit('.', 1)[-1]} shares one A "
+            "(Megatron-Bridge's fused LoRA), so this adapter cannot be loaded exactly. Start from an adapter trained "
+            f"by megarl, or adapt only one projection of each fused linear (target_modules: e.g. {projections[0]})")
+
+
+def peft_adapter_problems(adapter_dir, hf_config, settings: LoRASettings, role: str = "actor",
+                          transformer_impl: str = "local") -> list[str]:
+    """What ``load_peft_adapter`` would refuse in ``adapter_dir``, read before any process starts: the weights
+    file, the projections it covers, and one shared A per fused linear (only the A matrices are read)."""
+    from safetensors import safe_open
+
+    from megarl.models.layout import ParallelLayout
+
+    weights = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        return [f"{adapter_dir} has no {ADAPTER_WEIGHTS} (adapters saved as .bin are not read: re-save them with "
+                "safe_serialization=True)"]
+    specs = lora_shards(hf_config, ParallelLayout(), settings, role, transformer_impl)
+    with safe_open(str(weights), framework="pt") as f:
+        names = {_canonical(n): n for n in f.keys()}
+        coverage = _coverage_problem(adapter_dir, specs, names)
+        if coverage:
+            return [coverage]
+        for spec in specs:
+            first, *others = [f.get_tensor(names[p.hf_name]) for p in spec.a.pieces]
+            if any(not torch.equal(other, first) for other in others):
+                return [_separate_a_message(adapter_dir, spec)]
+    return []
+
+
+def _coverage_problem(adapter_dir, specs: list[AdapterSpec], names: dict[str, str]) -> str | None:
+    expected = {piece.hf_name for spec in specs for t in (spec.a, spec.b) for piece in t.pieces}
+    missing, extra = sorted(expected - set(names)), sorted(set(names) - expected)
+    if not (missing or extra):
+        return None
+    return (f"{adapter_dir}: the adapter does not cover exactly the projections this run adapts (target_modules / "
+            f"exclude_modules): missing {missing[:4]}{' ...' if len(missing) > 4 else ''}, not adapted here "
+            f"{extra[:4]}{' ...' if len(extra) > 4 else ''}")
+
+
 @torch.no_grad()
 def load_peft_adapter(models: list, adapter_dir, hf_config, layout, settings: LoRASettings, role: str = "actor",
                       transformer_impl: str = "local") -> int:
@@ -176,26 +221,17 @@ def load_peft_adapter(models: list, adapter_dir, hf_config, layout, settings: Lo
     if not weights.is_file():
         raise FileNotFoundError(f"{adapter_dir} has no {ADAPTER_WEIGHTS} (adapters saved as .bin are not read: "
                                 "re-save them with safe_serialization=True)")
-    expected = {piece.hf_name for spec in lora_shards(hf_config, layout, settings, role, transformer_impl)
-                for t in (spec.a, spec.b) for piece in t.pieces}
     with safe_open(str(weights), framework="pt") as f:
         names = {_canonical(n): n for n in f.keys()}
-        missing, extra = sorted(expected - set(names)), sorted(set(names) - expected)
-        if missing or extra:
-            raise ValueError(f"{adapter_dir}: the adapter does not cover exactly the projections this run adapts "
-                             f"(target_modules / exclude_modules): missing {missing[:4]}{' ...' if len(missing) > 4 else ''}"
-                             f", not adapted here {extra[:4]}{' ...' if len(extra) > 4 else ''}")
+        coverage = _coverage_problem(adapter_dir, lora_shards(hf_config, layout, settings, role, transformer_impl), names)
+        if coverage:
+            raise ValueError(coverage)
         read = 0
         for spec in this_rank_adapters(hf_config, layout, settings, role, transformer_impl):
             module = unwrap(models[spec.base.vpp_chunk]).get_submodule(spec.module)
             a_values = [f.get_slice(names[p.hf_name])[p.hf_slice] for p in spec.a.pieces]
-            for other, piece in zip(a_values[1:], spec.a.pieces[1:]):
-                if not torch.equal(other, a_values[0]):
-                    modules = [hf_module_of(p.hf_name.removeprefix("base_model.model.")) for p in spec.a.pieces]
-                    raise ValueError(f"{adapter_dir}: {', '.join(m.rsplit('.', 1)[-1] for m in modules)} of "
-                                     f"{modules[0].rsplit('.', 1)[0]} have different lora_A matrices; megarl's adapter of "
-                                     f"the fused {spec.module.rsplit('.', 1)[-1]} shares one A (Megatron-Bridge's fused "
-                                     "LoRA), so this adapter cannot be loaded exactly")
+            if any(not torch.equal(other, a_values[0]) for other in a_values[1:]):
+                raise ValueError(_separate_a_message(adapter_dir, spec))
             module.lora_A[spec.a.pieces[0].megatron_slice] = a_values[0].to(module.lora_A.dtype)
             for piece in spec.b.pieces:
                 module.lora_B[piece.megatron_slice] = f.get_slice(names[piece.hf_name])[piece.hf_slice].to(module.lora_B.dtype)

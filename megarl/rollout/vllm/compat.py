@@ -30,7 +30,12 @@ the rotary embedding's ``cos_sin_cache``, a non-persistent buffer computed from 
 checkpoint holds (vLLM's own loaders skip ``rotary_emb.*``); a reload that gives the layer nothing
 warns and puts the layer's cache back, which is exactly right, since the cache does not depend on
 the weights. No sender could send it: it is not an HF tensor. A logging filter drops that one
-record, for rotary-embedding layers only; the same message for any other layer still shows.
+record, for rotary-embedding layers only; the same message for any other layer still shows. The
+LM head of a model with tied embeddings (SmolLM2) is the same false alarm: its weight is the input
+embedding's, which the sync sends under that name (HF checkpoints of tied models hold no
+``lm_head.weight``), so the head's own reload gets nothing and warns. That record is dropped too, in
+a process whose model ties them (``set_tied_lm_head``, from the worker's config); an untied head
+that gets nothing still warns, since there it would mean a missing tensor.
 """
 from __future__ import annotations
 
@@ -97,12 +102,23 @@ def _cpu_tied_lm_head_repack_on_reload() -> None:
 ROTARY_RELOAD_MESSAGE = "%s: Failed to load weights"
 
 
+_tied_lm_head = False  # this process's model ties its LM head to the input embedding (set_tied_lm_head)
+
+
+def set_tied_lm_head(tied: bool) -> None:
+    global _tied_lm_head
+    _tied_lm_head = bool(tied)
+
+
 class RotaryCacheReloadFilter(logging.Filter):
-    """Drops vLLM's reload warning for rotary-embedding layers (their only tensor is a derived cache)."""
+    """Drops vLLM's reload warning for rotary-embedding layers (their only tensor is a derived cache) and,
+    where the embeddings are tied, for the LM head (its weight is the embedding's)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.msg == ROTARY_RELOAD_MESSAGE and bool(record.args)
-                    and str(record.args[0]).endswith("RotaryEmbedding"))
+        if record.msg != ROTARY_RELOAD_MESSAGE or not record.args:
+            return True
+        layer = str(record.args[0])
+        return not (layer.endswith("RotaryEmbedding") or (_tied_lm_head and layer == "ParallelLMHead"))
 
 
 def _quiet_rotary_cache_reload_warning() -> None:

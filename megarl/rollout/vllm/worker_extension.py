@@ -15,7 +15,7 @@ from __future__ import annotations
 import pickle
 import time
 
-from megarl.rollout.vllm.compat import apply_vllm_fixes
+from megarl.rollout.vllm.compat import apply_vllm_fixes, set_tied_lm_head
 
 
 class MegaRLWorkerExtension:
@@ -51,6 +51,8 @@ class MegaRLWorkerExtension:
             raise RuntimeError("megarl_sync_receive before megarl_sync_connect")
         start = time.perf_counter()
         apply_vllm_fixes()
+        hf_config = getattr(getattr(getattr(self, "vllm_config", None), "model_config", None), "hf_config", None)
+        set_tied_lm_head(bool(getattr(hf_config, "tie_word_embeddings", False)))  # its head's reload warning is noise
         self.reload_weights(weights_iterator=receiver.receive(self._megarl_transport), is_checkpoint_format=True)
         stats = receiver.last_stats
         return {"seconds": time.perf_counter() - start, "bytes": stats.bytes_received if stats is not None else 0}
