@@ -175,6 +175,7 @@ class ModelDims:
     local_rope: Rope | None = None  # the RoPE of the sliding-window layers, where it differs (Gemma-3)
     embedding_scale: float | None = None  # the embedding output is multiplied by it (Gemma: sqrt(hidden))
     final_logit_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma-2)
+    clamped_swiglu: tuple[float, float] | None = None  # gpt-oss's (limit, alpha): see families/gpt_oss.py
 
     @property
     def is_moe(self) -> bool:

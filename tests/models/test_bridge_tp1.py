@@ -14,7 +14,7 @@ from megarl.models import (
 
 TOLERANCE = 1e-5
 CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3",
-               "gemma2", "gemma3", "glm4_moe", "kimi_k2"]
+               "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss"]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_logits_match_hugging_face(world, model_zoo, name):
     assert (logits - reference["output"]).abs().max().item() <= TOLERANCE
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe", "gpt_oss"])
 def test_packed_sequences_match_hugging_face(world, model_zoo, name):
     """A prefix of row 0 and all of row 1 packed into one row (megatron's THD with ``cu_seqlens``): RoPE
     restarts at each sequence and nothing attends across them, so each equals HF on its own."""
@@ -100,7 +100,7 @@ def test_tied_embeddings_share_one_tensor(world, model_zoo):
     assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss"])
 def test_export_reproduces_the_checkpoint_bit_for_bit(world, model_zoo, name):
     [model] = build_model(model_zoo / name, ParallelLayout())
     original = _checkpoint_tensors(model_zoo / name)
