@@ -80,6 +80,9 @@ SCENARIOS += [("kimi_k2/tp2_sp", "kimi_k2", ParallelLayout(tp=2, sequence_parall
 SCENARIOS += [("gpt_oss/tp2_sp", "gpt_oss", ParallelLayout(tp=2, sequence_parallel=True), "actor", {"export": True}),
               ("gpt_oss/pp2", "gpt_oss", ParallelLayout(pp=2), "actor", {"export": True}),
               ("gpt_oss/ep2", "gpt_oss", ParallelLayout(ep=2), "actor", {"export": True})]
+# Qwen3-Next (4 layers: linear, full | linear, linear): PP splits the hybrid pattern, EP its experts (its DeltaNet runs at TP=1).
+SCENARIOS += [("qwen3_next/pp2", "qwen3_next", ParallelLayout(pp=2), "actor", {"export": True}),
+              ("qwen3_next/ep2", "qwen3_next", ParallelLayout(ep=2), "actor", {"export": True})]
 
 
 class ReadRecorder:

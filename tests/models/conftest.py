@@ -18,6 +18,9 @@
                   none: megarl registers it), Kimi-K2's one expert group, YaRN betas 1/1, scaling 2.827
   gpt_oss         tiny gpt-oss (sinks, biases on q/k/v/o, the router and the experts, a window of 5
                   on layer 0 and full attention on layer 1, 8 experts top-2, a SwiGLU clamp that clips)
+  qwen3_next      tiny Qwen3-Next: 4 layers linear, full, linear, linear (gated DeltaNet with 2 key / 4
+                  value heads; gated, quarter-rotary full attention), 8 experts top-2 with a gated shared
+                  expert, layer 2 dense
   reference.pt    {checkpoint: {"input_ids", "output"}}: HF transformers logits (values for the
                   critic) in fp32 on a fixed random batch, the reference every test compares to.
                   RoPE checkpoints get sequences past their original context (YaRN / Llama-3 scaling).
@@ -30,9 +33,10 @@ import pytest
 import torch
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
-NEW_FAMILIES = ["gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss"]  # families of issue 24, their own tiny models (FamilySpec.tiny_config)
+NEW_FAMILIES = ["gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next"]  # families of issue 24, their own tiny models (FamilySpec.tiny_config)
 BATCH, SEQ = 2, 16
-LONG = {"deepseek_v3": 96, "kimi_k2": 96, "llama_rope3": 160}  # past YaRN's original 64 / the Llama-3 original 32
+LONG = {"deepseek_v3": 96, "kimi_k2": 96, "llama_rope3": 160,  # past YaRN's original 64 / the Llama-3 original 32
+        "qwen3_next": 80}  # past the gated delta rule's first chunk of 64
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 2.0,
                "high_freq_factor": 8.0, "original_max_position_embeddings": 32}
 

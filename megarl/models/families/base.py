@@ -129,6 +129,8 @@ class FamilySpec:
     hf_classes: Callable[[], tuple[type, type]] | None = None
     # ``packed_tensors(dims) -> [PackedTensor]``: checkpoint tensors holding several bridge tensors (gpt-oss's experts)
     packed_tensors: Callable[[ModelDims], list[PackedTensor]] = field(default=lambda dims: [])
+    # why the weight sync into vLLM refuses this family (checked by ``megarl.models.vllm_layout.vllm_splits``), or None
+    weight_sync_refusal: str | None = None
 
 
 # ---------------------------------------------------------------- parameter maps

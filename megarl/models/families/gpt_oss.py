@@ -128,6 +128,22 @@ def _pack(parts: dict, *, names: list[dict], row) -> torch.Tensor:
     return torch.stack([row(parts, n) for n in names]).contiguous()
 
 
+def prepare_layer_spec(layer_spec) -> None:
+    """The local spec's experts get ``FreshOutputRowParallelLinear`` as ``linear_fc2``: megatron adds their
+    output bias in place, which autograd refuses on the row-parallel output (``megarl.models.layers``)."""
+    from dataclasses import replace
+
+    from megatron.core.tensor_parallel import RowParallelLinear
+
+    from megarl.models.layers import FreshOutputRowParallelLinear
+
+    mlp = layer_spec.submodules.mlp
+    experts = getattr(getattr(mlp, "submodules", None), "experts", None)
+    if experts is not None and getattr(experts.submodules, "linear_fc2", None) is RowParallelLinear:
+        experts = replace(experts, submodules=replace(experts.submodules, linear_fc2=FreshOutputRowParallelLinear))
+        layer_spec.submodules.mlp = replace(mlp, submodules=replace(mlp.submodules, experts=experts))
+
+
 def _sigmoid_gate(x: torch.Tensor, alpha: float) -> torch.Tensor:
     return x * torch.sigmoid(alpha * x)
 
@@ -174,5 +190,6 @@ SPEC = FamilySpec(
     layer_params=layer_params,
     transformer_config=transformer_config,
     packed_tensors=packed_tensors,
+    prepare_layer_spec=prepare_layer_spec,
     tiny_config=tiny_config,
 )
