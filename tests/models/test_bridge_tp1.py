@@ -320,6 +320,34 @@ def test_deepseek_variants_match_hugging_face(world, tmp_path, variant):
     assert (_forward(model, ids) - reference).abs().max().item() <= TOLERANCE
 
 
+def test_qwen3_next_skips_its_mtp_tensors_by_name_and_exports_the_main_model(world, model_zoo, tmp_path, caplog, monkeypatch):
+    """Qwen3-Next checkpoints carry their multi-token-prediction layer under ``mtp.*``: the load skips them
+    in one named log line, the logits stay HF's, the export is the checkpoint without them (a documented skip)."""
+    import logging
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from megarl.models import loading
+
+    checkpoint = tmp_path / "qwen3_next_mtp"
+    shutil.copytree(model_zoo / "qwen3_next", checkpoint)
+    original = _checkpoint_tensors(checkpoint)
+    mtp = {"mtp.fc.weight": torch.randn(128, 256), "mtp.pre_fc_norm_hidden.weight": torch.randn(128),
+           "mtp.layers.0.input_layernorm.weight": torch.randn(128)}
+    save_file({**original, **mtp}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(loading, "_logged_skips", set())
+    with caplog.at_level(logging.INFO, logger="megarl.models.loading"):
+        [model] = build_model(checkpoint, ParallelLayout())
+    [line] = [r.getMessage() for r in caplog.records if "multi-token prediction" in r.getMessage()]
+    assert "skipping 3 tensors" in line and "mtp.*" in line
+    assert loading.describe_skipped(checkpoint) == line
+    reference = _reference(model_zoo, "qwen3_next")
+    assert (_forward(model, reference["input_ids"]) - reference["output"]).abs().max().item() <= TOLERANCE
+    exported = dict(gather_hf_tensors([model], checkpoint, ParallelLayout()))
+    assert sorted(exported) == sorted(original)
+
+
 @pytest.mark.parametrize("name", ["gpt_oss", "qwen3_next"])
 def test_backward_reaches_every_parameter(world, model_zoo, name):
     """A training step's gradients are finite and non-zero for every parameter: sinks, the experts' biases
