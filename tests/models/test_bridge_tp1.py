@@ -14,7 +14,7 @@ from megarl.models import (
 
 TOLERANCE = 1e-5
 CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3",
-               "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next"]
+               "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "gpt_oss_yarn", "qwen3_next"]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,8 @@ def test_logits_match_hugging_face(world, model_zoo, name):
     assert (logits - reference["output"]).abs().max().item() <= TOLERANCE
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe", "gpt_oss", "qwen3_next"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe", "gpt_oss", "gpt_oss_yarn",
+                                  "qwen3_next"])
 def test_packed_sequences_match_hugging_face(world, model_zoo, name):
     """A prefix of row 0 and all of row 1 packed into one row (megatron's THD with ``cu_seqlens``): RoPE
     restarts at each sequence and nothing attends across them, so each equals HF on its own."""

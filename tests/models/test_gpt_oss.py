@@ -3,6 +3,8 @@ that the tiny model's features act (a bridge that dropped one would still match 
 
 The HF-logits and export tests live with the other families (test_bridge_tp1.py, test_bridge_distributed.py).
 """
+import math
+
 import pytest
 import torch
 
@@ -80,6 +82,35 @@ def test_weight_sync_into_vllm_is_refused_naming_the_packed_tensors():
         vllm_splits(tiny())
 
 
+def test_published_yarn_reads_as_transformers_frequencies_and_a_softmax_scale():
+    """gpt-oss-120b's RoPE (YaRN factor 32 over 4096, truncate false): transformers' cos/sin factor
+    0.1 ln 32 + 1 = 1.3466 scales q and k, so the softmax scale is head_dim^-0.5 times its square."""
+    from megarl.models.dims import TransformersRope
+
+    config = _with(rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                    "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096})
+    dims = model_dims(config)
+    assert isinstance(dims.rope, TransformersRope) and dims.rope.rope_type == "yarn"
+    assert dims.rope.attention_factor == pytest.approx(0.1 * math.log(32) + 1)
+    assert dims.attention.softmax_scale == pytest.approx(32 ** -0.5 * (0.1 * math.log(32) + 1) ** 2)
+
+
+def test_yarn_without_truncation_changes_the_reference_logits(model_zoo):
+    """truncate: false (gpt-oss) against megatron's always-truncated correction range: HF's own logits
+    move by more than 1e-3 on the tiny YaRN model, so matching HF there tests the untruncated frequencies."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.conftest import GPT_OSS_YARN
+
+    reference = torch.load(model_zoo / "reference.pt")["gpt_oss_yarn"]
+    model = AutoModelForCausalLM.from_pretrained(str(model_zoo / "gpt_oss_yarn"), dtype=torch.float32,
+                                                 attn_implementation="eager",
+                                                 rope_parameters={**GPT_OSS_YARN, "truncate": True}).eval()
+    with torch.no_grad():
+        changed = model(reference["input_ids"]).logits
+    assert (changed - reference["output"]).abs().max().item() > 1e-3
+
+
 def _with(**fields):
     config = tiny()
     for key, value in fields.items():
@@ -90,8 +121,7 @@ def _with(**fields):
 @pytest.mark.parametrize("fields, message", [
     ({"attention_bias": False}, "attention_bias=False"),
     ({"layer_types": ["sliding_attention", "chunked_attention"]}, "layer_types=\\['chunked_attention'\\]"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
-                          "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096}}, "yarn"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 150000.0, "factor": 4.0}}, "linear"),
     ({"quantization_config": {"quant_method": "mxfp4"}}, None),
 ])
 def test_unsupported_variants_are_refused_naming_the_field(fields, message):

@@ -22,9 +22,13 @@ The checkpoint packs each layer's experts into ``mlp.experts.gate_up_proj`` [exp
 name one part per expert (``mlp.experts.<e>.{gate,up,down}_proj.{weight,bias}``) and
 ``packed_tensors`` says how they sit in those tensors (``megarl.models.packed``).
 
+RoPE: default, or YaRN as the published checkpoints set it (``truncate: false``, which megatron's
+always-truncating ``YarnRotaryEmbedding`` cannot build): transformers' inverse frequencies are set
+on megatron's rotary embedding and its cos/sin factor (``attention_factor``, 1.35 for factor 32)
+scales q and k alike, so the softmax scale takes its square (``dims.TransformersRope``).
+
 Refused, naming the field: ``attention_bias=False`` (megatron's ``add_bias_linear`` puts biases on
-the attention output and the experts alike), RoPE other than ``default`` (gpt-oss's published YaRN
-with ``truncate: false`` is not reproduced yet), MXFP4 expert weights (the FP8 loader refuses their
+the attention output and the experts alike), other RoPE types, MXFP4 expert weights (the FP8 loader refuses their
 ``quantization_config``: dequantise to bf16 first), ``layer_types`` other than sliding/full attention.
 The weight sync into vLLM refuses the family (``megarl.models.vllm_layout.vllm_splits``).
 """
@@ -34,7 +38,7 @@ import functools
 
 import torch
 
-from megarl.models.dims import ModelDims, MoE, common_dims, gqa_attention, read_rope
+from megarl.models.dims import ModelDims, MoE, TransformersRope, common_dims, gqa_attention, read_rope, rope_parameters
 from megarl.models.families.base import FamilySpec, PackedTensor, ParamMap, attention_params, gqa_transformer_config
 from megarl.models.families.base import layer_norm_params
 from megarl.models.mappings import FusedGateUp, HFTensor, Replicated, Split
@@ -55,11 +59,26 @@ def read_dims(config) -> ModelDims:
     if unknown:
         raise _refuse(config, "layer_types", unknown, f"the bridge knows {list(LAYER_TYPES)}")
     windows = tuple(config.sliding_window if kind == "sliding_attention" else None for kind in config.layer_types)
-    attention = gqa_attention(config, qkv_bias=True, qk_norm=False, windows=windows)
+    rope, softmax_scale = _read_rope(config)
+    attention = gqa_attention(config, qkv_bias=True, qk_norm=False, windows=windows, softmax_scale=softmax_scale)
     moe = MoE(num_experts=config.num_local_experts, ffn_hidden_size=config.intermediate_size,
               topk=config.num_experts_per_tok, layers=(True,) * config.num_hidden_layers, norm_topk_prob=True)
-    return common_dims(config, attention=attention, rope=read_rope(config, ("default",)), moe=moe,
+    return common_dims(config, attention=attention, rope=rope, moe=moe,
                        clamped_swiglu=(float(config.swiglu_limit), float(config.swiglu_alpha)))
+
+
+def _read_rope(config) -> tuple:
+    """(RoPE, softmax scale or None): default RoPE as is; YaRN (gpt-oss's published ``truncate: false`` too)
+    with transformers' inverse frequencies and its cos/sin factor folded into the softmax scale."""
+    rope_type, parameters = rope_parameters(config)
+    if rope_type != "yarn":
+        return read_rope(config, ("default", "yarn")), None
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    _, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = TransformersRope(float(parameters["rope_theta"]), "yarn", float(attention_factor))
+    return rope, head_dim ** -0.5 * rope.attention_factor ** 2
 
 
 def _expert_names(i: int, e: int) -> dict[str, str]:
