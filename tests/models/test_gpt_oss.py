@@ -111,6 +111,29 @@ def test_yarn_without_truncation_changes_the_reference_logits(model_zoo):
     assert (changed - reference["output"]).abs().max().item() > 1e-3
 
 
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_attention_splits_follow_vllms_gpt_oss_rules(tp):
+    """The sync refuses the family (packed experts), but its attention's vLLM splits, derived from the maps,
+    are vLLM's: q/k/v/o by its GQA rules, the sinks narrowed to each rank's heads (vLLM's
+    ``weight.narrow(0, head_start, heads_per_rank)``), the o_proj bias whole on every rank (added after the reduce)."""
+    from megarl.models import hf_tensor_shapes
+    from megarl.models.shards import chunk_params
+    from megarl.models.vllm_layout import splits_of_params
+    from tests.weight_sync.test_planner import reference_vllm_slice
+
+    config, family = build_config("gpt_oss", "small"), family_for(tiny())  # 8 heads, 4 KV heads
+    splits = splits_of_params(chunk_params(model_dims(config), family, ParallelLayout(), 0, 0, "actor"), family)
+    shapes = hf_tensor_shapes(config)
+    for rank in range(tp):
+        for name, shape in shapes.items():
+            if ".self_attn." in name and name.endswith(("_proj.weight", "q_proj.bias", "k_proj.bias", "v_proj.bias")):
+                assert splits[name].region(name, shape, tp, rank) == reference_vllm_slice(
+                    name, shape, tp, rank, config.num_key_value_heads), (name, tp, rank)
+        per = 8 // tp
+        assert splits["model.layers.0.self_attn.sinks"].region("sinks", (8,), tp, rank) == ((rank * per, (rank + 1) * per),)
+        assert splits["model.layers.0.self_attn.o_proj.bias"].region("o_proj.bias", (256,), tp, rank) == ((0, 256),)
+
+
 def _with(**fields):
     config = tiny()
     for key, value in fields.items():
