@@ -177,7 +177,9 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused((f"{MODEL}.enable_activation_offload",), "activation offload",
             "use activation recompute (megatron.override_transformer_config.recompute_*)", off=(False,)),
     Refused((f"{MODEL}.mtp.enable", f"{MODEL}.mtp.enable_train", f"{MODEL}.mtp.enable_rollout"),
-            "multi-token prediction (MTP) layers", "MTP layers are neither trained nor served", off=(False,)),
+            "multi-token prediction (MTP) layers", "a checkpoint's MTP tensors are skipped and named in one log line "
+            "(DeepSeek-V3, Kimi-K2, GLM-4.5, Qwen3-Next): megarl trains and serves the main model, and an export "
+            "leaves them out", off=(False,), issue=24),
     Parameters((f"{MODEL}.mtp.*", f"{ROLLOUT}.mtp"), of="multi-token prediction"),
     Refused((f"{ACTOR}.freeze_vision_tower",), "vision-language models",
             "megarl trains text-only causal LMs", off=(False,)),

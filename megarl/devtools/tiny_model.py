@@ -253,15 +253,16 @@ def _random_model(config: PretrainedConfig, seed: int, head: str = "causal_lm") 
     """Build the model with HF's own init, seeded, without touching the global RNG state.
 
     HF initialises norm scales to 1 and biases to 0. Those would hide a checkpoint converter that
-    swaps two norms or drops a bias, so every 1-D parameter gets N(0, 0.1) noise on top, and so
+    swaps two norms or drops a bias, so every 1-D parameter (and gpt-oss's 2-D expert biases,
+    ``*_bias``) gets N(0, 0.1) noise on top, and so
     does DeepSeek-V3's router bias buffer (``e_score_correction_bias``).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = HEADS[head].from_config(config, dtype=torch.float32)
         with torch.no_grad():
-            for param in model.parameters():
-                if param.ndim == 1:
+            for name, param in model.named_parameters():
+                if param.ndim == 1 or name.endswith("_bias"):  # gpt-oss's packed expert biases [experts, ...]
                     param.add_(0.1 * torch.randn_like(param))
             for name, buffer in model.named_buffers():
                 if name.endswith("e_score_correction_bias"):

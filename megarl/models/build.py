@@ -35,7 +35,7 @@ import torch
 from transformers import PretrainedConfig
 
 from megarl.models.config import build_transformer_config, gpt_model_kwargs, transformer_config_kwargs
-from megarl.models.dims import LinearRope, Llama3Rope, ModelDims, load_hf_config
+from megarl.models.dims import LinearRope, Llama3Rope, ModelDims, TransformersRope, load_hf_config
 from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
 from megarl.models.shards import ROLES, check_layout
@@ -159,7 +159,7 @@ def build_model(
             vp_stage=vpp_chunk if layout.vpp > 1 else None,
             **gpt_model_kwargs(dims, layout, role),
         )
-        if isinstance(dims.rope, (Llama3Rope, LinearRope)):
+        if isinstance(dims.rope, (Llama3Rope, LinearRope, TransformersRope)):
             model.rotary_pos_emb.inv_freq = rope_inverse_frequencies(config, dims, model.rotary_pos_emb.inv_freq)
         if dims.embedding_scale is not None and pre:
             scale_embedding(model, dims.embedding_scale)
@@ -222,6 +222,11 @@ def rope_inverse_frequencies(hf_config: PretrainedConfig, dims: ModelDims, unsca
     """transformers' inverse frequencies of a scaled RoPE, from megatron's unscaled ones (same formula)."""
     if isinstance(dims.rope, LinearRope):
         return unscaled / dims.rope.factor  # transformers' linear scaling: the default frequencies / factor
+    if isinstance(dims.rope, TransformersRope):
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, _ = ROPE_INIT_FUNCTIONS[dims.rope.rope_type](hf_config, "cpu")
+        return inv_freq.float().to(unscaled.device)
     return llama3_inverse_frequencies(hf_config)
 
 

@@ -14,7 +14,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from megarl.models.dims import DefaultRope, GQAttention, LinearRope, Llama3Rope, ModelDims
+from megarl.models.dims import DefaultRope, GQAttention, LinearRope, Llama3Rope, ModelDims, TransformersRope
 from megarl.models.families import FamilySpec
 from megarl.models.layout import ParallelLayout
 
@@ -112,6 +112,6 @@ def gpt_model_kwargs(dims: ModelDims, layout: ParallelLayout, role: str) -> dict
         share_embeddings_and_output_weights=dims.tie_word_embeddings and role != "critic",
         parallel_output=True,
     )
-    if isinstance(dims.rope, (DefaultRope, LinearRope, Llama3Rope)):
+    if isinstance(dims.rope, (DefaultRope, LinearRope, Llama3Rope, TransformersRope)):
         kwargs["rotary_base"] = dims.rope.theta
     return kwargs

@@ -126,7 +126,19 @@ class YarnRope:
     mscale_all_dim: float
 
 
-Rope = DefaultRope | LinearRope | Llama3Rope | YarnRope
+@dataclass(frozen=True)
+class TransformersRope:
+    """A RoPE whose inverse frequencies transformers computes for the config (``ROPE_INIT_FUNCTIONS[rope_type]``),
+    set on megatron's rotary embedding after the build; transformers' ``attention_factor`` on cos and sin
+    scales q and k alike, so it is folded into the softmax scale (times its square). gpt-oss's YaRN with
+    ``truncate: false``, which megatron's ``YarnRotaryEmbedding`` (always truncating) cannot build."""
+
+    theta: float
+    rope_type: str
+    attention_factor: float
+
+
+Rope = DefaultRope | LinearRope | Llama3Rope | YarnRope | TransformersRope
 
 
 @dataclass(frozen=True)
@@ -175,6 +187,7 @@ class ModelDims:
     local_rope: Rope | None = None  # the RoPE of the sliding-window layers, where it differs (Gemma-3)
     embedding_scale: float | None = None  # the embedding output is multiplied by it (Gemma: sqrt(hidden))
     final_logit_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma-2)
+    clamped_swiglu: tuple[float, float] | None = None  # gpt-oss's (limit, alpha): see families/gpt_oss.py
 
     @property
     def is_moe(self) -> bool:

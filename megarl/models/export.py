@@ -31,6 +31,7 @@ from megarl.models.families import family_for
 from megarl.models.fp8 import block_fp8
 from megarl.models.layout import ParallelLayout
 from megarl.models.loading import INDEX_FILE, SINGLE_FILE, chunk_parameters, this_rank_shards
+from megarl.models.packed import pack_stream
 from megarl.models.shards import ShardSpec, hf_tensor_shapes, param_shards
 
 
@@ -153,9 +154,11 @@ def gather_hf_tensors(
     local = {(spec.vpp_chunk, spec.name): tensor for spec, tensor in pairs}
     param_dtype = next(tensor.dtype for spec, tensor in pairs if not spec.buffer)
     sources = _sources(param_shards(config, layout, role, transformer_impl))
-    for name, full in gather_pieces(hf_tensor_shapes(config, role), sources, local, dst,
-                                    lambda spec: torch.float32 if spec.buffer else param_dtype):
-        yield name, full if dtype is None or sources[name][0][1].buffer else full.to(dtype)
+    gathered = gather_pieces(hf_tensor_shapes(config, role), sources, local, dst,
+                             lambda spec: torch.float32 if spec.buffer else param_dtype)
+    cast = ((name, full if dtype is None or sources[name][0][1].buffer else full.to(dtype)) for name, full in gathered)
+    family = family_for(config)
+    yield from pack_stream(family, family.read_dims(config), cast)  # a family's packed tensors, as in its checkpoints
 
 
 def gather_pieces(shapes: dict[str, tuple[int, ...]], sources: dict[str, list], local: dict, dst: int,

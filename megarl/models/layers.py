@@ -10,6 +10,8 @@ builds their own layers (``FamilySpec.decoder_spec``).
   scattered over the sequence, and the norm is per token, so it needs no communication.
 * ``LayerRopeSelfAttention``: self-attention with a RoPE of its own instead of the model's
   (Gemma-3's sliding-window layers use another base than its global ones).
+* ``FreshOutputRowParallelLinear``: a row-parallel linear whose output megatron's MLP may add a
+  bias to in place (gpt-oss's biased experts; see the class).
 
 Norm parameters carry ``sequence_parallel`` under sequence parallelism, as megatron's fused norms
 do, so that megatron all-reduces their gradients over the TP group.
@@ -75,3 +77,19 @@ class LayerRopeSelfAttention(SelfAttention):
             # the model's table covers every position of the (packed) row: this layer's covers the same
             kwargs["rotary_pos_emb"] = self.layer_rotary(emb.shape[0], packed_seq=True)
         return super().forward(*args, **kwargs)
+
+
+class FreshOutputRowParallelLinear(RowParallelLinear):
+    """``RowParallelLinear`` returning a fresh output tensor.
+
+    megatron-core 0.16.1's ``MLP`` adds a MoE expert's output bias in place (``output += bias * prob``)
+    when the expert has a per-token scale. Without sequence parallelism the row-parallel all-reduce
+    returns its input itself, a view created inside a custom autograd Function, which autograd forbids
+    modifying in place: gpt-oss's biased experts failed in backward ("Output 0 of
+    _ReduceFromModelParallelRegion is a view and is being modified inplace"). The clone costs one
+    copy of the expert's output.
+    """
+
+    def forward(self, input_, *args, **kwargs):
+        output, bias = super().forward(input_, *args, **kwargs)
+        return output.clone(), bias

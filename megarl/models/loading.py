@@ -22,6 +22,7 @@ from megarl.models.dims import load_hf_config
 from megarl.models.fp8 import Dequantizer, block_fp8
 from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
+from megarl.models.packed import packed_parts, read_piece
 from megarl.models.shards import HF_VALUE_BIAS, HF_VALUE_WEIGHT, ShardSpec, rank_shards
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ def load_hf_weights(
     files = checkpoint_files(model_dir)
     dequantize = Dequantizer(model_dir, files, block_fp8(hf_config))  # refuses other quantisations
     log_skipped_tensors(hf_config, files, str(model_dir))
+    family = family_for(hf_config)
+    packed = packed_parts(family, family.read_dims(hf_config))  # parts read from a row of a packed tensor
     report = LoadReport()
     by_file: dict[str, list] = defaultdict(list)
     for spec, param in pairs:
@@ -172,6 +175,8 @@ def load_hf_weights(
         for piece in spec.pieces:
             if piece.hf_name in files:
                 by_file[files[piece.hf_name]].append((piece, param))
+            elif piece.hf_name in packed and packed[piece.hf_name][0].name in files:
+                by_file[files[packed[piece.hf_name][0].name]].append((piece, param))
             elif role == "critic" and piece.hf_name in (HF_VALUE_WEIGHT, HF_VALUE_BIAS):
                 report.left_initialised.append(piece.hf_name)
             else:
@@ -180,6 +185,11 @@ def load_hf_weights(
         report.files.append(file_name)
         with safe_open(str(model_dir / file_name), framework="pt") as f:
             for piece, param in by_file[file_name]:
+                if piece.hf_name in packed:
+                    values = read_piece(f, packed[piece.hf_name], piece.hf_slice)
+                    param.data[piece.megatron_slice].copy_(dequantize(piece.hf_name, piece.hf_slice, values))
+                    report.elements_read += values.numel()
+                    continue
                 shape = tuple(f.get_slice(piece.hf_name).get_shape())
                 if shape != piece.hf_shape:
                     raise ValueError(f"{piece.hf_name}: checkpoint shape {shape} != config shape {piece.hf_shape}")

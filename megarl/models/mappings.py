@@ -12,6 +12,8 @@ Kinds:
                dim 1 = row-parallel linear.
   FusedQKV     megatron's ``linear_qkv``: per query group g, [q rows of g's heads; k_g; v_g];
                TP ranks hold whole groups.
+  GatedQKV     FusedQKV with an output gate (Qwen3-Next): HF's ``q_proj`` holds [q_h; gate_h] per head,
+               megatron's ``linear_qkv`` per query group [q of its heads; their gates; k_g; v_g].
   FusedGateUp  megatron's ``linear_fc1`` with SwiGLU: each TP rank holds [its gate rows; its up rows].
   VocabSplit   the embedding / output layer: the vocabulary padded to ``padded`` rows (megatron's
                ``make_vocab_size_divisible_by`` rule), split evenly; the padding rows, at the end
@@ -102,6 +104,34 @@ class FusedQKV:
 
 
 @dataclass(frozen=True)
+class GatedQKV:
+    """q_proj [heads * 2 * head_dim, ...] ([q_h; gate_h] per head h), k and v [groups * head_dim, ...], fused
+    per query group as megatron's ``attention_output_gate`` reads them: [q of the group's heads; their
+    gates; k_g; v_g]. TP ranks hold whole groups."""
+
+    q: HFTensor
+    k: HFTensor
+    v: HFTensor
+    num_groups: int
+    heads_per_group: int
+    head_dim: int
+    split_dim = 0
+
+    def tensors(self) -> tuple[HFTensor, ...]:
+        return (self.q, self.k, self.v)
+
+    def blocks(self, parts: int, rank: int) -> list[Block]:
+        first, last = _part(self.num_groups, parts, rank, f"query groups of {self.q.name}")
+        d, blocks = self.head_dim, []
+        for g in range(first, last):
+            heads = range(g * self.heads_per_group, (g + 1) * self.heads_per_group)
+            blocks += [Block(self.q, 2 * h * d, (2 * h + 1) * d) for h in heads]
+            blocks += [Block(self.q, (2 * h + 1) * d, (2 * h + 2) * d) for h in heads]
+            blocks += [Block(self.k, g * d, (g + 1) * d), Block(self.v, g * d, (g + 1) * d)]
+        return blocks
+
+
+@dataclass(frozen=True)
 class FusedGateUp:
     """gate and up [ffn, hidden] fused along dim 0; each rank holds its gate part then its up part."""
 
@@ -139,4 +169,4 @@ class VocabSplit:
         return [Block(self.tensor, start, stop)] if start < stop else []
 
 
-Mapping = Replicated | Split | FusedQKV | FusedGateUp | VocabSplit
+Mapping = Replicated | Split | FusedQKV | GatedQKV | FusedGateUp | VocabSplit

@@ -28,7 +28,7 @@ from transformers import PretrainedConfig
 from megarl.models.dims import MLAttention, load_hf_config
 from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
-from megarl.models.mappings import FusedGateUp, FusedQKV, Mapping, Replicated, Split, VocabSplit
+from megarl.models.mappings import FusedGateUp, FusedQKV, GatedQKV, Mapping, Replicated, Split, VocabSplit
 from megarl.models.shards import chunk_params
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
@@ -77,7 +77,7 @@ def _splits_of(mapping: Mapping) -> dict[str, VllmSplit]:
         return {mapping.tensor.name: VllmSplit("vocab")}
     if isinstance(mapping, Split):
         return {mapping.tensor.name: VllmSplit("column" if mapping.dim == 0 else "row")}
-    if isinstance(mapping, FusedQKV):
+    if isinstance(mapping, (FusedQKV, GatedQKV)):  # GatedQKV: whole heads of q_proj ([q_h; gate_h]) per rank
         kv = VllmSplit("kv_heads", mapping.num_groups)
         return {mapping.q.name: VllmSplit("column"), mapping.k.name: kv, mapping.v.name: kv}
     if isinstance(mapping, FusedGateUp):
@@ -90,6 +90,15 @@ def vllm_splits(hf_config_or_dir: PretrainedConfig | str) -> dict[str, VllmSplit
     config = load_hf_config(hf_config_or_dir)
     family = family_for(config)
     dims = family.read_dims(config)
+    if family.weight_sync_refusal:
+        raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet: "
+                         f"{family.weight_sync_refusal}")
+    packed = family.packed_tensors(dims)
+    if packed:
+        raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet: its "
+                         f"checkpoint packs several bridge tensors into one ({packed[0].name}, ...) and the sync "
+                         "sends them unpacked; the bridge loads, trains and exports it (save_hf_checkpoint), a rollout engine "
+                         "cannot receive its weights yet")
     return splits_of_params(chunk_params(dims, family, ParallelLayout(), 0, 0, "actor"), family)
 
 

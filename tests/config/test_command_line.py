@@ -128,6 +128,8 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     ("+reward.reward_model.rollout.load_format=dummy", "vLLM load formats other than auto", None),
     ("actor_rollout_ref.model.lora.dtype=bf16", "an adapter dtype apart from the model's", None),
     ("actor_rollout_ref.actor.profiler.enable=True", "profiling inside the workers", None),
+    ("actor_rollout_ref.model.mtp.enable=True", "multi-token prediction (MTP) layers", 24),
+    ("actor_rollout_ref.model.mtp.enable_train=True", "multi-token prediction (MTP) layers", 24),
 ])
 def test_refusals_name_the_feature_what_megarl_does_and_the_issue(override, feature, issue):
     (problem,) = [p for p in problems_of(override, "trainer.n_gpus_per_node=4") if p.is_refusal]

@@ -75,6 +75,14 @@ SCENARIOS += [(f"glm4_moe/{name}", "glm4_moe", layout, "actor", extra) for name,
 # Kimi-K2 is deepseek_v3's bridge: two layouts show its model type reaches it on every rank.
 SCENARIOS += [("kimi_k2/tp2_sp", "kimi_k2", ParallelLayout(tp=2, sequence_parallel=True), "actor", {"export": True}),
               ("kimi_k2/ep2", "kimi_k2", ParallelLayout(ep=2), "actor", {"export": True})]
+# gpt-oss (2 layers: sliding, full): sinks split with the heads over TP, the sliding layer on its own PP stage,
+# the packed experts split over EP and packed back by the export.
+SCENARIOS += [("gpt_oss/tp2_sp", "gpt_oss", ParallelLayout(tp=2, sequence_parallel=True), "actor", {"export": True}),
+              ("gpt_oss/pp2", "gpt_oss", ParallelLayout(pp=2), "actor", {"export": True}),
+              ("gpt_oss/ep2", "gpt_oss", ParallelLayout(ep=2), "actor", {"export": True})]
+# Qwen3-Next (4 layers: linear, full | linear, linear): PP splits the hybrid pattern, EP its experts (its DeltaNet runs at TP=1).
+SCENARIOS += [("qwen3_next/pp2", "qwen3_next", ParallelLayout(pp=2), "actor", {"export": True}),
+              ("qwen3_next/ep2", "qwen3_next", ParallelLayout(ep=2), "actor", {"export": True})]
 
 
 class ReadRecorder:

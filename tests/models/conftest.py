@@ -16,6 +16,13 @@
                   random router bias, a shared expert, layer 0 dense)
   kimi_k2         tiny Kimi-K2: DeepSeek-V3's architecture under model_type kimi_k2 (transformers has
                   none: megarl registers it), Kimi-K2's one expert group, YaRN betas 1/1, scaling 2.827
+  gpt_oss         tiny gpt-oss (sinks, biases on q/k/v/o, the router and the experts, a window of 5
+                  on layer 0 and full attention on layer 1, 8 experts top-2, a SwiGLU clamp that clips)
+  gpt_oss_yarn    gpt_oss (seed 6) with YaRN as gpt-oss publishes it (truncate: false), factor 4 over an
+                  original context of 16, on 64 tokens
+  qwen3_next      tiny Qwen3-Next: 4 layers linear, full, linear, linear (gated DeltaNet with 2 key / 4
+                  value heads; gated, quarter-rotary full attention), 8 experts top-2 with a gated shared
+                  expert, layer 2 dense
   reference.pt    {checkpoint: {"input_ids", "output"}}: HF transformers logits (values for the
                   critic) in fp32 on a fixed random batch, the reference every test compares to.
                   RoPE checkpoints get sequences past their original context (YaRN / Llama-3 scaling).
@@ -28,11 +35,15 @@ import pytest
 import torch
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
-NEW_FAMILIES = ["gemma2", "gemma3", "glm4_moe", "kimi_k2"]  # families of issue 24, their own tiny models (FamilySpec.tiny_config)
+NEW_FAMILIES = ["gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next"]  # families of issue 24, their own tiny models (FamilySpec.tiny_config)
 BATCH, SEQ = 2, 16
-LONG = {"deepseek_v3": 96, "kimi_k2": 96, "llama_rope3": 160}  # past YaRN's original 64 / the Llama-3 original 32
+LONG = {"deepseek_v3": 96, "kimi_k2": 96, "llama_rope3": 160,  # past YaRN's original 64 / the Llama-3 original 32
+        "qwen3_next": 80, "gpt_oss_yarn": 64}  # past the gated delta rule's first chunk of 64
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 2.0,
                "high_freq_factor": 8.0, "original_max_position_embeddings": 32}
+# gpt-oss's published YaRN (factor 32, betas 32 / 1, truncate false) on a short original context of 16
+GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 16}
 
 
 def _hf_output(checkpoint: Path, input_ids: torch.Tensor, critic: bool) -> torch.Tensor:
@@ -81,10 +92,12 @@ def build_zoo(root: Path) -> Path:
     make_tiny_model("llama", "tiny", root / "llama_vocab504", seed=5, vocab_size=504)
     for family in NEW_FAMILIES:
         make_tiny_model(family, "tiny", root / family, seed=0)
+    with_rope(make_tiny_model("gpt_oss", "tiny", root / "gpt_oss_yarn", seed=6), GPT_OSS_YARN)
 
     generator = torch.Generator().manual_seed(0)
     reference = {}
-    extra = ["llama_tied", "llama_small", "llama_sharded", "llama_critic", "deepseek_v3", "llama_rope3", "llama_vocab504"]
+    extra = ["llama_tied", "llama_small", "llama_sharded", "llama_critic", "deepseek_v3", "llama_rope3", "llama_vocab504",
+             "gpt_oss_yarn"]
     for name in FAMILIES + extra + NEW_FAMILIES:
         vocab = 504 if name == "llama_vocab504" else 512
         input_ids = torch.randint(0, vocab, (BATCH, LONG.get(name, SEQ)), generator=generator)

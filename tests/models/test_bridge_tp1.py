@@ -14,7 +14,7 @@ from megarl.models import (
 
 TOLERANCE = 1e-5
 CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3",
-               "gemma2", "gemma3", "glm4_moe", "kimi_k2"]
+               "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "gpt_oss_yarn", "qwen3_next"]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,8 @@ def test_logits_match_hugging_face(world, model_zoo, name):
     assert (logits - reference["output"]).abs().max().item() <= TOLERANCE
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe", "gpt_oss", "gpt_oss_yarn",
+                                  "qwen3_next"])
 def test_packed_sequences_match_hugging_face(world, model_zoo, name):
     """A prefix of row 0 and all of row 1 packed into one row (megatron's THD with ``cu_seqlens``): RoPE
     restarts at each sequence and nothing attends across them, so each equals HF on its own."""
@@ -100,7 +101,7 @@ def test_tied_embeddings_share_one_tensor(world, model_zoo):
     assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next"])
 def test_export_reproduces_the_checkpoint_bit_for_bit(world, model_zoo, name):
     [model] = build_model(model_zoo / name, ParallelLayout())
     original = _checkpoint_tensors(model_zoo / name)
@@ -318,3 +319,53 @@ def test_deepseek_variants_match_hugging_face(world, tmp_path, variant):
     with torch.no_grad():
         reference = hf(ids).logits
     assert (_forward(model, ids) - reference).abs().max().item() <= TOLERANCE
+
+
+def test_qwen3_next_skips_its_mtp_tensors_by_name_and_exports_the_main_model(world, model_zoo, tmp_path, caplog, monkeypatch):
+    """Qwen3-Next checkpoints carry their multi-token-prediction layer under ``mtp.*``: the load skips them
+    in one named log line, the logits stay HF's, the export is the checkpoint without them (a documented skip)."""
+    import logging
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from megarl.models import loading
+
+    checkpoint = tmp_path / "qwen3_next_mtp"
+    shutil.copytree(model_zoo / "qwen3_next", checkpoint)
+    original = _checkpoint_tensors(checkpoint)
+    mtp = {"mtp.fc.weight": torch.randn(128, 256), "mtp.pre_fc_norm_hidden.weight": torch.randn(128),
+           "mtp.layers.0.input_layernorm.weight": torch.randn(128)}
+    save_file({**original, **mtp}, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(loading, "_logged_skips", set())
+    with caplog.at_level(logging.INFO, logger="megarl.models.loading"):
+        [model] = build_model(checkpoint, ParallelLayout())
+    [line] = [r.getMessage() for r in caplog.records if "multi-token prediction" in r.getMessage()]
+    assert "skipping 3 tensors" in line and "mtp.*" in line
+    assert loading.describe_skipped(checkpoint) == line
+    reference = _reference(model_zoo, "qwen3_next")
+    assert (_forward(model, reference["input_ids"]) - reference["output"]).abs().max().item() <= TOLERANCE
+    exported = dict(gather_hf_tensors([model], checkpoint, ParallelLayout()))
+    assert sorted(exported) == sorted(original)
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "qwen3_next"])
+def test_backward_reaches_every_parameter(world, model_zoo, name):
+    """A training step's gradients are finite and non-zero for every parameter: sinks, the experts' biases
+    (megatron adds them in place: gpt-oss failed in backward before FreshOutputRowParallelLinear), every
+    DeltaNet tensor."""
+    [model] = build_model(model_zoo / name, ParallelLayout())
+    model.train()
+    ids = _reference(model_zoo, name)["input_ids"]
+    logits = model(ids, torch.arange(ids.shape[1]).unsqueeze(0), None)
+    logits.float().logsumexp(-1).mean().backward()
+    routed = set()
+    for param_name, param in model.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), param_name
+        if ".local_experts." in param_name:  # an expert no token chose this step has a zero gradient
+            if param.grad.abs().sum() > 0:
+                routed.add(param_name.split(".local_experts.")[0])
+        else:
+            assert param.grad.abs().sum() > 0, param_name
+    moe_layers = {n.split(".local_experts.")[0] for n, _ in model.named_parameters() if ".local_experts." in n}
+    assert routed == moe_layers  # every MoE layer's experts got gradients

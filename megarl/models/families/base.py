@@ -22,6 +22,9 @@ knows about the architecture:
   them (Gemma's four norms per layer, its soft-capped and windowed attention, a RoPE per layer type);
 * ``skipped_hf_tensors``: checkpoint tensors the bridge leaves out on purpose (named in a log line);
 * ``tiny_config`` / ``tiny_chat_format``: the family's tiny random model (``megarl.devtools.tiny_model``);
+* ``packed_tensors``: checkpoint tensors that hold several of the bridge's HF-side tensors (gpt-oss
+  stores each layer's experts as one ``[experts, ...]`` tensor, transposed, gate and up interleaved):
+  the loader reads a part from its row, the exporter packs the parts back into the checkpoint tensor;
 * ``hf_classes``: the transformers config and causal-LM classes of a model type transformers does
   not know (Kimi-K2's ``kimi_k2``), registered with its Auto classes when such a config.json is
   first read, so that it loads unchanged.
@@ -82,6 +85,21 @@ def fused_pre_mlp_norm(param: ParamMap, dims: ModelDims, layer: int) -> ParamMap
 
 
 @dataclass(frozen=True)
+class PackedTensor:
+    """A checkpoint tensor ``name`` [shape] made of the bridge's HF-side tensors ``parts``.
+
+    ``parts``: bridge name -> (the row of dim 0 it comes from, row -> the bridge tensor); the
+    ``ParamMap``s name the parts, so TP/EP splits, shards and pieces stay those of ordinary
+    tensors. ``pack``: every part (by bridge name) -> the checkpoint tensor, the inverse.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    parts: dict[str, tuple[int, Callable]]
+    pack: Callable[[dict], object]
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """A model family (see the module docstring); registered in ``megarl.models.families``."""
 
@@ -109,6 +127,10 @@ class FamilySpec:
     tiny_chat_format: str = "chatml"  # the tiny tokenizer's chat format (``megarl.devtools.tiny_tokenizer``)
     # ``hf_classes() -> (config class, causal-LM class)`` for a model type transformers lacks (imported on first use)
     hf_classes: Callable[[], tuple[type, type]] | None = None
+    # ``packed_tensors(dims) -> [PackedTensor]``: checkpoint tensors holding several bridge tensors (gpt-oss's experts)
+    packed_tensors: Callable[[ModelDims], list[PackedTensor]] = field(default=lambda dims: [])
+    # why the weight sync into vLLM refuses this family (checked by ``megarl.models.vllm_layout.vllm_splits``), or None
+    weight_sync_refusal: str | None = None
 
 
 # ---------------------------------------------------------------- parameter maps

