@@ -2,7 +2,7 @@
 
 Why not megatron-core's ``megatron.core.ssm.gated_delta_net.GatedDeltaNet``: its constructor
 refuses to build without the ``fla`` package (flash-linear-attention, CUDA/Triton only, not in
-megarl's environment), its parameters are made on ``torch.cuda.current_device()``, it refuses packed
+megarl's environment), its parameters are made on the current CUDA device, it refuses packed
 sequences, and its fused ``in_proj`` orders q, k, v, z, b, a differently from the checkpoints. This
 module keeps Hugging Face's parameters as they are (``in_proj_qkvz``, ``in_proj_ba``, ``conv1d``,
 ``dt_bias``, ``A_log``, the gated ``norm``, ``out_proj``) and computes what transformers'

@@ -99,6 +99,12 @@ def host_buffer(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=has_cuda())
 
 
+def limit_memory_fraction(fraction: float, device: torch.device) -> None:
+    """This process may allocate at most ``fraction`` of ``device``'s memory (CUDA); nothing on CPU."""
+    if has_cuda():
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
 def device_rng_state() -> torch.Tensor | None:
     """The accelerator's RNG state (for checkpoints); None on CPU, where torch's default generator is all."""
     return torch.cuda.get_rng_state() if has_cuda() else None

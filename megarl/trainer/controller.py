@@ -369,7 +369,7 @@ class RLTrainer:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.history = list(state.get("history", []))
         freq, step = self.settings.trainer.ref_update_freq, self.global_step + 1  # the next step
-        if self.uses_reference and freq > 0 and 0 < freq * (step // freq) < step:
+        if self.settings.needs_reference and freq > 0 and 0 < freq * (step // freq) < step:
             logger.warning("trainer.ref_update_freq=%d: the reference takes the resumed actor's weights (after step %d) "
                            "instead of those it took at the start of step %d, which checkpoints do not keep; a resume "
                            "from the checkpoint of a step k*%d - 1 continues exactly", freq, self.global_step,

@@ -366,9 +366,8 @@ def columns(prompts):
 def test_the_single_turn_seam_gives_the_batch_paths_step_data(fleet, prompts, tokenizer):
     """Single-turn GRPO through the agent seam (one request per sample, per-turn seeds) is the batch
     call of before: the same tokens, log-probs, masks and advantages on fixed seeds."""
-    from omegaconf import OmegaConf
-
     from megarl.agent.trajectory import Trajectory
+    from megarl.config.schema import AlgorithmConfig
     from megarl.trainer.advantage_step import compute_advantages
     from megarl.trainer.rollout_batch import build_step_data
 
@@ -384,12 +383,11 @@ def test_the_single_turn_seam_gives_the_batch_paths_step_data(fleet, prompts, to
     assert torch.equal(before.batch.attention_mask, after.batch.attention_mask)
     assert (before["rollout_log_probs"] - after["rollout_log_probs"]).abs().max() < 1e-5
     assert before["finish_reason"] == after["finish_reason"] and before["response_text"] == after["response_text"]
-    cfg = OmegaConf.create({"algorithm": {"adv_estimator": "grpo", "gamma": 1.0, "lam": 1.0,
-                                          "norm_adv_by_std_in_grpo": True}})
+    algorithm = AlgorithmConfig(adv_estimator="grpo", gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True)
     scores = torch.zeros(before.batch.response_mask.shape)
     scores[:, 0] = (before.batch.responses.sum(-1) % 3).float()  # any score that depends on the tokens
-    adv_before, _ = compute_advantages(cfg.algorithm, scores, before.batch.response_mask, before["uid"])
-    adv_after, _ = compute_advantages(cfg.algorithm, scores, after.batch.response_mask, after["uid"])
+    adv_before, _ = compute_advantages(algorithm, scores, before.batch.response_mask, before["uid"])
+    adv_after, _ = compute_advantages(algorithm, scores, after.batch.response_mask, after["uid"])
     assert torch.equal(adv_before, adv_after) and adv_before.abs().sum() > 0
 
 

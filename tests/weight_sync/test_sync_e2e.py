@@ -95,6 +95,8 @@ def test_sync_makes_fleet_serve_trainer_weights(models, fleets, layout):
     cfg = config(model, models["data"], **layout)
     key = (str(model), layout.get("rollout", "vllm"))
     if key not in fleets:
+        for other in list(fleets):  # the layouts are ordered by fleet: one fleet at a time fits the CPUs Ray has
+            fleets.pop(other).shutdown()
         fleets[key] = RolloutFleet(cfg.actor_rollout_ref.rollout, str(model))
     fleet = fleets[key]
     workers = WorkerGroup(MegatronWorker, 2, init_args=(worker_settings(cfg, 2),))

@@ -6,7 +6,7 @@ must be 1). It receives full HF tensors from the weight sync, serves no LoRA ada
 updates only) and has no sleep mode. The rollout keys it reads: ``dtype``, ``max_model_len`` (else
 prompt + response length), ``max_num_seqs`` (sequences per step), ``max_num_batched_tokens`` (tokens
 per step: one per running sequence plus the prompts it admits), ``gpu_memory_utilization`` (GPU: the
-process's share of the device, ``torch.cuda.set_per_process_memory_fraction``), ``logprobs_mode``,
+process's share of the device, ``platform.hardware.limit_memory_fraction``), ``logprobs_mode``,
 ``disable_log_stats``, ``seed``; what it cannot do is refused by ``config_problems`` before anything
 starts (``megarl.checks`` calls it for ``rollout.name=hf``).
 """

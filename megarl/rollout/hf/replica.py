@@ -70,10 +70,11 @@ class HFReplica(GatedReplica):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from megarl.platform.hardware import limit_memory_fraction
         from megarl.rollout.hf.engine import resolve_dtype
 
         if self.on_gpu:
-            torch.cuda.set_per_process_memory_fraction(spec.gpu_memory_utilization, self.device)
+            limit_memory_fraction(spec.gpu_memory_utilization, self.device)
         else:
             torch.set_num_threads(spec.cpu_threads)
         model = AutoModelForCausalLM.from_pretrained(
