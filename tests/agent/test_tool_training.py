@@ -66,6 +66,7 @@ def test_a_verl_multi_turn_gsm8k_config_runs(tmp_path):
     assert logged["rollout/logprob_diff"][0] < 1e-4
 
 
+@pytest.mark.curve  # a learning curve with its control (146 s): make test-all; make test runs the tool loop's GRPO run above
 @pytest.mark.timeout(1500)
 def test_a_tool_only_task_is_learned_and_the_gain_is_the_tools(tmp_path):
     """The learning test (``tool_tasks.lookup``): each item's code is a secret digit only the tool

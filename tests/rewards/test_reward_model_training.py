@@ -93,6 +93,7 @@ PARITY = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.curve  # a learning curve (83 s): make test-all; make test runs the judge's step below and the scores in test_reward_model_vllm
 @pytest.mark.timeout(1200)
 def test_grpo_raises_what_a_trained_reward_model_prefers(inputs, tmp_path):
     from megarl.run.train import run
