@@ -41,7 +41,7 @@ class Recorder:
     def __init__(self):
         self.steps: dict[int, dict] = {}
 
-    def log(self, metrics, step, console=True):
+    def log(self, metrics, step, console=True, progress=None):
         self.steps.setdefault(step, {}).update(metrics)
 
     def log_generations(self, samples, step):

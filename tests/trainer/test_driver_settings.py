@@ -50,7 +50,7 @@ class _Logger:
     def __init__(self):
         self.logged, self.generations = [], []
 
-    def log(self, metrics, step, console=True):
+    def log(self, metrics, step, console=True, progress=None):
         self.logged.append((step, dict(metrics)))
 
     def log_generations(self, samples, step):

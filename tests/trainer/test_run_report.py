@@ -225,6 +225,7 @@ def reporter_cfg(tmp_path, **trainer):
         "trainer": {"rollout_data_dir": None, "validation_data_dir": None, "log_train_generations": 1,
                     "log_train_generations_freq": 2, "default_local_dir": str(tmp_path), **trainer},
         "custom_reward_function": {"path": None, "name": "compute_score"},
+        "algorithm": {"adv_estimator": "grpo"}, "critic": {"enable": None},
         "actor_rollout_ref": {"rollout": {"response_length": 8}}})
 
 

@@ -73,7 +73,7 @@ class _Logger:
     def __init__(self):
         self.logged = []
 
-    def log(self, metrics, step, console=True):
+    def log(self, metrics, step, console=True, progress=None):
         self.logged.append(step)
 
 
