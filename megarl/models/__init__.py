@@ -52,15 +52,24 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def lazy_exports(package: str, homes: dict[str, str]):
+    """A package's ``__getattr__`` (PEP 562): each name in ``homes`` is imported from its home module on
+    first use and kept in the package, so importing the package stays cheap."""
     import importlib
+    import sys
 
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+    def __getattr__(name: str):
+        home = homes.get(name)
+        if home is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
+
+
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = [

@@ -6,6 +6,8 @@ ranks, with sliding windows, logit soft-capping and attention sinks (see ``core`
   context_parallel  which tokens a CP rank holds; the all-gather of keys/values and its backward
   core              the megatron module, and ``use_core_attention`` for a layer spec
 """
+from megarl.models import lazy_exports
+
 # Imported on first use (PEP 562): the engine's packing needs the CP layout without megatron-core.
 _HOMES = {
     "CoreAttention": "megarl.models.attention.core",
@@ -19,15 +21,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = sorted(_HOMES)
