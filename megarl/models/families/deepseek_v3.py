@@ -144,14 +144,17 @@ def deepseek_moe_params(dims: ModelDims, i: int) -> list[ParamMap]:
     return params
 
 
-def layer_params(dims: ModelDims, i: int) -> list[ParamMap]:
+def deepseek_mlp_params(dims: ModelDims, i: int) -> list[ParamMap]:
+    """Layer ``i``'s MLP: DeepSeekMoE on MoE layers, a dense SwiGLU on the first ``first_k_dense_replace``."""
     if dims.is_moe_layer(i):
-        mlp = deepseek_moe_params(dims, i)
-    else:
-        p = f"model.layers.{i}.mlp."
-        mlp = swiglu_params("mlp.", p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight",
-                            dims.hidden_size, dims.ffn_hidden_size)
-    return layer_norm_params(dims, i) + mla_params(dims, i) + mlp
+        return deepseek_moe_params(dims, i)
+    p = f"model.layers.{i}.mlp."
+    return swiglu_params("mlp.", p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight",
+                         dims.hidden_size, dims.ffn_hidden_size)
+
+
+def layer_params(dims: ModelDims, i: int) -> list[ParamMap]:
+    return layer_norm_params(dims, i) + mla_params(dims, i) + deepseek_mlp_params(dims, i)
 
 
 def transformer_config(dims: ModelDims) -> dict:

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from megarl.models.dims import ModelDims, MoE, common_dims, gqa_attention, read_rope, rope_parameters
 from megarl.models.families.base import FamilySpec, attention_params, gqa_transformer_config, layer_norm_params
-from megarl.models.families.base import swiglu_params
-from megarl.models.families.deepseek_v3 import deepseek_moe_params, mtp_layers
+from megarl.models.families.deepseek_v3 import deepseek_mlp_params, mtp_layers
 
 
 def _refuse(config, field: str, value, why: str) -> ValueError:
@@ -60,13 +59,7 @@ def read_dims(config) -> ModelDims:
 
 
 def layer_params(dims: ModelDims, i: int):
-    if dims.is_moe_layer(i):
-        mlp = deepseek_moe_params(dims, i)
-    else:
-        p = f"model.layers.{i}.mlp."
-        mlp = swiglu_params("mlp.", p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight",
-                            dims.hidden_size, dims.ffn_hidden_size)
-    return layer_norm_params(dims, i) + attention_params(dims, i) + mlp
+    return layer_norm_params(dims, i) + attention_params(dims, i) + deepseek_mlp_params(dims, i)
 
 
 def transformer_config(dims: ModelDims) -> dict:
