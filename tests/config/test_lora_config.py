@@ -120,7 +120,7 @@ def peft_adapter(model: Path, out: Path, target_modules: list[str], r: int = 8, 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    torch = pytest.importorskip("torch")
+    import torch
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
     get_peft_model(base, LoraConfig(r=r, lora_alpha=alpha, target_modules=target_modules)).save_pretrained(out)
