@@ -6,17 +6,18 @@ connection's keepalive ran out: the driver waited 460 s for a rank that had died
 other kills surfaced in 8-16 s). ``platform.forks`` now takes such children down with the rank; this
 watch does not depend on it: while the driver waits (``ProcessWatch.wait``, which ``WorkerGroup``
 uses instead of ``ray.get``) it looks at the processes themselves every ``WATCH_PERIOD_S``: by pid
-and start time (a reused pid is not the worker) on the driver's node, through a small probe actor
+and start time (a reused pid is not the worker; ``platform.processes``) on the driver's node, through a small probe actor
 (no CPU) on each other node. A dead one raises ``WorkerDied`` naming the rank, its pid and node and
 what it was doing; ``timeout_s`` bounds a wait (a checkpoint save: ``trainer.save_timeout_s``).
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Sequence
+
+from megarl.platform.processes import identity, running
 
 logger = logging.getLogger(__name__)
 
@@ -30,38 +31,29 @@ class WorkerDied(RuntimeError):
 @dataclass(frozen=True)
 class ProcessIdentity:
     pid: int
-    create_time: float
+    start: float  # seconds after boot (platform.processes)
     node_id: str
     node_ip: str
 
 
 def this_process() -> ProcessIdentity:
     """Called inside a worker: who it is and where."""
-    import psutil
     import ray
 
-    return ProcessIdentity(os.getpid(), psutil.Process().create_time(), ray.get_runtime_context().get_node_id(),
-                           ray.util.get_node_ip_address())
+    pid, start = identity()
+    return ProcessIdentity(pid, start, ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address())
 
 
-def is_gone(pid: int, create_time: float) -> bool:
+def is_gone(pid: int, start: float) -> bool:
     """True when no process runs under ``pid`` with that start time (it ended, or a new one took the pid)."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        return process.status() == psutil.STATUS_ZOMBIE or abs(process.create_time() - create_time) > 1e-3
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.AccessDenied:
-        return False
+    return running(pid, start) is None
 
 
 class NodeProbe:
     """A Ray actor on one node that checks processes of that node for the driver."""
 
     def gone(self, processes: list[tuple[int, float]]) -> list[bool]:
-        return [is_gone(pid, create_time) for pid, create_time in processes]
+        return [is_gone(pid, start) for pid, start in processes]
 
 
 class ProcessWatch:
@@ -82,11 +74,11 @@ class ProcessWatch:
         """The ranks whose process is gone (a node whose probe does not answer counts as unknown)."""
         import ray
 
-        ranks = [r for r, p in enumerate(self.processes) if p.node_id == self._here and is_gone(p.pid, p.create_time)]
+        ranks = [r for r, p in enumerate(self.processes) if p.node_id == self._here and is_gone(p.pid, p.start)]
         for node, probe in self._probes.items():
             on_node = [r for r, p in enumerate(self.processes) if p.node_id == node]
             try:
-                gone = ray.get(probe.gone.remote([(self.processes[r].pid, self.processes[r].create_time)
+                gone = ray.get(probe.gone.remote([(self.processes[r].pid, self.processes[r].start)
                                                   for r in on_node]), timeout=10 * WATCH_PERIOD_S)
             except Exception as exc:  # noqa: BLE001 - the node may be gone; Ray reports that itself
                 logger.warning("the process probe on node %s did not answer: %s", node, exc)

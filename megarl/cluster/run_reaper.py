@@ -34,36 +34,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from megarl.platform.processes import identity, running, start_time
+
 logger = logging.getLogger(__name__)
 
 MARKER = "megarl-run.json"
 RECORD = "megarl-processes.json"
-_START_TIME_TOLERANCE_S = 0.01
-
-
-def identity(process) -> tuple[int, float]:
-    return process.pid, process.create_time()
 
 
 def write_marker(temp_dir: str) -> None:
     """Record in the temp dir which driver owns it: this process."""
-    import psutil
-
-    pid, create_time = identity(psutil.Process())
-    Path(temp_dir, MARKER).write_text(json.dumps({"pid": pid, "create_time": create_time}))
-
-
-def running(pid: int, create_time: float):
-    """The process running under ``pid`` with that start time (a reused pid is another one), or None."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        if abs(process.create_time() - create_time) < _START_TIME_TOLERANCE_S and process.status() != psutil.STATUS_ZOMBIE:
-            return process
-    except psutil.Error:
-        pass
-    return None
+    pid, start = identity()
+    Path(temp_dir, MARKER).write_text(json.dumps({"pid": pid, "start": start}))
 
 
 def kill_recorded(recorded: list[tuple[int, float]], wait_s: float = 10.0) -> int:
@@ -71,8 +53,8 @@ def kill_recorded(recorded: list[tuple[int, float]], wait_s: float = 10.0) -> in
     import psutil
 
     found: dict[int, psutil.Process] = {}
-    for pid, create_time in recorded:
-        process = running(pid, create_time)
+    for pid, start in recorded:
+        process = running(pid, start)
         if process is None:
             continue
         found[pid] = process
@@ -104,10 +86,10 @@ def remove_stale_temp_dirs(parent: str = "/tmp") -> list[str]:
             if marker.stat().st_uid != os.getuid():
                 continue
             record = json.loads(marker.read_text())
-            pid, create_time = int(record["pid"]), float(record["create_time"])
+            pid, start = int(record["pid"]), float(record["start"])
         except (OSError, ValueError, KeyError, TypeError):
-            continue  # being written, or not ours: leave it
-        if running(pid, create_time) is not None:
+            continue  # being written, not ours, or an older megarl's (start time on the wall clock): leave it
+        if running(pid, start) is not None:
             continue
         killed = kill_recorded(read_record(marker.parent))
         shutil.rmtree(marker.parent, ignore_errors=True)
@@ -121,13 +103,11 @@ class Reaper:
     """The driver's end of the reaper (a child process): ``stop()`` once the cluster is down."""
 
     def __init__(self, temp_dir: str):
-        import psutil
-
         read_end, self._write_end = os.pipe()
-        pid, create_time = identity(psutil.Process())
+        pid, start = identity()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "megarl.cluster.run_reaper", temp_dir, str(read_end), str(pid), repr(create_time)],
+                [sys.executable, "-m", "megarl.cluster.run_reaper", temp_dir, str(read_end), str(pid), repr(start)],
                 pass_fds=(read_end,), start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         finally:
             os.close(read_end)
@@ -153,10 +133,16 @@ def _watch(temp_dir: str, fd: int, driver) -> list[tuple[int, float]]:
 
     recorded: dict[int, float] = {}
     while True:
+        now = {}
         try:
-            now = dict(identity(p) for p in driver.children(recursive=True) if p.pid != os.getpid())
+            children = [p.pid for p in driver.children(recursive=True) if p.pid != os.getpid()]
         except psutil.Error:
-            now = {}
+            children = []
+        for pid in children:
+            try:
+                now[pid] = start_time(pid)
+            except psutil.Error:
+                pass  # ended since the listing
         if any(recorded.get(pid) != start for pid, start in now.items()):
             recorded.update(now)
             recorded = {pid: start for pid, start in recorded.items() if running(pid, start) is not None}
@@ -181,10 +167,10 @@ def _alive(driver) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    temp_dir, fd, pid, create_time = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
+    temp_dir, fd, pid, start = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    driver = running(pid, create_time)
+    driver = running(pid, start)
     if driver is None:  # gone before this process looked
         recorded = read_record(temp_dir)
     else:

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from megarl.cluster import run_reaper
+from megarl.platform.processes import identity, start_time
 
 REPO = Path(__file__).resolve().parents[2]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
@@ -24,22 +25,22 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
 def stale_dir(directory: Path, driver: tuple[int, float], processes: list[subprocess.Popen]) -> Path:
     """A temp dir as a cluster leaves it: the driver's marker and the reaper's last record."""
     directory.mkdir()
-    (directory / run_reaper.MARKER).write_text(json.dumps({"pid": driver[0], "create_time": driver[1]}))
-    record = [run_reaper.identity(psutil.Process(p.pid)) for p in processes]
+    (directory / run_reaper.MARKER).write_text(json.dumps({"pid": driver[0], "start": driver[1]}))
+    record = [identity(p.pid) for p in processes]
     (directory / run_reaper.RECORD).write_text(json.dumps(record))
     return directory
 
 
 def test_the_next_run_removes_only_dead_runs_temp_dirs(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone_driver = run_reaper.identity(psutil.Process(gone.pid))
+    gone_driver = identity(gone.pid)
     gone.wait()
     me = psutil.Process()
     leftover, untouched, recycled = (subprocess.Popen(SLEEPER) for _ in range(3))
     try:
         dead = stale_dir(tmp_path / "ray_dead", gone_driver, [leftover])
-        reused = stale_dir(tmp_path / "ray_reused", (me.pid, me.create_time() - 100), [])  # the pid is another's now
-        live = stale_dir(tmp_path / "ray_live", run_reaper.identity(me), [untouched])
+        reused = stale_dir(tmp_path / "ray_reused", (me.pid, start_time(me.pid) - 100), [])  # the pid is another's now
+        live = stale_dir(tmp_path / "ray_live", identity(me.pid), [untouched])
         other = stale_dir(tmp_path / "ray_other", gone_driver, [])
         record = json.loads((other / run_reaper.RECORD).read_text())
         (other / run_reaper.RECORD).write_text(json.dumps(record + [[recycled.pid, 1.0]]))  # same pid, other start
