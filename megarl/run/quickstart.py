@@ -73,11 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     from megarl.logging.console import set_level, setup_console
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in args or "-h" in args:
+        print("usage: make quickstart [ARGS='[--verbose] [key=value ...]']\n" + __doc__)
+        return 0
     verbose = "--verbose" in args or "-v" in args
     overrides = [a for a in args if a not in ("--verbose", "-v")]
     setup_console("DEBUG" if verbose else "INFO")  # before megatron-core's import-time warnings
 
-    from megarl.checks import load_config
+    from megarl.checks import ConfigError, load_config
     from megarl.run.train import run
     from megarl.run.interrupts import InterruptGuard, interrupt_report
 
@@ -86,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         print("[quickstart] 1/3 the tiny model, the arithmetic data and the format warm-up (built once, in "
               f"{RUN_DIR})", flush=True)
         prepare()
-        cfg = load_config("quickstart", overrides)
+        try:
+            cfg = load_config("quickstart", overrides)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         if not verbose:
             set_level(cfg.trainer.log_level)
         from megarl.run.startup_lines import engine_label

@@ -248,3 +248,16 @@ def test_console_keys_and_the_verbose_flag():
     assert "trainer.log_level='LOUD': use INFO (default: a quiet console), DEBUG" in text
     assert "trainer.log_train_generations_freq=0: use a positive step count" in text
     assert "trainer.validation_data_dir=/tmp/v dumps validation samples, but data.val_files is not set" in text
+
+
+def test_quickstart_help_and_a_bad_override_end_cleanly(monkeypatch, capsys):
+    from megarl.logging import console
+    from megarl.run import quickstart
+
+    monkeypatch.setattr(quickstart, "prepare", lambda: None)  # the model and data are not needed to refuse
+    monkeypatch.setattr(console, "setup_console", lambda level: None)  # pytest's logging stays as it is
+    assert quickstart.main(["--help"]) == 0
+    assert "make quickstart" in capsys.readouterr().out
+    assert quickstart.main(["actor_rollout_ref.rollout.n=two"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "actor_rollout_ref.rollout.n" in err and "Traceback" not in err
