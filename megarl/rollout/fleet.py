@@ -189,11 +189,20 @@ class RolloutFleet:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        for replica in self._replicas:
+        closing = []
+        for replica in self._replicas:  # every engine stops at once (each takes seconds to end its processes)
             try:
-                ray.get(replica.close.remote(), timeout=60)
-            except Exception as exc:  # a dead or stuck replica is killed below all the same
+                closing.append(replica.close.remote())
+            except Exception as exc:  # noqa: BLE001 - a dead replica is killed below all the same
+                closing.append(None)
                 logger.warning("rollout replica did not close cleanly: %s", exc)
+        deadline = time.monotonic() + 60
+        for replica, ref in zip(self._replicas, closing):
+            if ref is not None:
+                try:
+                    ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
+                except Exception as exc:  # a dead or stuck replica is killed below all the same
+                    logger.warning("rollout replica did not close cleanly: %s", exc)
             ray.kill(replica)
         for group in self._groups:
             remove_placement_group(group)
