@@ -48,6 +48,10 @@ KNOWN_MESSAGES: tuple[KnownMessage, ...] = (
            "requests, engine_config.llm_kwargs), runs eager, and has no Triton; tcmalloc/iomp are speed hints; "
            "a TP=1 replica runs its worker inside the engine core (engine_config.replica_env), whose seed note "
            "is about the replica's own process"),
+    _known("vLLM engine shutdown grace period",
+           r"\[shutdown\] Process manager: force killing remaining process",
+           "megarl stops its engines at the end of a run; vLLM gives an engine process 5 s to exit, then kills "
+           "it, which on a loaded CPU host is normal: nothing of the run is lost (the summary is written first)"),
     _known("vLLM raw-prompt deprecation", r"Passing raw prompts to InputProcessor is deprecated",
            "vLLM 0.32 renders the token prompts megarl passes to AsyncLLM itself (once per replica)"),
 )

