@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable
 
 import torch
@@ -81,6 +82,53 @@ class Transport(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class StoreTransport(Transport):
+    """A transport whose participants meet through the sync store (every one here): the connection
+    state, the window of buckets in flight, the heartbeat and the leaving protocol. A subclass's
+    ``connect`` calls ``_join`` (the store), sets up what it needs, then ``_connected``; its ``close``
+    releases its own resources and calls ``_leave``."""
+
+    def __init__(self, window: int = 2) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1 (2 = double-buffered), got {window}")
+        self.window = window
+        self._rank: int | None = None
+        self._world_size = 0
+        self._store: dist.TCPStore | None = None
+        self._heartbeat = None  # liveness.Heartbeat while connected
+        self._timeout = timedelta(seconds=300)
+        self._failed: str | None = None  # what broke an earlier run: the transport refuses further runs
+
+    def _join(self, rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> dist.TCPStore:
+        """The sync world's store, for a transport not connected yet."""
+        if self._rank is not None:
+            raise SyncError(f"transport already connected as rank {self._rank}; close() it first")
+        self._timeout = timedelta(seconds=timeout_s)
+        return rendezvous(rank, world_size, master_addr, master_port, timeout_s)
+
+    def _connected(self, store: dist.TCPStore, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+        from megarl.weight_sync.transport.liveness import Heartbeat
+
+        self._store, self._rank, self._world_size = store, rank, world_size
+        self._heartbeat = Heartbeat(master_addr, master_port, rank)
+
+    def _leave(self) -> None:
+        """Stop the heartbeat and leave the store (its host waits for the others); safe to call twice."""
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        self._heartbeat = None
+        if self._rank is not None:
+            leave(self._store, self._rank, self._world_size, self._leave_wait_s())
+        self._store, self._rank, self._failed = None, None, None
+
+    def _leave_wait_s(self) -> float:
+        """The store host waits for everyone after a good sync, briefly after a failed one (dead ranks never leave)."""
+        from megarl.weight_sync.transport.liveness import FAILURE_GRACE_S
+
+        timeout = self._timeout.total_seconds()
+        return min(timeout, FAILURE_GRACE_S) if self._failed else timeout
 
 
 def rendezvous(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> dist.TCPStore:

@@ -47,8 +47,8 @@ from megarl.weight_sync.errors import SyncError
 from megarl.weight_sync.packing import GetRegion, offsets, pack_bucket, piece_bytes, region_view, unpack_bucket
 from megarl.weight_sync.planner import Bucket, SyncPlan, Transfer
 from megarl.weight_sync.schedule import Route, members, rank_schedule, route_of, routes_of
-from megarl.weight_sync.transport.base import OnBucket, RecvInto, SyncStats, Transport, check_run, leave, rendezvous
-from megarl.weight_sync.transport.liveness import FAILURE_GRACE_S, Heartbeat, describe_silent
+from megarl.weight_sync.transport.base import OnBucket, RecvInto, StoreTransport, SyncStats, check_run
+from megarl.weight_sync.transport.liveness import describe_silent
 
 
 def route_key(route: Route) -> str:
@@ -68,24 +68,16 @@ class _InFlight:
     landed: list[tuple[Transfer, torch.Tensor]] | None = None  # per region: where its bytes landed
 
 
-class CollectiveTransport(Transport):
+class CollectiveTransport(StoreTransport):
     """Windowed buckets on per-route process groups; subclasses pick the backend, the buffer device
     and the wire protocol (``per_region``)."""
 
     per_region = False  # True: one p2p send/recv per region and destination instead of one broadcast
 
     def __init__(self, window: int = 2) -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1 (2 = double-buffered), got {window}")
-        self.window = window
-        self._rank: int | None = None
-        self._world_size = 0
-        self._store: dist.TCPStore | None = None
-        self._heartbeat: Heartbeat | None = None
+        super().__init__(window)
         self._groups: dict[Route, dist.ProcessGroup] = {}
         self._buffers: list[torch.Tensor] = []
-        self._timeout = timedelta(seconds=300)
-        self._failed: str | None = None
 
     # ------------------------------------------------------------------ backend hooks
     @abc.abstractmethod
@@ -99,12 +91,8 @@ class CollectiveTransport(Transport):
     # ------------------------------------------------------------------ interface
     def connect(self, rank: int, world_size: int, master_addr: str, master_port: int, plan: SyncPlan,
                 timeout_s: float = 300.0) -> None:
-        if self._rank is not None:
-            raise SyncError(f"transport already connected as rank {self._rank}; close() it first")
-        self._timeout = timedelta(seconds=timeout_s)
-        self._store = rendezvous(rank, world_size, master_addr, master_port, timeout_s)
-        self._rank, self._world_size = rank, world_size
-        self._heartbeat = Heartbeat(master_addr, master_port, rank)
+        self._connected(self._join(rank, world_size, master_addr, master_port, timeout_s), rank, world_size,
+                        master_addr, master_port)
         for route in routes_of(plan, rank):
             group_members = members(route)
             prefixed = dist.PrefixStore(route_key(route), self._store)
@@ -160,23 +148,11 @@ class CollectiveTransport(Transport):
 
     def close(self) -> None:
         """Drop the groups and buffers (pending ops of a failed sync end at their timeout)."""
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
-        self._heartbeat = None
         self._groups.clear()
         self._buffers = []
-        if self._rank is not None:
-            leave(self._store, self._rank, self._world_size, self._leave_wait_s())
-        self._store = None
-        self._rank = None
-        self._failed = None
+        self._leave()
 
     # ------------------------------------------------------------------ internals
-    def _leave_wait_s(self) -> float:
-        """The store host waits for everyone after a good sync, briefly after a failed one (dead ranks never leave)."""
-        timeout = self._timeout.total_seconds()
-        return min(timeout, FAILURE_GRACE_S) if self._failed else timeout
-
     def _ensure_buffers(self, nbytes: int) -> None:
         if self._buffers and self._buffers[0].numel() >= nbytes:
             return

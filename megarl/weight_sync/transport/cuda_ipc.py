@@ -27,11 +27,9 @@ import socket
 import time
 import uuid
 from collections import deque
-from datetime import timedelta
 from typing import Mapping
 
 import torch
-import torch.distributed as dist
 
 from megarl import platform
 from megarl.weight_sync.errors import SyncError
@@ -39,8 +37,8 @@ from megarl.weight_sync.packing import GetRegion, pack_bucket, unpack_bucket
 from megarl.weight_sync.planner import SyncPlan
 from megarl.weight_sync.schedule import Route, members, rank_schedule, routes_of
 from megarl.weight_sync.transport import ipc_handles
-from megarl.weight_sync.transport.base import OnBucket, RecvInto, SyncStats, Transport, check_run, leave, rendezvous
-from megarl.weight_sync.transport.liveness import FAILURE_GRACE_S, Heartbeat, describe_silent
+from megarl.weight_sync.transport.base import OnBucket, RecvInto, StoreTransport, SyncStats, check_run
+from megarl.weight_sync.transport.liveness import describe_silent
 
 
 def check_colocated(routes: list[Route], host_of: Mapping[int, str]) -> None:
@@ -111,30 +109,19 @@ class _HostSharedBuffers:
         self._owned.clear()
 
 
-class CudaIpcTransport(Transport):
+class CudaIpcTransport(StoreTransport):
     name = "cuda_ipc"
 
     def __init__(self, window: int = 2) -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1 (2 = double-buffered), got {window}")
-        self.window = window
-        self._rank: int | None = None
-        self._world_size = 0
-        self._store: dist.TCPStore | None = None
-        self._heartbeat: Heartbeat | None = None
+        super().__init__(window)
         self._routes: set[Route] = set()
         self._shared = _CudaIpcBuffers() if platform.has_cuda() else _HostSharedBuffers()
         self._slots: list[tuple[torch.Tensor, bytes]] = []
-        self._timeout = timedelta(seconds=300)
         self._runs = 0
-        self._failed: str | None = None
 
     def connect(self, rank: int, world_size: int, master_addr: str, master_port: int, plan: SyncPlan,
                 timeout_s: float = 300.0) -> None:
-        if self._rank is not None:
-            raise SyncError(f"transport already connected as rank {self._rank}; close() it first")
-        self._timeout = timedelta(seconds=timeout_s)
-        store = rendezvous(rank, world_size, master_addr, master_port, timeout_s)
+        store = self._join(rank, world_size, master_addr, master_port, timeout_s)
         store.set(f"host/{rank}", socket.gethostname())
         routes = routes_of(plan, rank)
         peers = sorted({r for route in routes for r in members(route)})
@@ -145,8 +132,8 @@ class CudaIpcTransport(Transport):
             raise SyncError(f"cuda_ipc transport, rank {rank}: ranks {absent} did not connect within "
                             f"{timeout_s:g}s") from exc
         check_colocated(routes, {r: store.get(f"host/{r}").decode() for r in peers})
-        self._store, self._rank, self._world_size, self._routes = store, rank, world_size, set(routes)
-        self._heartbeat = Heartbeat(master_addr, master_port, rank)
+        self._routes = set(routes)
+        self._connected(store, rank, world_size, master_addr, master_port)
 
     def run(self, plan: SyncPlan, rank: int, get_region: GetRegion | None = None,
             on_bucket: OnBucket | None = None, recv_into: RecvInto | None = None) -> SyncStats:
@@ -191,20 +178,12 @@ class CudaIpcTransport(Transport):
         return SyncStats(sent, received, time.perf_counter() - start, len(order))
 
     def close(self) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
-        self._heartbeat = None
-        if self._rank is not None:
-            leave(self._store, self._rank, self._world_size, self._leave_wait_s())
+        self._leave()
         self._slots = []
         self._shared.release()
-        self._store, self._rank, self._routes, self._failed = None, None, set(), None
+        self._routes = set()
 
     # ------------------------------------------------------------------ internals
-    def _leave_wait_s(self) -> float:
-        """The store host waits for everyone after a good sync, briefly after a failed one (dead ranks never leave)."""
-        timeout = self._timeout.total_seconds()
-        return min(timeout, FAILURE_GRACE_S) if self._failed else timeout
 
     def _ensure_slots(self, nbytes: int) -> None:
         """``window`` shared buffers of at least ``nbytes`` (none on a rank that sends nothing)."""
