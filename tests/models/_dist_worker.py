@@ -128,41 +128,11 @@ class ReadRecorder:
 
 
 def forward(models, layout, input_ids):
-    """Logits (or values) of the last stage via megatron's schedule; None on other stages.
+    """Logits (or values) of the last stage via megatron's schedule; None on other stages (the
+    conversion's own runner: one micro-batch per sequence, as the interleaved schedule needs)."""
+    from conversion.verify import megatron_logits
 
-    One micro-batch per sequence (the interleaved schedule needs at least PP micro-batches).
-    """
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    batch, seq = input_ids.shape
-    position_ids = torch.arange(seq).unsqueeze(0)
-    outputs = []
-
-    def forward_step(data_iterator, model):
-        ids = next(data_iterator)
-        output = model(ids, position_ids, None)
-
-        def collect(output_tensor):
-            outputs.append(output_tensor.detach())
-            return output_tensor.sum() * 0, {}
-
-        return output, collect
-
-    micro_batches = list(input_ids.split(1))
-    iterators = [iter(micro_batches) for _ in models]
-    for model in models:
-        model.eval()
-    with torch.no_grad():
-        get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iterators if len(models) > 1 else iterators[0],
-            model=models if len(models) > 1 else models[0],
-            num_microbatches=batch,
-            seq_length=seq,
-            micro_batch_size=1,
-            forward_only=True,
-        )
-    return torch.cat(outputs) if outputs else None
+    return megatron_logits(models, input_ids)
 
 
 def compare_export(models, checkpoint, layout, role):

@@ -76,3 +76,33 @@ class WeightPusher:
     def close(self) -> None:
         self.session.close()
         self.workers.shutdown()
+
+
+def generate_across_a_sync(fleet, pusher: WeightPusher, old_state: dict, new_state: dict, prompts: list,
+                           prompt_of, requests: int, grouped: bool, params, attempts: int = 6):
+    """Start ``requests`` generations (``grouped``: groups of 3 samples of one prompt) on replica 0 and, 50 ms
+    in, a sync with ``in_flight="abort"``, alternating the new and the old weights, until some request was
+    cut mid-way (``attempts`` tries). Returns the generations (request ``i`` is of ``prompts[prompt_of(i)]``),
+    the fleet's version after the sync, and the sync's metrics."""
+    import asyncio
+
+    client = fleet.client(0)
+    generations, metrics = [], {}
+    for attempt in range(attempts):
+        async def run():
+            if grouped:  # group j's samples are requests 3j..3j+2, all of prompt_of(3j)
+                calls = [client.generate_group(prompts[prompt_of(3 * j)], params, seed=100 * attempt + 3 * j, n=3)
+                         for j in range(requests // 3)]
+            else:
+                calls = [client.generate(prompts[prompt_of(i)], params, seed=100 * attempt + i) for i in range(requests)]
+            tasks = [asyncio.ensure_future(c) for c in calls]
+            await asyncio.sleep(0.05)
+            sync = asyncio.get_running_loop().run_in_executor(None, lambda: pusher.push(
+                new_state if attempt % 2 == 0 else old_state, in_flight="abort"))
+            done = await asyncio.gather(*tasks)
+            return [g for group in done for g in group] if grouped else done, await sync
+
+        generations, metrics = asyncio.run(run())
+        if any(len(set(g.versions)) > 1 for g in generations):
+            break
+    return generations, fleet.version(), metrics

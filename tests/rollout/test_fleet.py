@@ -278,9 +278,9 @@ def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, h
     tokens and continues on the new weights, every token stamped with the version that sampled it, and
     its log-prob is that version's (HF forwards of the old and the new weights as references). The same
     for a prompt's samples sent as one group request: each aborted sample continues alone."""
-    import asyncio
-
     from transformers import AutoModelForCausalLM
+
+    from tests.rollout._push import generate_across_a_sync
 
     from megarl.rollout.sampling import resolve_sampling
 
@@ -294,28 +294,9 @@ def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, h
     pusher.push(old_state)
     v_old = fleet.version()
     params = resolve_sampling(fleet.config, {"ignore_eos": True}, n=1)
-    client = fleet.client(0)
-    mixed, generations = [], []
-    for attempt in range(6):  # a request must be cut mid-way at least once; the sync starts right after submission
-        async def run():
-            if grouped:  # 8 prompts x 3 samples: prompt j's samples are requests 3j..3j+2
-                calls = [client.generate_group(prompts[(3 * j) % len(prompts)], params, seed=100 * attempt + 3 * j, n=3)
-                         for j in range(8)]
-            else:
-                calls = [client.generate(prompts[(i - i % 3) % len(prompts)], params, seed=100 * attempt + i)
-                         for i in range(24)]
-            tasks = [asyncio.ensure_future(c) for c in calls]
-            await asyncio.sleep(0.05)
-            sync = asyncio.get_running_loop().run_in_executor(None, lambda: pusher.push(
-                new_state if attempt % 2 == 0 else old_state, in_flight="abort"))
-            done = await asyncio.gather(*tasks)
-            return [g for group in done for g in group] if grouped else done, await sync
-
-        generations, metrics = asyncio.run(run())
-        v_new = fleet.version()
-        mixed = [g for g in generations if len(set(g.versions)) > 1]
-        if mixed:
-            break
+    generations, v_new, metrics = generate_across_a_sync(fleet, pusher, old_state, new_state, prompts,
+                                                         lambda i: (i - i % 3) % len(prompts), 24, grouped, params)
+    mixed = [g for g in generations if len(set(g.versions)) > 1]
     assert mixed, "no request was interrupted by the sync in 6 attempts"
     models = {v_old + k: (new_model if k % 2 else old_model) for k in range(0, 7)}
     for g, i in zip(generations, range(24)):

@@ -186,31 +186,15 @@ def test_a_sync_during_generation_continues_on_the_new_weights(fleet, prompts, h
     pusher.push(old_state)
     v_old = fleet.version()
     params = resolve_sampling(fleet.config, {"ignore_eos": True}, n=1)
-    client = fleet.client(0)
 
     def prompt_of(i: int) -> int:
         return ((i - i % 3) if grouped else i) % len(prompts)
 
-    mixed, generations = [], []
-    for attempt in range(6):  # a request must be cut mid-way at least once; the sync starts right after submission
-        async def run():
-            if grouped:  # 64 groups of 3: group j's samples are requests 3j..3j+2, all of prompt 3j
-                calls = [client.generate_group(prompts[prompt_of(3 * j)], params, seed=100 * attempt + 3 * j, n=3)
-                         for j in range(64)]
-            else:
-                calls = [client.generate(prompts[prompt_of(i)], params, seed=100 * attempt + i) for i in range(192)]
-            tasks = [asyncio.ensure_future(c) for c in calls]
-            await asyncio.sleep(0.05)
-            sync = asyncio.get_running_loop().run_in_executor(None, lambda: pusher.push(
-                new_state if attempt % 2 == 0 else old_state, in_flight="abort"))
-            done = await asyncio.gather(*tasks)
-            return [g for group in done for g in group] if grouped else done, await sync
+    from tests.rollout._push import generate_across_a_sync
 
-        generations, _ = asyncio.run(run())
-        v_new = fleet.version()
-        mixed = [g for g in generations if len(set(g.versions)) > 1]
-        if mixed:
-            break
+    generations, v_new, _ = generate_across_a_sync(fleet, pusher, old_state, new_state, prompts, prompt_of, 192,
+                                                   grouped, params)
+    mixed = [g for g in generations if len(set(g.versions)) > 1]
     assert mixed, "no request was interrupted by the sync in 6 attempts"
     by_version = {v_old + k: models["new" if k % 2 else "old"] for k in range(7)}
     for i, g in enumerate(generations):
