@@ -13,9 +13,6 @@ from megarl.config.errors import Problem, refusal
 
 ACTOR, CRITIC = "actor_rollout_ref.model.lora", "critic.model.lora"
 OTHER_TYPES = {
-    "canonical_lora": ("separate adapters per projection (Megatron-Bridge's canonical LoRA)",
-                       "megarl adapts the fused linears; name HF projections (q_proj, v_proj, gate_proj, ...) in "
-                       "target_modules to adapt only those"),
     "dora": ("DoRA (weight-decomposed adapters)", "use lora.type=lora"),
     "vlm_lora": ("vision-language LoRA", "megarl trains text-only causal LMs; use lora.type=lora"),
 }
@@ -46,15 +43,18 @@ def lora_problems(cfg) -> list[Problem]:
         if lora.type in OTHER_TYPES:
             feature, instead = OTHER_TYPES[lora.type]
             problems.append(refusal(f"{prefix}.type={lora.type}", feature, instead))
-        elif lora.type != "lora":
-            problems.append(Problem(f"{prefix}.type={lora.type!r}: use lora", key=f"{prefix}.type"))
+        elif lora.type not in ("lora", "canonical_lora"):
+            problems.append(Problem(f"{prefix}.type={lora.type!r}: use lora (one A per fused linear) or "
+                                    "canonical_lora (one A per projection)", key=f"{prefix}.type"))
         if lora.dropout_position != "pre":
             problems.append(refusal(f"{prefix}.dropout_position={lora.dropout_position}", "dropout on the adapter's "
                                     "output", "the dropout applies to the adapter's input (dropout_position=pre)"))
         try:
             lora_settings(cfg, role)
-        except ValueError as exc:
-            problems.append(Problem(f"{prefix}: {exc}", key=prefix))
+        except ValueError as exc:  # less the type, reported above
+            rest = [part for part in str(exc).split("; ") if not part.startswith("lora.type=")]
+            if rest:
+                problems.append(Problem(f"{prefix}: {'; '.join(rest)}", key=prefix))
         if role == "actor":
             problems += _update_mode_problems(cfg, lora)
     return problems
@@ -140,8 +140,9 @@ def _adapter_path_problems(key: str, path: str, settings, model_path: str, role:
             saved = meta.get("lora")
             if meta.get("model_part") != "trainable" or not saved:
                 return [Problem(f"{key}={path} is a megarl checkpoint without LoRA adapters", key=key)]
-            differ = [f"{k}: {saved.get(k)} vs {v}" for k, v in (("rank", settings.rank), ("alpha", settings.alpha))
-                      if saved.get(k) != v]
+            differ = [f"{k}: {saved.get(k, 'lora' if k == 'type' else None)} vs {v}"
+                      for k, v in (("rank", settings.rank), ("alpha", settings.alpha), ("type", settings.type))
+                      if saved.get(k, "lora" if k == "type" else None) != v]
             if differ:
                 return [Problem(f"{key}={path} was trained with other LoRA settings ({'; '.join(differ)}); set them to "
                                 "the checkpoint's", key=key)]

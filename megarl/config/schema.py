@@ -114,7 +114,7 @@ class OptimConfig:
 class LoRAConfig:
     """verl's Megatron LoRA keys (``model.lora.*``); ``rank: 0`` turns LoRA off. README "LoRA"."""
 
-    type: str = "lora"  # lora: adapters on megatron's (fused) linears; canonical_lora / dora / vlm_lora are refused
+    type: str = "lora"  # lora: one A per fused linear; canonical_lora: one A per HF projection; dora / vlm_lora refused
     rank: int = 0
     alpha: float = 32.0  # the update is scaled by alpha / rank
     dropout: float = 0.0

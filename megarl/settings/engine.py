@@ -150,7 +150,7 @@ def lora_settings(cfg, role: str):
     return LoRASettings(rank=int(lora.rank), alpha=float(lora.alpha), dropout=float(lora.dropout),
                         target_modules=tuple(lora.target_modules), exclude_modules=tuple(lora.exclude_modules),
                         lora_A_init_method=lora.lora_A_init_method, lora_B_init_method=lora.lora_B_init_method,
-                        seed=int(megatron.seed))
+                        seed=int(megatron.seed), type=str(lora.type))
 
 
 def actor_settings(cfg, dp_size: int) -> ActorSettings:

@@ -62,10 +62,13 @@ def test_verls_generated_config_with_lora_on_keeps_the_megatron_values():
 
 
 def test_bad_lora_values_and_features_megarl_lacks_are_named():
-    found = problems(*VALID, f"{LORA}.rank=8", f"{LORA}.type=canonical_lora", f"{LORA}.dropout_position=post",
+    found = problems(*VALID, f"{LORA}.rank=8", f"{LORA}.type=dora", f"{LORA}.dropout_position=post",
                      f"{LORA}.lora_B_init_method=orthogonal", f"{LORA}.alpha=0", f"{LORA}.lora.dtype=fp16")
     text = "\n".join(found)
-    assert "canonical LoRA" in text and "name HF projections (q_proj, v_proj, gate_proj, ...)" in text
+    assert "DoRA" in text and "lora.type=dora" in text and text.count("type=dora") == 1
+    assert not problems(*VALID, f"{LORA}.rank=8", f"{LORA}.type=canonical_lora")  # one A per projection: honoured
+    assert lora_settings(load_config(None, [*VALID, f"{LORA}.rank=8", f"{LORA}.type=canonical_lora"]),
+                         "actor").canonical
     assert "dropout_position=post" in text and "dropout_position=pre" in text
     assert "lora_B_init_method='orthogonal'" in text and "alpha=0.0: must be > 0" in text
     assert any("unknown config key" in p and "lora.lora.dtype" in p for p in found)
@@ -140,16 +143,18 @@ def test_adapter_path_must_be_an_adapter_of_this_rank_and_alpha(files):
     assert "no such directory" in problem
 
 
-def test_a_peft_adapter_with_an_a_per_projection_of_a_fused_linear_is_refused_before_start(files):
-    """PEFT's default adapter on q_proj and v_proj (each its own A) against megarl's fused linear_qkv (one A): refused
-    by the config check, naming the projections (it was refused after Ray and vLLM started, naming lora_A thrice)."""
+def test_a_peft_adapter_with_an_a_per_projection_needs_canonical_lora_and_is_checked_before_start(files):
+    """PEFT's default adapter on q_proj and v_proj (each its own A) against lora.type=lora's fused linear_qkv (one
+    A): refused by the config check, naming the projections and canonical_lora, which takes it."""
     root, model, _, data = files
     run = [*BATCH, f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", f"{LORA}.rank=8",
            f"{LORA}.alpha=16", f"{LORA}.target_modules=[q_proj,v_proj]"]
     adapter = peft_adapter(model, root / "qv", ["q_proj", "v_proj"])
     (problem,) = problems(*run, f"{LORA}.adapter_path={adapter}", preflight=True)
     assert f"{LORA}.adapter_path: {adapter}: q_proj, v_proj of model.layers.0.self_attn have different lora_A" in problem
-    assert "fused linear_qkv shares one A" in problem and "lora_A, lora_A" not in problem
+    assert "shares one A across the fused linear_qkv" in problem and "lora.type=canonical_lora" in problem
+    assert "lora_A, lora_A" not in problem
+    assert not problems(*run, f"{LORA}.type=canonical_lora", f"{LORA}.adapter_path={adapter}", preflight=True)
     (problem,) = problems(*run[:-1], f"{LORA}.target_modules=[q_proj]", f"{LORA}.adapter_path={adapter}", preflight=True)
     assert "does not cover exactly the projections this run adapts" in problem and "v_proj.lora_A" in problem
 

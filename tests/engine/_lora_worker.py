@@ -34,11 +34,16 @@ KAIMING_B = LoRASettings(rank=4, alpha=8.0, lora_B_init_method="kaiming", seed=3
 SUBSET = dataclasses.replace(KAIMING_B, target_modules=("q_proj", "v_proj", "gate_proj", "o_proj"))
 ZERO_B = LoRASettings(rank=4, alpha=8.0, seed=3)
 ALL_LINEAR = dataclasses.replace(KAIMING_B, target_modules=("all-linear",))
+CANONICAL = dataclasses.replace(KAIMING_B, type="canonical_lora")  # one A per projection, as PEFT trains them
+# PEFT's usual target list for Llama, every projection its own A and B (written by PEFT itself, in the test)
+PEFT_ANY = dataclasses.replace(CANONICAL, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                          "up_proj", "down_proj"))
 LAYOUTS = {"tp1": ParallelLayout(), "tp2": ParallelLayout(tp=2), "tp2_sp": ParallelLayout(tp=2, sequence_parallel=True),
            "pp2": ParallelLayout(pp=2), "ep2": ParallelLayout(ep=2),
            "tp2_ep2_sp": ParallelLayout(tp=2, ep=2, sequence_parallel=True)}
 FORWARD = [(LLAMA, KAIMING_B, name) for name in ("tp1", "tp2", "tp2_sp", "pp2")] + [
-    (LLAMA, SUBSET, "tp1"), (LLAMA, SUBSET, "tp2_sp"),
+    (LLAMA, SUBSET, "tp1"), (LLAMA, SUBSET, "tp2_sp"), (LLAMA, CANONICAL, "tp1"), (LLAMA, CANONICAL, "tp2_sp"),
+    (MOE, CANONICAL, "tp1"), (MOE, CANONICAL, "tp2_ep2_sp"),
     (MOE, KAIMING_B, "tp1"), (MOE, KAIMING_B, "ep2"), (MOE, KAIMING_B, "tp2_ep2_sp"),
     (MLA, ALL_LINEAR, "tp1"), (MLA, ALL_LINEAR, "tp2_sp")]
 # adapters move visibly in 2 steps; Adam's eps 1e-3: an element's update is lr * g / (|g| + eps), so with a
@@ -100,7 +105,8 @@ def forward_scenarios(work: Path, batches: dict) -> dict:
         engine = actor(work, model, layout, settings)
         record = log_probs(engine, batches[model])
         record.update(exports(engine, work, model, layout, settings))
-        label = "subset" if settings is SUBSET else "all_linear" if settings is ALL_LINEAR else "kaiming_b"
+        label = {id(SUBSET): "subset", id(ALL_LINEAR): "all_linear", id(CANONICAL): "canonical"}.get(id(settings),
+                                                                                                  "kaiming_b")
         results[f"{model}/{label}/{name}"] = record
     # B = 0 adds exact zeros; the adapters-off switch gives the base model back (TP2+SP)
     layout = LAYOUTS["tp2_sp"]
@@ -154,16 +160,32 @@ def optimizer_contents(engine: MegatronActor) -> dict:
         [c.module for c in engine.model])), "adapter_elements": sum(p.numel() for _, p in adapter_parameters(engine.model))}
 
 
-def train(work: Path, batches: dict, layout: ParallelLayout, steps: int = 2, **build) -> dict:
+def peft_start(work: Path, batches: dict, layout: ParallelLayout) -> dict:
+    """Start from the adapter PEFT wrote (``work/peft_any``, each projection its own A), at ``layout``."""
+    from megarl.models.lora.peft import load_peft_adapter
+
     setup(layout)
-    engine = actor(work, LLAMA, layout, KAIMING_B, **build)
+    engine = actor(work, LLAMA, layout, PEFT_ANY)
+    chunks = [c.module for c in engine.model]
+    load_peft_adapter(chunks, work / "peft_any", work / LLAMA, layout, PEFT_ANY)
+    record = {**log_probs(engine, batches[LLAMA]), **exports(engine, work, LLAMA, layout, PEFT_ANY)}
+    engine.update_policy(local_share(batches[LLAMA]))
+    record["trained_peft"] = exports(engine, work, LLAMA, layout, PEFT_ANY)["peft"]
+    record["trained_log_probs"] = log_probs(engine, batches["second"])["log_probs"]
+    return record
+
+
+def train(work: Path, batches: dict, layout: ParallelLayout, steps: int = 2, settings: LoRASettings = KAIMING_B,
+          **build) -> dict:
+    setup(layout)
+    engine = actor(work, LLAMA, layout, settings, **build)
     metrics = [engine.update_policy(local_share(b)) for b in (batches[LLAMA], batches["second"])[:steps]]
     shares = [None] * dist.get_world_size()
     dist.all_gather_object(shares, optimizer_contents(engine))
     frozen_grads = sum(int(p.grad is not None or getattr(p, "main_grad", None) is not None)
                        for c in engine.model for p in c.parameters() if not p.requires_grad)
     return {"metrics": metrics, "optimizer": shares, "frozen_with_grads": frozen_grads,
-            **exports(engine, work, LLAMA, layout, KAIMING_B), **log_probs(engine, batches[LLAMA])}
+            **exports(engine, work, LLAMA, layout, settings), **log_probs(engine, batches[LLAMA])}
 
 
 def checkpoint(work: Path, batches: dict) -> dict:
@@ -209,6 +231,10 @@ def main() -> None:
                    "train/tp2_sp": train(work, batches, LAYOUTS["tp2_sp"]),
                    "train/tp2_sp_recompute": train(work, batches, LAYOUTS["tp2_sp"], config_overrides={
                        "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}),
+                   "train/canonical_tp1": train(work, batches, LAYOUTS["tp1"], settings=CANONICAL),
+                   "train/canonical_tp2_sp": train(work, batches, LAYOUTS["tp2_sp"], settings=CANONICAL),
+                   "peft_start/tp1": peft_start(work, batches, LAYOUTS["tp1"]),
+                   "peft_start/tp2_sp": peft_start(work, batches, LAYOUTS["tp2_sp"]),
                    "checkpoint": checkpoint(work, batches)}
     except Exception:
         traceback.print_exc()

@@ -40,7 +40,27 @@ def work(tmp_path_factory) -> Path:
     second = _data.base_batch(1)
     batches["second"] = _data.with_behaviour_log_probs(second, _hf.hf_log_probs(work / _worker.LLAMA, second)[0], seed=2)
     torch.save(batches, work / "lora_batch.pt")
+    write_peft_adapter(work / _worker.LLAMA, work / "peft_any", _worker.PEFT_ANY)
     return work
+
+
+def write_peft_adapter(model_dir: Path, out: Path, settings) -> None:
+    """An adapter as PEFT itself makes one: every projection its own random A and B (not megarl's export)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(11)
+    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, target_modules=list(settings.target_modules),
+                        init_lora_weights=False)  # B random too: the adapter changes the model
+    get_peft_model(_hf.load_causal_lm(model_dir), config).save_pretrained(str(out))
+
+
+def peft_model_log_probs(work: Path, adapter: Path, batch_name: str = "llama") -> torch.Tensor:
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(_hf.load_causal_lm(work / "llama"), str(adapter)).eval()
+    batch = torch.load(work / "lora_batch.pt", weights_only=False)[batch_name]
+    with torch.no_grad():
+        return _hf.log_probs_and_entropy(_hf.response_outputs(model, batch), batch)[0]
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +123,8 @@ def test_hf_with_peft_loading_the_exported_adapter_gives_the_engine_log_probs(wo
     from megarl.models.lora.peft import ADAPTER_CONFIG, peft_config
     import json
 
-    for label, settings in (("kaiming_b", _worker.KAIMING_B), ("subset", _worker.SUBSET)):
+    for label, settings in (("kaiming_b", _worker.KAIMING_B), ("subset", _worker.SUBSET),
+                            ("canonical", _worker.CANONICAL)):
         record = results["forward"][f"llama/{label}/tp2_sp"]  # q/k/v split from TP2 shards of fused QKV under GQA
         adapter = tmp_path / label
         adapter.mkdir()
@@ -262,3 +283,57 @@ def test_conversion_merges_a_lora_checkpoint_or_writes_its_peft_adapter(work, re
         assert torch.equal(tensor, saved[name]), name
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"]) == (_worker.KAIMING_B.rank, _worker.KAIMING_B.alpha)
+
+
+def test_canonical_lora_gives_each_projection_its_own_adapter_under_every_layout(results):
+    """lora.type=canonical_lora: q, k and v (gate and up) each have their own A; the fused linear holds them
+    as one rank-3r (2r) adapter with a block-diagonal B, so the export is per projection as PEFT's."""
+    canonical = results["forward"]["llama/canonical/tp1"]["peft"]
+    shared = results["forward"]["llama/kaiming_b/tp1"]["peft"]
+    assert sorted(canonical) == sorted(shared)  # the same PEFT tensors, of the same shapes
+    a = {p: canonical[f"base_model.model.model.layers.0.{p}.lora_A.weight"]
+         for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")}
+    assert all(t.shape[0] == 4 for t in a.values()), {k: t.shape for k, t in a.items()}  # rank r each
+    assert not torch.equal(a["self_attn.q_proj"], a["self_attn.k_proj"])  # each its own A
+    assert not torch.equal(a["mlp.gate_proj"], a["mlp.up_proj"])
+    assert torch.equal(shared["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"],
+                       shared["base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"])  # lora: one A
+
+
+def test_canonical_lora_trains_at_tp2_sp_as_at_tp1_and_stays_per_projection(work, results):
+    tp1, tp2 = results["train/canonical_tp1"], results["train/canonical_tp2_sp"]
+    for name in ("actor/pg_loss", "actor/grad_norm"):
+        assert abs(tp1["metrics"][0][name] - tp2["metrics"][0][name]) <= 1e-5, name
+    start = results["forward"]["llama/canonical/tp1"]["peft"]
+    for name, tensor in tp2["peft"].items():
+        assert close(tensor, tp1["peft"][name], 2e-5), name
+        assert not torch.equal(tensor, start[name])  # it trained
+    expected = peft_merge(original(work, "llama"), tp2["peft"], SCALE)  # still exactly per-projection adapters
+    for name, tensor in tp2["merged"].items():
+        assert close(tensor, expected[name], 1e-6), name
+
+
+def test_any_peft_adapter_starts_a_run_with_hf_peft_log_probs_and_round_trips(work, results):
+    """An adapter written by PEFT (q/k/v/o/gate/up/down, each its own random A and B) loads with
+    canonical_lora at TP1 and TP2+SP: the engine's log-probs are HF+PEFT's, its export is the file's
+    tensors exactly, and after a training step the exported adapter, loaded by PEFT, gives the engine's."""
+    import json
+
+    from safetensors.torch import load_file as load
+
+    from megarl.models.lora.peft import ADAPTER_CONFIG, peft_config
+
+    original_adapter = load(str(work / "peft_any" / "adapter_model.safetensors"))
+    reference = peft_model_log_probs(work, work / "peft_any")
+    for layout in ("tp1", "tp2_sp"):
+        record = results[f"peft_start/{layout}"]
+        assert close(record["log_probs"], reference), (layout, (record["log_probs"] - reference).abs().max())
+        assert sorted(record["peft"]) == sorted(original_adapter)
+        for name, tensor in original_adapter.items():
+            assert torch.equal(record["peft"][name], tensor), (layout, name)
+    trained = work / "peft_trained"
+    trained.mkdir()
+    record = results["peft_start/tp2_sp"]
+    save_file(record["trained_peft"], str(trained / "adapter_model.safetensors"))
+    (trained / ADAPTER_CONFIG).write_text(json.dumps(peft_config(_worker.PEFT_ANY, work / "llama", work / "llama")))
+    assert close(peft_model_log_probs(work, trained, "second"), record["trained_log_probs"])

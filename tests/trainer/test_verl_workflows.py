@@ -76,6 +76,15 @@ WORKFLOW_2_YAML = textwrap.dedent('''
 ''')
 
 
+def write_seed_parquet(questions: list[str], answers: list[str], path: Path) -> None:
+    """The data snippet a verl user writes, with pandas (installed with megarl): a chat prompt and a ground truth."""
+    import pandas as pd
+
+    rows = [{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}}
+            for q, a in zip(questions, answers)]
+    pd.DataFrame(rows).to_parquet(path)
+
+
 @pytest.fixture(scope="module")
 def seed_project(tmp_path_factory):
     """A user's directory: seed-style parquet files (prompt + reward_model only), reward.py, config/."""
@@ -85,10 +94,11 @@ def seed_project(tmp_path_factory):
     root = tmp_path_factory.mktemp("seed")
     model = make_tiny_model("llama", "tiny", root / "model", seed=0)
     prepare_arithmetic(root / "arith", num_train=64, num_test=8, seed=0, max_operand=8, ops=["+"], second_operand=1)
+    (root / "data").mkdir()
     for split in ("train", "test"):
-        table = pq.read_table(root / "arith" / f"{split}.parquet").select(["prompt", "reward_model"])
-        (root / "data").mkdir(exist_ok=True)
-        pq.write_table(table, root / "data" / f"{split}.parquet")
+        questions = [row["prompt"][0]["content"] for row in pq.read_table(root / "arith" / f"{split}.parquet").to_pylist()]
+        answers = [row["reward_model"]["ground_truth"] for row in pq.read_table(root / "arith" / f"{split}.parquet").to_pylist()]
+        write_seed_parquet(questions, answers, root / "data" / f"{split}.parquet")
     assert pq.read_schema(root / "data" / "train.parquet").names == ["prompt", "reward_model"]
     (root / "reward.py").write_text(SEED_REWARD)
     (root / "config").mkdir()

@@ -83,7 +83,7 @@ class LoRALinear:
 
     lora_A: torch.nn.Parameter
     lora_B: torch.nn.Parameter
-    lora_row_mask: torch.Tensor | None
+    lora_B_mask: torch.Tensor | None
     lora_scale: float
     lora_dropout: float
     lora_enabled: bool
@@ -104,8 +104,9 @@ class LoRALinear:
         return output + self.lora_delta(adapter_input), bias
 
     def lora_B_effective(self) -> torch.Tensor:
-        """B with the rows of projections that are not adapted held at zero."""
-        return self.lora_B if self.lora_row_mask is None else self.lora_B * self.lora_row_mask
+        """B with what does not train held at zero: the rows of projections that are not adapted, and
+        under canonical_lora each projection's columns of the other projections' A."""
+        return self.lora_B if self.lora_B_mask is None else self.lora_B * self.lora_B_mask
 
     def lora_delta(self, x: torch.Tensor) -> torch.Tensor:
         """``scale * B A dropout(x)``, laid out like the base layer's output."""
@@ -176,7 +177,7 @@ def lora_class(base: type) -> type:
 
 
 def attach(module: torch.nn.Module, placement: Placement, a: torch.Tensor, b: torch.Tensor,
-           row_mask: torch.Tensor | None, scale: float, dropout: float, expert_split: bool = False) -> None:
+           b_mask: torch.Tensor | None, scale: float, dropout: float, expert_split: bool = False) -> None:
     """Make ``module`` an adapted linear with the initial adapter values ``a`` and ``b``.
 
     The parameters carry megatron's attributes: the split one is ``tensor_model_parallel`` (its
@@ -189,7 +190,7 @@ def attach(module: torch.nn.Module, placement: Placement, a: torch.Tensor, b: to
     module.__class__ = lora_class(type(module))
     module.lora_A = torch.nn.Parameter(a)
     module.lora_B = torch.nn.Parameter(b)
-    module.register_buffer("lora_row_mask", row_mask, persistent=False)
+    module.register_buffer("lora_B_mask", b_mask, persistent=False)
     module.lora_scale, module.lora_dropout, module.lora_enabled = float(scale), float(dropout), True
     module.lora_placement = placement
     split = {COLUMN: module.lora_B, ROW: module.lora_A}.get(placement.parallel)

@@ -5,14 +5,16 @@ PEFT names each HF projection's matrices ``base_model.model.<module>.lora_{A,B}.
 with ``lora_A`` ``[r, in]`` and ``lora_B`` ``[out, r]``, and applies ``scale = lora_alpha / r``.
 megarl's adapter of a fused linear becomes the adapters of its projections: B split back row
 range by row range (per query group for q/k/v under GQA, [gate; up] for SwiGLU, as the weight's
-shard layout says), A copied to each. The result is exactly the update megarl trains, so
+shard layout says), A copied to each (``canonical_lora``: each projection's own block of A, and of
+B's columns). The result is exactly the update megarl trains, so
 ``PeftModel.from_pretrained(base, dir)`` gives the engine's logits (tested).
 
 Reading (``actor_rollout_ref.model.lora.adapter_path``) is the inverse, with checks: ``r`` and
 ``lora_alpha`` must equal the run's (the scale comes from the config, so a mismatch would rescale
 every update silently), the file must hold an adapter for exactly the projections the run
-adapts, and projections of one fused linear must share one A (PEFT trains them separately; such
-an adapter cannot be represented as megarl's fused adapter and is refused).
+adapts. With ``lora.type=canonical_lora`` each projection keeps its own A (any PEFT adapter loads
+exactly); with ``lora.type=lora`` the projections of one fused linear must share one A (an adapter
+trained by megarl's fused LoRA), and one that does not is refused, naming ``canonical_lora``.
 """
 from __future__ import annotations
 
@@ -167,9 +169,9 @@ def _separate_a_message(adapter_dir, spec: AdapterSpec) -> str:
     projections = [m.rsplit(".", 1)[-1] for m in spec.hf_modules]
     parent = spec.hf_modules[0].rsplit(".", 1)[0]
     return (f"{adapter_dir}: {', '.join(projections)} of {parent} have different lora_A matrices (PEFT trains each "
-            f"projection's A separately); megarl's adapter of the fused {spec.module.rsplit('.', 1)[-1]} shares one A "
-            "(Megatron-Bridge's fused LoRA), so this adapter cannot be loaded exactly. Start from an adapter trained "
-            f"by megarl, or adapt only one projection of each fused linear (target_modules: e.g. {projections[0]})")
+            f"projection's A separately), and lora.type=lora shares one A across the fused "
+            f"{spec.module.rsplit('.', 1)[-1]} (Megatron-Bridge's fused LoRA). Set lora.type=canonical_lora (one A "
+            "and B per projection, as PEFT trains them) to start from this adapter")
 
 
 def peft_adapter_problems(adapter_dir, hf_config, settings: LoRASettings, role: str = "actor",
@@ -190,7 +192,7 @@ def peft_adapter_problems(adapter_dir, hf_config, settings: LoRASettings, role: 
         coverage = _coverage_problem(adapter_dir, specs, names)
         if coverage:
             return [coverage]
-        for spec in specs:
+        for spec in specs if not settings.canonical else ():
             first, *others = [f.get_tensor(names[p.hf_name]) for p in spec.a.pieces]
             if any(not torch.equal(other, first) for other in others):
                 return [_separate_a_message(adapter_dir, spec)]
@@ -230,9 +232,10 @@ def load_peft_adapter(models: list, adapter_dir, hf_config, layout, settings: Lo
         for spec in this_rank_adapters(hf_config, layout, settings, role, transformer_impl):
             module = unwrap(models[spec.base.vpp_chunk]).get_submodule(spec.module)
             a_values = [f.get_slice(names[p.hf_name])[p.hf_slice] for p in spec.a.pieces]
-            if any(not torch.equal(other, a_values[0]) for other in a_values[1:]):
+            if not settings.canonical and any(not torch.equal(other, a_values[0]) for other in a_values[1:]):
                 raise ValueError(_separate_a_message(adapter_dir, spec))
-            module.lora_A[spec.a.pieces[0].megatron_slice] = a_values[0].to(module.lora_A.dtype)
+            for piece, value in zip(spec.a.pieces, a_values):  # one piece (shared A) or one per projection
+                module.lora_A[piece.megatron_slice] = value.to(module.lora_A.dtype)
             for piece in spec.b.pieces:
                 module.lora_B[piece.megatron_slice] = f.get_slice(names[piece.hf_name])[piece.hf_slice].to(module.lora_B.dtype)
             read += module.lora_A.numel() + module.lora_B.numel()

@@ -13,8 +13,12 @@ and v_proj fused per query group; ``linear_fc1`` = gate_proj and up_proj). A tar
 * an HF name (``q_proj``, ``gate_proj``, ``o_proj``, Mixtral's ``w1``, MLA's ``kv_b_proj``, ...): that
   projection. On a fused linear whose other projections are not targeted (``q_proj`` and ``v_proj``
   without ``k_proj``) the fused linear gets one adapter whose B rows of the other projections are
-  held at zero, so exactly the named projections change (PEFT's semantics for the update; the
-  projections of one fused linear share one A, as Megatron-Bridge's fused LoRA does);
+  held at zero, so exactly the named projections change (PEFT's semantics for the update). With
+  ``type=lora`` the projections of one fused linear share one A (Megatron-Bridge's fused LoRA);
+  with ``type=canonical_lora`` each has its own A and B of rank ``rank``, as PEFT and Bridge's
+  canonical LoRA train them: the fused linear holds them as one adapter of rank ``k * rank`` (``k``
+  projections: A stacked, B block-diagonal, the blocks off the diagonal held at zero), the same
+  function at the same cost;
 * ``all-linear``: every linear of every decoder layer (PEFT's meaning: not the output layer);
 * a pattern with ``*`` / ``?`` / ``[`` or a dot: matched (``fnmatch``) against the linear's full
   megatron name with global layer numbers, e.g. ``decoder.layers.1?.self_attention.linear_qkv``.
@@ -29,7 +33,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-LORA_TYPES = ("lora",)
+LORA_TYPES = ("lora", "canonical_lora")
 INIT_METHODS_A = ("xavier", "kaiming", "uniform", "normal")
 INIT_METHODS_B = ("zero", "xavier", "kaiming", "uniform", "normal")
 DROPOUT_POSITIONS = ("pre",)
@@ -52,6 +56,11 @@ class LoRASettings:
     lora_A_init_method: str = "xavier"
     lora_B_init_method: str = "zero"
     seed: int = 42  # the adapters' initialisation (every rank draws the same values in HF coordinates)
+    type: str = "lora"  # canonical_lora: each HF projection of a fused linear has its own A (PEFT's, Bridge's)
+
+    @property
+    def canonical(self) -> bool:
+        return self.type == "canonical_lora"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_modules", _names(self.target_modules))
@@ -68,7 +77,7 @@ class LoRASettings:
         return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
                 "target_modules": list(self.target_modules), "exclude_modules": list(self.exclude_modules),
                 "lora_A_init_method": self.lora_A_init_method, "lora_B_init_method": self.lora_B_init_method,
-                "seed": self.seed}
+                "seed": self.seed, "type": self.type}
 
     @classmethod
     def from_dict(cls, values: dict) -> "LoRASettings":
@@ -92,6 +101,8 @@ def settings_problems(s: LoRASettings, prefix: str = "lora") -> list[str]:
         problems.append(f"{prefix}.alpha={s.alpha!r}: must be > 0 (the update is scaled by alpha / rank)")
     if not 0.0 <= s.dropout < 1.0:
         problems.append(f"{prefix}.dropout={s.dropout!r}: a probability in [0, 1)")
+    if s.type not in LORA_TYPES:
+        problems.append(f"{prefix}.type={s.type!r}: use one of {list(LORA_TYPES)}")
     if s.lora_A_init_method not in INIT_METHODS_A:
         problems.append(f"{prefix}.lora_A_init_method={s.lora_A_init_method!r}: use one of {list(INIT_METHODS_A)}")
     if s.lora_B_init_method not in INIT_METHODS_B:

@@ -13,7 +13,9 @@ rank]``, split over TP like the base weight:
 Each adapter tensor is described as a ``ShardSpec`` whose pieces name PEFT tensors
 (``base_model.model.model.layers.N.self_attn.q_proj.lora_B.weight``): a fused linear's B is made of
 the B's of its HF projections, row range by row range, and its A *is* the A of each of them (one
-piece per projection, all covering the whole local A). The PEFT export, the adapter-only weight
+piece per projection, all covering the whole local A); under ``canonical_lora`` each projection's A
+is its own block of rows of the local A, and its B rows take the matching block of columns (the
+rest of B is held at zero: ``b_mask``). The PEFT export, the adapter-only weight
 update, loading ``adapter_path`` and the adapters' initialisation all read these pieces; the
 pieces of a fused B are exactly the weight's pieces cut to ``rank`` columns, so the q/k/v (and
 gate/up) split under GQA is the one the bridge is tested on.
@@ -48,7 +50,7 @@ class AdapterSpec:
     hf_modules: tuple[str, ...]  # the HF projections adapted, in the linear's order
     a: ShardSpec  # lora_A, pieces named as PEFT tensors
     b: ShardSpec  # lora_B, likewise
-    trained_rows: tuple[tuple[int, int], ...] | None  # local B rows that train (None: all of them)
+    trained: bool  # False: some of B is held at zero (rows of projections not adapted, canonical_lora's off-diagonal blocks)
 
     @property
     def module(self) -> str:
@@ -83,8 +85,10 @@ def _whole(shape: tuple[int, ...]) -> tuple[slice, ...]:
     return tuple(slice(0, n) for n in shape)
 
 
-def adapter_spec(base: ShardSpec, hf_modules: tuple[str, ...], rank: int) -> AdapterSpec:
-    """The adapter tensors of the linear ``base`` adapting the HF projections ``hf_modules``."""
+def adapter_spec(base: ShardSpec, hf_modules: tuple[str, ...], rank: int, canonical: bool = False) -> AdapterSpec:
+    """The adapter tensors of the linear ``base`` adapting the HF projections ``hf_modules``; ``canonical``:
+    each projection of a fused linear has its own A (rows ``j*rank:(j+1)*rank`` of the local A) and its B
+    rows use only those columns."""
     out_local, in_local = base.local_shape
     parallel = {0: COLUMN, 1: ROW, None: REPLICATED}[base.split_dim]
     split_rank = base.etp_rank if base.is_expert else base.tp_rank
@@ -103,9 +107,14 @@ def adapter_spec(base: ShardSpec, hf_modules: tuple[str, ...], rank: int) -> Ada
     else:
         modules = list(dict.fromkeys(hf_module_of(p.hf_name) for p in chosen))
         in_total = base.pieces[0].hf_shape[1]
-        a_pieces = [HFPiece(peft_name(m, "lora_A"), (rank, in_total), _whole(local_a), _whole(local_a)) for m in modules]
+        block = {m: slice(j * rank, (j + 1) * rank) if canonical else slice(0, rank) for j, m in enumerate(modules)}
+        if canonical:
+            local_a, local_b = (rank * len(modules), in_local), (out_local, rank * len(modules))
+        a_pieces = [HFPiece(peft_name(m, "lora_A"), (rank, in_total), (slice(0, rank), slice(0, in_total)),
+                            (block[m], slice(0, in_local))) for m in modules]
         b_pieces = [HFPiece(peft_name(hf_module_of(p.hf_name), "lora_B"), (p.hf_shape[0], rank),
-                            (p.hf_slice[0], slice(0, rank)), (p.megatron_slice[0], slice(0, rank))) for p in chosen]
+                            (p.hf_slice[0], slice(0, rank)), (p.megatron_slice[0], block[hf_module_of(p.hf_name)]))
+                    for p in chosen]
         a_split, a_primary = None, whole_primary
         b_split, b_primary = (0, base.primary) if parallel == COLUMN else (None, whole_primary)
     module_local, module_global = base.name.removesuffix(".weight"), base.global_name.removesuffix(".weight")
@@ -114,16 +123,15 @@ def adapter_spec(base: ShardSpec, hf_modules: tuple[str, ...], rank: int) -> Ada
         return replace(base, name=f"{module_local}.{matrix}", global_name=f"{module_global}.{matrix}",
                        local_shape=shape, split_dim=split, primary=primary, pieces=tuple(pieces), padding=None)
 
-    trained = None
-    if len(chosen) < len(base.pieces):
-        trained = tuple((p.megatron_slice[0].start, p.megatron_slice[0].stop) for p in chosen)
+    trained = len(chosen) == len(base.pieces) and (len(a_pieces) == 1 or not canonical)
     return AdapterSpec(base, parallel, tuple(hf_modules), tensor("lora_A", local_a, a_split, a_primary, a_pieces),
                        tensor("lora_B", local_b, b_split, b_primary, b_pieces), trained)
 
 
-def adapter_specs(base_specs: list[ShardSpec], chosen: dict[str, tuple[str, ...]], rank: int) -> list[AdapterSpec]:
+def adapter_specs(base_specs: list[ShardSpec], chosen: dict[str, tuple[str, ...]], rank: int,
+                  canonical: bool = False) -> list[AdapterSpec]:
     """The adapters among ``base_specs`` (any set of ranks' specs) for a ``selection``."""
-    return [adapter_spec(spec, chosen[spec.global_name.removesuffix(".weight")], rank) for spec in base_specs
+    return [adapter_spec(spec, chosen[spec.global_name.removesuffix(".weight")], rank, canonical) for spec in base_specs
             if is_decoder_linear(spec.global_name) and spec.global_name.removesuffix(".weight") in chosen]
 
 
@@ -131,12 +139,26 @@ def lora_shards(hf_config, layout: ParallelLayout, settings: LoRASettings, role:
                 transformer_impl: str = "local") -> list[AdapterSpec]:
     """Every adapter of one model replica under ``layout`` (all PP stages, TP, EP and expert-TP ranks)."""
     chosen = selection(hf_config, settings, role, transformer_impl)
-    return adapter_specs(param_shards(hf_config, layout, role, transformer_impl), chosen, settings.rank)
+    return adapter_specs(param_shards(hf_config, layout, role, transformer_impl), chosen, settings.rank,
+                         settings.canonical)
+
+
+def b_mask(spec: AdapterSpec):
+    """``[out_local, local rank]`` ones where B trains (its pieces), or None when all of it does."""
+    import torch
+
+    if spec.trained:
+        return None
+    mask = torch.zeros(spec.b.local_shape)
+    for piece in spec.b.pieces:
+        mask[piece.megatron_slice] = 1.0
+    return mask
 
 
 def lora_parameter_count(hf_config, settings: LoRASettings, role: str = "actor") -> int:
     """Elements of the adapter tensors of the whole model (each counted once, whatever the layout):
-    ``rank * (in + out)`` per adapted linear (a fused linear counts once, its held-at-zero B rows included)."""
+    ``rank * (in + out)`` per adapted linear (a fused linear counts once, its held-at-zero B rows included;
+    canonical_lora: ``k * rank`` for a fused linear of ``k`` adapted projections)."""
     total = 0
     for spec in lora_shards(hf_config, ParallelLayout(), settings, role):
         for tensor in (spec.a, spec.b):

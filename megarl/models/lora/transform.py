@@ -25,7 +25,7 @@ import torch
 
 from megarl.models.lora.layers import COLUMN, REPLICATED, ROW, adapted_linears, attach, placement_of
 from megarl.models.lora.settings import LoRASettings
-from megarl.models.lora.shards import AdapterSpec, adapter_specs, selection
+from megarl.models.lora.shards import AdapterSpec, adapter_specs, b_mask, selection
 
 LAYERNORM_OUTPUT = "return_layernorm_output"
 
@@ -58,10 +58,15 @@ def initial_values(spec: AdapterSpec, settings: LoRASettings) -> tuple[torch.Ten
     a_full = spec.a.pieces[0].hf_shape
     out_total = sum(piece.hf_shape[0] for piece in {p.hf_name: p for p in spec.b.pieces}.values())
     in_total = a_full[1]
-    full_a = _draw(settings.lora_A_init_method, a_full, in_total, r, r, _generator(settings.seed, spec.global_module))
     a = torch.empty(spec.a.local_shape)
-    piece = spec.a.pieces[0]
-    a[piece.megatron_slice] = full_a[piece.hf_slice]
+    if settings.canonical:  # one A per projection, each seeded by its PEFT name (as its B)
+        for piece in spec.a.pieces:
+            full_a = _draw(settings.lora_A_init_method, a_full, in_total, r, r, _generator(settings.seed, piece.hf_name))
+            a[piece.megatron_slice] = full_a[piece.hf_slice]
+    else:  # one A shared by the projections of the linear
+        full_a = _draw(settings.lora_A_init_method, a_full, in_total, r, r, _generator(settings.seed, spec.global_module))
+        piece = spec.a.pieces[0]
+        a[piece.megatron_slice] = full_a[piece.hf_slice]
     b = torch.zeros(spec.b.local_shape)
     drawn: dict[str, torch.Tensor] = {}
     for piece in spec.b.pieces:
@@ -70,16 +75,6 @@ def initial_values(spec: AdapterSpec, settings: LoRASettings) -> tuple[torch.Ten
                                          _generator(settings.seed, piece.hf_name))
         b[piece.megatron_slice] = drawn[piece.hf_name][piece.hf_slice]
     return a, b
-
-
-def trained_row_mask(spec: AdapterSpec) -> torch.Tensor | None:
-    """``[out_local, 1]`` ones on the B rows of adapted projections, or None when all rows train."""
-    if spec.trained_rows is None:
-        return None
-    mask = torch.zeros(spec.b.local_shape[0], 1)
-    for start, stop in spec.trained_rows:
-        mask[start:stop] = 1.0
-    return mask
 
 
 class LoRATransform:
@@ -95,7 +90,7 @@ class LoRATransform:
         s = self.settings
         hf_config, layout, role, impl = context.hf_config, context.layout, context.role, context.transformer_impl
         chosen = selection(hf_config, s, role, impl)
-        specs = adapter_specs(this_rank_shards(hf_config, layout, role, impl), chosen, s.rank)
+        specs = adapter_specs(this_rank_shards(hf_config, layout, role, impl), chosen, s.rank, s.canonical)
         if layout.etp > 1 and any(spec.base.is_expert for spec in specs):
             raise ValueError(f"LoRA on expert linears needs expert_tensor_parallel_size=1 (got {layout.etp}); set "
                              "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1, or exclude the experts "
@@ -113,7 +108,7 @@ class LoRATransform:
                 raise ValueError(f"{spec.global_module}: the shard layout splits it as {spec.parallel}, the model's "
                                  f"{type(module).__name__} as {placement.parallel}")
             a, b = initial_values(spec, s)
-            mask = trained_row_mask(spec)
+            mask = b_mask(spec)
             weight = module.weight
             if mask is not None:
                 b = b * mask
