@@ -64,9 +64,7 @@ def test_grpo_learns_and_logs(quickstart_inputs, tmp_path):
     reward_file = tmp_path / "reward.py"
     reward_file.write_text(REWARD_THAT_SOMETIMES_RAISES)
     out = tmp_path / "run"
-    # 80 of the quickstart's 120 steps: validation rose 0.08 -> 0.87 by step 80 here (0.68 at 60, 1.0 at 100)
     cfg = load_config("quickstart", overrides(quickstart_inputs, out, "trainer.save_freq=-1",
-                                              "trainer.total_training_steps=80",
                                               f"custom_reward_function.path={reward_file}"))
     last = run(cfg)
     history = last.pop("_history")
