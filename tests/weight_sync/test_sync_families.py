@@ -10,9 +10,9 @@ the trainer's weights again (``rollout/logprob_diff_max`` < 1e-4, fp32 on both s
 from __future__ import annotations
 
 import pytest
-import torch
 
 from megarl.checks import load_config
+from tests.weight_sync.test_sync_deepseek_v3 import train_one_step
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest.mark.slow]
 
@@ -46,21 +46,6 @@ def ray_cluster():
     shutdown_ray()
 
 
-def train_one_step(workers) -> None:
-    import ray
-
-    from megarl.engine import RLBatch
-    from megarl.trainer.megatron_worker import dp_leaders, gather_data_parallel
-
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, 500, (4, 6), generator=g)
-    responses = torch.randint(3, 500, (4, 4), generator=g)
-    batch = RLBatch.from_parts(prompts, torch.ones_like(prompts), responses, torch.ones_like(responses))
-    leaders = dp_leaders(workers.call("coords"))
-    old = gather_data_parallel(workers, leaders, "compute_log_prob", ray.put(batch), False)[0]
-    workers.call("update_actor", ray.put(batch.with_fields(old_log_probs=old, advantages=torch.randn(4, 4, generator=g))))
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_fleet_serves_the_trainers_weights_before_and_after_a_step(family, ray_cluster, tmp_path):
@@ -81,7 +66,7 @@ def test_the_fleet_serves_the_trainers_weights_before_and_after_a_step(family, r
         session = weight_updates(cfg, workers, fleet)
         loaded = verify_sync(fleet, workers, PROMPTS)
         assert loaded["rollout/logprob_diff_max"] < TOLERANCE, (family, "vLLM's loader vs the bridge", loaded)
-        train_one_step(workers)
+        train_one_step(workers, seed=0, zero_advantages=False)
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"] > 1e-3, family  # stale
         session.sync()
         synced = verify_sync(fleet, workers, PROMPTS)
