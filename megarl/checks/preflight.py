@@ -109,10 +109,44 @@ def _resume_problems(cfg: DictConfig) -> list[Problem]:
     if not cfg.trainer.default_local_dir or (cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path):
         return []  # the second is the config rules' problem
     try:
-        resume_plan(cfg.trainer, cfg.trainer.default_local_dir, critic_enabled(cfg))
+        plan = resume_plan(cfg.trainer, cfg.trainer.default_local_dir, critic_enabled(cfg))
     except (ResumeError, FileNotFoundError) as exc:
         return [Problem(str(exc), key="trainer.resume_mode")]
-    return []
+    if plan.first is None:
+        return []
+    return [p for role, path in zip(("actor", "critic"), plan.first) if path is not None
+            for p in _lora_resume_problems(cfg, role, path)]
+
+
+LORA_SHAPING = ("rank", "alpha", "type", "target_modules", "exclude_modules")  # what a resumed adapter must keep
+
+
+def _lora_resume_problems(cfg: DictConfig, role: str, checkpoint) -> list[Problem]:
+    """A resumed checkpoint's LoRA settings (its meta) against the run's: the adapters' shapes and scale."""
+    from megarl.engine.checkpoint import checkpoint_meta
+    from megarl.settings.engine import lora_settings
+
+    prefix = "actor_rollout_ref.model.lora" if role == "actor" else "critic.model.lora"
+    try:
+        now = lora_settings(cfg, role)
+    except ValueError:
+        return []  # the LoRA checks name it
+    saved = checkpoint_meta(checkpoint).get("lora")
+    if saved is None and now is None:
+        return []
+    if saved is None or now is None:
+        held = "a LoRA run's adapters" if saved is not None else "a whole model (no LoRA)"
+        wanted = f"{prefix}.rank={now.rank}" if now is not None else f"{prefix}.rank=0"
+        return [Problem(f"resuming {checkpoint}: it holds {held}, and this config has {wanted}; resume with the "
+                        "settings it was trained with, or set trainer.resume_mode=disable (or another "
+                        "trainer.default_local_dir) to start over", key=f"{prefix}.rank")]
+    current = now.to_dict()
+    differ = [f"{k}: {saved.get(k, 'lora' if k == 'type' else None)!r} there, {current[k]!r} here" for k in LORA_SHAPING
+              if saved.get(k, "lora" if k == "type" else None) != current[k]]
+    if not differ:
+        return []
+    return [Problem(f"resuming {checkpoint}: it was trained with other LoRA settings ({'; '.join(differ)}); set "
+                    f"{prefix}.* to the checkpoint's, or trainer.resume_mode=disable to start over", key=prefix)]
 
 
 def _checkpoint_problems(cfg: DictConfig) -> list[Problem]:

@@ -1,6 +1,7 @@
 """The pre-flight checks: what a run will read (models, data, reward function), before anything starts."""
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 
@@ -203,3 +204,29 @@ def test_checkpoints_to_start_or_resume_from_are_whole(files):
     assert len(problems) == 1 and "holds checkpoints (actor/step_5) but none can be resumed" in problems[0]
     assert "common.pt has 0 bytes" in problems[0] and "trainer.resume_mode=disable" in problems[0]
     assert check(*base, f"trainer.default_local_dir={run}", "trainer.resume_mode=disable") == []
+
+
+def test_a_resume_keeps_the_lora_settings_its_checkpoint_was_trained_with(files):
+    """Rank, alpha, type and targets shape or scale the adapters: a resume under others is refused before start."""
+    from megarl.engine.checkpoint import META_FILE
+    from megarl.engine.manifest import write_manifest
+    from megarl.models.lora import LoRASettings
+    from tests.config._fixtures import write_saved_checkpoint
+
+    root, model, data = files
+    run = root / "lora_run"
+    step = write_saved_checkpoint(run, "actor", 2)
+    meta = json.loads((step / META_FILE).read_text())
+    saved = LoRASettings(rank=8, alpha=16.0, target_modules=("q_proj", "v_proj"), type="canonical_lora")
+    (step / META_FILE).write_text(json.dumps({**meta, "model_part": "trainable", "lora": saved.to_dict()}))
+    write_manifest(step)
+    lora = "actor_rollout_ref.model.lora"
+    same = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", f"trainer.default_local_dir={run}",
+            f"{lora}.rank=8", f"{lora}.alpha=16", f"{lora}.target_modules=[q_proj,v_proj]", f"{lora}.type=canonical_lora"]
+    assert check(*same) == []
+    (problem,) = check(*same, f"{lora}.rank=16", f"{lora}.type=lora")
+    assert f"resuming {step}" in problem and "rank: 8 there, 16 here" in problem
+    assert "type: 'canonical_lora' there, 'lora' here" in problem and "trainer.resume_mode=disable" in problem
+    (problem,) = check(*same[:3])  # no LoRA now
+    assert "it holds a LoRA run's adapters" in problem and f"{lora}.rank=0" in problem
+    assert check(*same[:3], f"{lora}.rank=16", "trainer.resume_mode=disable") == []
