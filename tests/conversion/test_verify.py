@@ -39,12 +39,10 @@ def test_verify_accepts_a_faithful_gemma2_tp2_checkpoint(tiny_models, to_megatro
     assert max_diff(done.stdout) < 1e-5
 
 
-def test_a_kimi_k2_config_converts_and_verifies_in_fresh_processes(tiny_models, tmp_path):
-    """model_type kimi_k2, unknown to transformers: each CLI process registers it from its config.json
-    (new interpreters, not forks of this one, which may have registered it already)."""
+def test_a_kimi_k2_config_converts_and_verifies_in_fresh_processes(tiny_models, to_megatron):
+    """model_type kimi_k2, unknown to transformers: each CLI process registers it from its config.json."""
     source = tiny_models / "kimi_k2"
-    assert_ok(run_cli(["hf-to-megatron", "--hf", source, "--out", tmp_path / "mcore"], fresh=True))
-    done = run_cli(["verify", "--hf", source, "--megatron", tmp_path / "mcore"], fresh=True)
+    done = run_cli(["verify", "--hf", source, "--megatron", to_megatron("kimi_k2", (), 1)])
     assert_ok(done)
     assert max_diff(done.stdout) < 1e-5
 
