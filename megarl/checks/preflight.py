@@ -140,9 +140,8 @@ def _lora_resume_problems(cfg: DictConfig, role: str, checkpoint) -> list[Proble
         return [Problem(f"resuming {checkpoint}: it holds {held}, and this config has {wanted}; resume with the "
                         "settings it was trained with, or set trainer.resume_mode=disable (or another "
                         "trainer.default_local_dir) to start over", key=f"{prefix}.rank")]
-    current = now.to_dict()
-    differ = [f"{k}: {saved.get(k, 'lora' if k == 'type' else None)!r} there, {current[k]!r} here" for k in LORA_SHAPING
-              if saved.get(k, "lora" if k == "type" else None) != current[k]]
+    current, saved = now.to_dict(), {"type": "lora", **saved}  # checkpoints older than lora.type were all "lora"
+    differ = [f"{k}: {saved.get(k)!r} there, {current[k]!r} here" for k in LORA_SHAPING if saved.get(k) != current[k]]
     if not differ:
         return []
     return [Problem(f"resuming {checkpoint}: it was trained with other LoRA settings ({'; '.join(differ)}); set "
