@@ -12,10 +12,13 @@ then wait 60 s for the dead GCS to take their last report. And the cluster's tem
   Every second it records the driver's descendants (pid and start time: Ray renames its processes
   and overwrites their environment, and orphans leave the tree, so only a record made while the
   tree is whole finds them all) into ``<temp dir>/megarl-processes.json``. It holds the read end
-  of a pipe only the driver writes to, which ends when the driver does (it checks the driver's pid
-  and start time each second as well); then it kills every recorded process still running, with
-  its descendants, and removes the temp dir. A normal shutdown closes the pipe after the cluster is
-  gone, while the driver lives: the reaper then ends and touches nothing.
+  of a pipe only the driver writes to. A normal shutdown writes ``STOP`` into the pipe once the
+  cluster is gone: the reaper then ends and touches nothing. The pipe ending without that word
+  means the driver died (the kernel closes a dying process's files before it is a zombie, so the
+  driver's pid can still look alive then: only the word tells a stop from a death); so does the
+  driver's pid and start time vanishing (checked each second, in case a forked child holds the
+  pipe). Then it kills every recorded process still running, with its descendants, and removes the
+  temp dir.
 * Stale temp dirs: each local cluster's temp dir holds ``megarl-run.json`` (the driver's pid and
   start time). ``remove_stale_temp_dirs``, run before a new local cluster starts, removes the temp
   dirs (of this user) whose driver is provably gone (no process with that pid and start time),
@@ -40,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 MARKER = "megarl-run.json"
 RECORD = "megarl-processes.json"
+STOP = b"stop"  # the driver's word for a normal shutdown, written into the reaper's pipe
 
 
 def write_marker(temp_dir: str) -> None:
@@ -114,8 +118,11 @@ class Reaper:
 
     def stop(self, wait_s: float = 10.0) -> None:
         if self._write_end is not None:
-            os.close(self._write_end)
-            self._write_end = None
+            try:
+                os.write(self._write_end, STOP)
+            finally:
+                os.close(self._write_end)
+                self._write_end = None
         try:
             self.process.wait(wait_s)
         except subprocess.TimeoutExpired:
@@ -127,8 +134,9 @@ def start_reaper(temp_dir: str) -> Reaper:
     return Reaper(temp_dir)
 
 
-def _watch(temp_dir: str, fd: int, driver) -> list[tuple[int, float]]:
-    """Record the driver's descendants every second until the pipe ends or the driver is gone; the record."""
+def _watch(temp_dir: str, fd: int, driver) -> tuple[list[tuple[int, float]], bool]:
+    """Record the driver's descendants every second until the driver says stop, or dies; the record, and
+    whether it was a stop."""
     import psutil
 
     recorded: dict[int, float] = {}
@@ -153,8 +161,10 @@ def _watch(temp_dir: str, fd: int, driver) -> list[tuple[int, float]]:
             except OSError:
                 pass  # the temp dir is being removed
         readable, _, _ = select.select([fd], [], [], 1.0)
-        if (readable and not os.read(fd, 4096)) or not _alive(driver):
-            return sorted(recorded.items())
+        if readable:  # the stop word, or the end of the pipe: a driver that died
+            return sorted(recorded.items()), os.read(fd, len(STOP)) == STOP
+        if not _alive(driver):
+            return sorted(recorded.items()), False
 
 
 def _alive(driver) -> bool:
@@ -174,8 +184,8 @@ def main(argv: list[str]) -> int:
     if driver is None:  # gone before this process looked
         recorded = read_record(temp_dir)
     else:
-        recorded = _watch(temp_dir, fd, driver)
-        if _alive(driver):
+        recorded, stopped = _watch(temp_dir, fd, driver)
+        if stopped:
             return 0  # a normal stop: the driver shut its cluster down itself
     kill_recorded(recorded)
     shutil.rmtree(temp_dir, ignore_errors=True)

@@ -116,3 +116,30 @@ def test_a_normal_stop_ends_the_reaper_and_touches_nothing(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_pipe_ending_without_the_stop_word_is_a_death_even_while_the_driver_looks_alive(tmp_path):
+    """A SIGKILLed driver's files close before it is a zombie: the reaper can see the pipe end while the
+    driver's pid still reads as running. A CI run saw the reaper take that for a normal stop and leave the
+    agent running. Here this process plays the driver and ends the pipe without the word."""
+    temp_dir = tmp_path / "ray_x"
+    temp_dir.mkdir()
+    child = subprocess.Popen(SLEEPER)  # the "agent", recorded by the reaper
+    read_end, write_end = os.pipe()
+    pid, start = identity()
+    reaper = subprocess.Popen([sys.executable, "-m", "megarl.cluster.run_reaper", str(temp_dir), str(read_end),
+                               str(pid), repr(start)], pass_fds=(read_end,), env={**os.environ, "PYTHONPATH": str(REPO)})
+    os.close(read_end)
+    try:
+        deadline = time.monotonic() + 60
+        while child.pid not in dict(run_reaper.read_record(temp_dir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.close(write_end)
+        assert reaper.wait(timeout=30) == 0
+        assert child.wait(timeout=10) == -signal.SIGKILL
+        assert not temp_dir.exists()
+    finally:
+        reaper.kill()
+        child.kill()
+        child.wait()
+
