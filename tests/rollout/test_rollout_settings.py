@@ -64,7 +64,8 @@ def test_split_evenly_gives_contiguous_balanced_chunks(count, parts, sizes):
     assert [i for c in chunks for i in c] == list(range(count))
 
 
-def test_engine_arguments_on_cpu():
+def test_engine_arguments_on_cpu(monkeypatch):
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     config = rollout_config(tensor_model_parallel_size=1, max_num_seqs=8, seed=3, enforce_eager=True)
     spec = replica_spec(config, "/models/x", use_gpu=False, cpus_per_replica=2, cpu_kv_cache_gib=0.5)
     kwargs = llm_kwargs(spec, on_gpu=False)
@@ -77,6 +78,11 @@ def test_engine_arguments_on_cpu():
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert env["TORCHDYNAMO_DISABLE"] == "1"  # eager on CPU: vLLM's compiled sampler helpers run eager
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # TP=1 on CPU: the worker runs in the engine core
+    tp2 = replica_spec(rollout_config(tensor_model_parallel_size=2), "/models/x", use_gpu=False)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in replica_env(tp2, on_gpu=False)  # TP workers need "mp"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # set by the user: the replicas inherit it
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in replica_env(spec, on_gpu=False)
     compiled = replica_spec(rollout_config(enforce_eager=False), "/models/x", use_gpu=False)
     assert "TORCHDYNAMO_DISABLE" not in replica_env(compiled, on_gpu=False)
 
@@ -90,6 +96,8 @@ def test_engine_arguments_on_gpu_with_tp():
     assert kwargs["gpu_memory_utilization"] == 0.6 and kwargs["enable_sleep_mode"] is True  # free_cache_engine default
     assert "kv_cache_memory_bytes" not in kwargs and "OMP_NUM_THREADS" not in replica_env(spec, on_gpu=True)
     assert "TORCHDYNAMO_DISABLE" not in replica_env(spec, on_gpu=True)  # GPU: vLLM compiles as it chooses
+    gpu_tp1 = replica_spec(rollout_config(), "/models/x", use_gpu=True)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in replica_env(gpu_tp1, on_gpu=True)  # vLLM's own choice on GPU
     assert replica_spec(rollout_config(free_cache_engine=True), "m", use_gpu=False).enable_sleep_mode is False
     assert resolve_dtype("float16", on_gpu=True) == "float16"
 

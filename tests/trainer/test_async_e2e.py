@@ -33,6 +33,10 @@ COMMON = ["trainer.n_gpus_per_node=2", "trainer.placement=split", "trainer.rollo
 # with long responses): a sync then lands while requests run. With the default 1024 the engine finished
 # a step's groups before the trainer's sync in 39 of 40 steps, and a CI run saw no partial rollout at
 # all; at 2, 24 of 39 steps trained partial rollouts (measured), so "syncs cut generations" holds.
+# That was with the engine core in a process of its own, as on GPUs; the TP=1 CPU default runs it inside
+# the replica's process, which steps the tiny model fast enough that syncs found the engine idle again
+# (no partial rollout in some runs), so this module's engine keeps its own process.
+SEPARATE_ENGINE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
 class Recorder:
@@ -72,13 +76,16 @@ def pools(inputs, tmp_path_factory):
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     cfg = config(inputs, tmp_path_factory.mktemp("unused"))
-    init_ray(num_cpus=2)
-    placement = ClusterPlacement(plan_from_config(cfg), use_gpu=False)
-    fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(inputs["model"]), slots=placement.replica_slots())
-    yield placement, fleet
-    fleet.shutdown()
-    placement.close()
-    shutdown_ray()
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in SEPARATE_ENGINE_PROCESS.items():
+            env.setenv(key, value)
+        init_ray(num_cpus=2)
+        placement = ClusterPlacement(plan_from_config(cfg), use_gpu=False)
+        fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(inputs["model"]), slots=placement.replica_slots())
+        yield placement, fleet
+        fleet.shutdown()
+        placement.close()
+        shutdown_ray()
 
 
 def train(cfg, pools, record_batches: bool = False, record_correction: bool = False):
