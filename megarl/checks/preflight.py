@@ -263,7 +263,10 @@ def _reward_problems(cfg: DictConfig) -> list[Problem]:
     from megarl.settings.reward_models import reward_model_file_problems
 
     key = "custom_reward_function.path"
+    from megarl.settings.distillation import distillation_file_problems
+
     problems = reward_model_file_problems(cfg)  # reward_model.model.path, when a reward model is on
+    problems += distillation_file_problems(cfg)  # the teachers' checkpoints and tokenizers
     if not cfg.custom_reward_function.path:
         return problems
     try:

@@ -401,6 +401,10 @@ def _check_rewards(cfg, add) -> None:
             add(f"{exc}.")
     for problem in reward_manager_problems(cfg):
         add(problem)
+    from megarl.settings.distillation import distillation_problems
+
+    for problem in distillation_problems(cfg):  # distillation.enabled: teachers and their loss
+        add(problem)
 
 
 # ------------------------------------------------------------------ trainer bookkeeping

@@ -20,7 +20,8 @@ A reward model or LLM judge (``reward_model.enable``, ``megarl.rewards.reward_mo
 replicas too: on the trainer's slots (``reward_model.enable_resource_pool=False``, verl's colocated
 mode; its engines sleep outside the reward pass), or on a pool of its own
 (``reward_model.nnodes x reward_model.n_gpus_per_node`` devices, another placement group:
-``plan_reward_pool``). Processes that share a slot share its bundle evenly (``share_of``).
+``plan_reward_pool``). Distillation teachers have a pool of their own likewise (``plan_teacher_pool``).
+Processes that share a slot share its bundle evenly (``share_of``).
 
 A replica's TP group stays within one node (vLLM's "mp" executor: the replica actor sits in its
 first slot's bundle and, on GPU, exposes exactly its slots' GPUs to vLLM through
@@ -143,6 +144,21 @@ def plan_reward_pool(nnodes: int, per_node: int, tp: int) -> PlacementPlan:
     return PlacementPlan(nnodes, per_node, "pool", (), groups)
 
 
+def plan_teacher_pool(nnodes: int, per_node: int, teachers: Sequence[tuple[int, int]]) -> PlacementPlan:
+    """The distillation teachers' own pool (``distillation.nnodes x n_gpus_per_node`` devices): each
+    teacher's ``(num_replicas, tp)`` replicas, in order, fill it exactly."""
+    world = nnodes * per_node
+    if world < 1 or sum(count * tp for count, tp in teachers) != world:
+        raise ValueError(f"the teachers' replicas ({', '.join(f'{c} x TP{t}' for c, t in teachers)}) must fill "
+                         f"their pool of distillation.nnodes={nnodes} x n_gpus_per_node={per_node} devices")
+    groups, start = [], 0
+    for count, tp in teachers:
+        groups += _replica_groups(list(range(start, start + count * tp)), tp, per_node, "teachers' pool",
+                                  "distillation.teacher_models.*.inference.tensor_model_parallel_size")
+        start += count * tp
+    return PlacementPlan(nnodes, per_node, "pool", (), tuple(groups))
+
+
 @dataclass(frozen=True)
 class ActorSlot:
     """Where to start one actor: a bundle of the run's placement group, its share, the devices it drives.
@@ -253,7 +269,11 @@ class ClusterPlacement:
 
     def reward_slots(self) -> list[ActorSlot]:
         """The reward model's replicas: colocated on the trainer's slots, or every slot of its own pool."""
-        return self._replica_slots(self.plan.reward_replicas or (self.plan.replicas if self.plan.mode == "pool" else ()))
+        return self._replica_slots(self.plan.reward_replicas) if self.plan.reward_replicas else self.pool_slots()
+
+    def pool_slots(self) -> list[ActorSlot]:
+        """The replicas of a pool of their own (a reward model's, the distillation teachers'), in order."""
+        return self._replica_slots(self.plan.replicas if self.plan.mode == "pool" else ())
 
     def _replica_slots(self, groups) -> list[ActorSlot]:
         return [self._slot(slots[0], slots, spans_nodes=len({self.plan.node_of(s) for s in slots}) > 1)

@@ -575,6 +575,73 @@ class RayKwargsConfig:
     timeline_json_file: Optional[str] = None  # write Ray's task timeline here when the run ends
 
 
+# --------------------------------------------------------------------- distillation
+@dataclass
+class DistillationLossConfig:
+    """verl's ``distillation.distillation_loss`` (``megarl.algorithms.distillation``)."""
+
+    loss_mode: str = "k3"  # k3 / low_var_kl, k2 / mse, abs: a direct loss; k1 / kl: a reward (use_policy_gradient)
+    use_task_rewards: bool = True  # keep the task's policy loss and add the distillation loss times the coefficient
+    distillation_loss_coef: float = 1.0
+    loss_max_clamp: Optional[float] = None  # each token's loss is clamped to [-c, c]
+    log_prob_min_clamp: Optional[float] = None  # verl's top-k losses only
+    use_policy_gradient: bool = False  # True: -loss per token is the advantage of a PPO-clip loss
+    policy_loss_mode: str = "vanilla"  # the only one, as in verl
+    clip_ratio: float = 0.2  # the reward's PPO clip range where clip_ratio_low / _high are null
+    clip_ratio_low: Optional[float] = 0.2
+    clip_ratio_high: Optional[float] = 0.2
+
+
+@dataclass
+class TeacherEngineConfig:
+    """verl's ``distillation.teacher_models.<name>.inference``: the engines that score with the teacher."""
+
+    name: str = II("actor_rollout_ref.rollout.name")  # vllm, or hf (transformers)
+    dtype: str = II("actor_rollout_ref.rollout.dtype")
+    gpu_memory_utilization: float = 0.5
+    tensor_model_parallel_size: int = 2
+    enforce_eager: bool = True
+    free_cache_engine: bool = True
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    max_model_len: Optional[int] = None  # None: prompt_length + response_length (the student's whole sample)
+    prompt_length: int = II("actor_rollout_ref.rollout.prompt_length")
+    response_length: int = II("actor_rollout_ref.rollout.response_length")
+    disable_log_stats: bool = True
+    seed: int = 0
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
+
+
+@dataclass
+class TeacherModelConfig:
+    key: Optional[str] = None  # the teacher_key value of the samples it scores (several teachers)
+    model_path: Optional[str] = None
+    num_replicas: int = 0  # several teachers: each one's; one teacher fills the pool
+    inference: TeacherEngineConfig = field(default_factory=TeacherEngineConfig)
+
+
+def _teacher_defaults() -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(TeacherModelConfig))  # interpolations kept as written
+
+
+@dataclass
+class DistillationConfig:
+    """verl's on-policy distillation (``distillation.*``): teachers on a pool of their own score the student's samples."""
+
+    enabled: bool = False
+    n_gpus_per_node: int = 8  # the teachers' pool: nnodes x n_gpus_per_node devices (on CPU: worker processes)
+    nnodes: int = 0
+    # name -> a TeacherModelConfig's keys (read and checked by megarl.settings.distillation, which applies
+    # verl's rules for the keys of its own that megarl's teachers lack)
+    teacher_models: Dict[str, Any] = field(default_factory=lambda: {"teacher_model": _teacher_defaults()})
+    teacher_key: str = "data_source"  # the sample field that picks a sample's teacher (several teachers)
+    distillation_loss: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+
+
 @dataclass
 class MegaRLConfig:
     data: DataConfig = field(default_factory=DataConfig)
@@ -588,3 +655,4 @@ class MegaRLConfig:
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)

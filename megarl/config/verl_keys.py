@@ -375,8 +375,26 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "megarl generates data.train_batch_size prompts per step (DAPO: further batches until enough groups "
             "remain; the asynchronous modes stream group by group)",
             off=lambda value, get: value in (1, get("data.train_batch_size"))),
-    Refused(("distillation.enabled",), "on-policy distillation", "megarl trains with rewards only", off=(False,)),
-    Parameters(("distillation.*",), of="distillation"),
+    # on-policy distillation: verl's teacher engine keys that megarl's teachers do not take
+    Refused(("distillation.teacher_models.*.inference.data_parallel_size",
+             "distillation.teacher_models.*.inference.expert_parallel_size"),
+            "data or expert parallelism inside a teacher's engine", "a teacher's replicas are TP groups "
+            "(inference.tensor_model_parallel_size); more replicas come from num_replicas or the pool's size",
+            off=(1,)),
+    Refused(("distillation.teacher_models.*.inference.pipeline_model_parallel_size",),
+            "pipeline parallelism inside a teacher's engine", "use inference.tensor_model_parallel_size", off=(1,)),
+    Refused(("distillation.teacher_models.*.inference.temperature",), "scoring with a teacher at a temperature",
+            "the teacher's log-probs are its own distribution's (temperature 1)", off=(1.0, 1)),
+    Noted(("distillation.teacher_models.*.inference.cudagraph_capture_sizes",
+           "distillation.teacher_models.*.inference.load_format",
+           "distillation.teacher_models.*.inference.skip_tokenizer_init",
+           "distillation.teacher_models.*.inference.limit_images"),
+          "a teacher engine's start-up option of verl's; megarl's teacher engines score token ids with their "
+          "defaults (enforce_eager picks CUDA graphs)"),
+    Refused(("distillation.distillation_loss.use_chunked_topk",), "chunked top-k log-probs",
+            "megarl's distillation losses use the sampled token's log-probs", off=(False,)),
+    Parameters(("distillation.distillation_loss.chunked_topk_chunk_size", "distillation.distillation_loss.topk"),
+               of="the top-k distillation losses (loss_mode=forward_kl_topk, refused)"),
     # ---------------------------------------------------------------- trainer
     Refused(("trainer.default_hdfs_dir",), "HDFS checkpoint copies", "checkpoints go to trainer.default_local_dir"),
     Refused(("trainer.del_local_ckpt_after_load",), "deleting a checkpoint after loading it",

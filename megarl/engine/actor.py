@@ -13,6 +13,13 @@ pre-clip norm of the steps taken; ``actor/lr`` the learning rate used; ``actor/o
 counts the optimizer steps tried, ``actor/skipped_steps`` those skipped for a non-finite gradient norm. ``actor/kl_loss`` and
 ``actor/kl_coef`` appear when ``use_kl_loss`` is on.
 
+On-policy distillation (``loss.distillation``, ``megarl.algorithms.distillation``): the batch brings
+the teacher's log-probs of the sampled tokens (``teacher_log_probs``); the distillation loss is added
+to the policy loss times ``distillation_loss_coef`` (or is the whole loss without the task's rewards).
+It reports ``distillation/loss`` (the mini-batch's aggregated loss), ``distillation/token_loss`` (the
+per-token loss's mean over the response tokens) and, as a reward, ``distillation/pg_clipfrac`` and
+``distillation/ppo_kl``.
+
 Rollout correction (``algorithm.rollout_correction``, ``megarl.algorithms.rollout_correction``): in
 decoupled mode the controller puts the importance weights into the batch
 (``batch.rollout_is_weights``, multiplied into each token's loss) and the rejected tokens out of
@@ -36,6 +43,7 @@ from typing import Sequence
 import torch
 
 from megarl.algorithms import agg_loss, compute_kl_loss, compute_rollout_correction, get_policy_loss
+from megarl.algorithms.distillation import distillation_loss
 from megarl.algorithms.mismatch import probs_diff_sums, verl_probs_diff
 from megarl.engine.batch import RLBatch
 from megarl.engine.batching import mini_batches
@@ -48,6 +56,7 @@ from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_
 _TOKEN_MEANS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
 _PROBE = ("logprob_diff", "logprob_diff_max")  # reported as rollout/<name>
 _VERL_PROBE = ("probs_diff", "probs_diff_sq", "probs_diff_max")  # verl's training/rollout_probs_diff_* (mismatch.py)
+_DISTILL_MEANS = ("distill_token_loss", "distill_pg_clipfrac", "distill_ppo_kl")  # reported as distillation/<name>
 
 
 class MegatronActor:
@@ -87,17 +96,25 @@ class MegatronActor:
 
         Without ``batch.old_log_probs`` the update must be on-policy (see the module docstring).
         """
-        use_kl = self.settings.loss.use_kl_loss
-        batch.require("advantages", *(["ref_log_probs"] if use_kl else []), purpose="update_policy")
+        use_kl, distill = self.settings.loss.use_kl_loss, self.settings.loss.distillation
+        batch.require("advantages", *(["ref_log_probs"] if use_kl else []),
+                      *(["teacher_log_probs"] if distill else []), purpose="update_policy")
         if batch.old_log_probs is None:
             self._require_on_policy(len(batch))
         probe = batch.rollout_log_probs is not None
-        sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else []), *(["probe_tokens"] if probe else [])]
+        sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else []), *(["probe_tokens"] if probe else []),
+                *(["distillation_loss"] if distill else [])]
+        distill_means = () if not distill else _DISTILL_MEANS if distill.use_policy_gradient else _DISTILL_MEANS[:1]
+        token_means = (*self.token_means, *distill_means)
         metrics = run_update(
             "actor", self.runner, self.optimizer, self.scheduler, batch, self.settings.train, self._loss_fn, sums,
-            (*self.token_means, *_PROBE[:1], *_VERL_PROBE[:2]) if probe else self.token_means,
+            (*token_means, *_PROBE[:1], *_VERL_PROBE[:2]) if probe else token_means,
             maxes=(_PROBE[1], _VERL_PROBE[2]) if probe else ()
         )
+        if distill:
+            metrics["distillation/loss"] = metrics.pop("actor/distillation_loss")
+            for name in distill_means:
+                metrics[f"distillation/{name.removeprefix('distill_')}"] = metrics.pop(f"actor/{name}")
         if probe:
             for name in _PROBE:
                 metrics[f"rollout/{name}"] = metrics.pop(f"actor/{name}")
@@ -167,6 +184,13 @@ class MegatronActor:
                 kl_loss = compute_kl_loss(log_probs, batch.ref_log_probs, mask, s.kl_loss_type, agg, info)
                 total = total + s.kl_loss_coef * kl_loss
                 collected["kl_loss"] = kl_loss.detach() / dp_size
+            if s.distillation is not None:
+                distill, distill_metrics = distillation_loss(log_probs, old_log_probs, batch.teacher_log_probs,
+                                                             loss_mask, s.distillation, agg, info, weights)
+                # without the task's rewards the distillation loss is the whole loss (checks refuse KL and entropy terms)
+                total = (total if s.distillation.use_task_rewards else 0.0) + s.distillation.coef * distill
+                collected["distillation_loss"] = distill.detach() / dp_size
+                collected.update({f"distill_{name}": value * tokens for name, value in distill_metrics.items()})
             return total * micro_batch.count, collected
 
         return loss

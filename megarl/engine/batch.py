@@ -4,7 +4,7 @@ Layout (verl's): ``input_ids`` is ``[B, T]`` with ``T = P + R``: the prompt part
 LEFT-padded, the response part ``[:, P:]`` (``responses``) is RIGHT-padded. ``attention_mask``
 marks the real tokens of both parts. ``response_mask [B, R]`` marks the response tokens that
 count in losses (usually the response's attention mask; multi-turn data may mask tool output).
-Per-token RL fields (old/ref/rollout log-probs, advantages, returns, values, rollout importance
+Per-token RL fields (old/ref/rollout/teacher log-probs, advantages, returns, values, rollout importance
 weights) are ``[B, R]``, aligned with ``responses``.
 
 The engine never feeds this padded layout to the model directly: ``packing`` packs the samples'
@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 PER_TOKEN_FIELDS = ("old_log_probs", "ref_log_probs", "advantages", "returns", "values", "rollout_is_weights",
-                    "rollout_log_probs")
+                    "rollout_log_probs", "teacher_log_probs")
 
 
 @dataclass
@@ -33,6 +33,7 @@ class RLBatch:
     values: torch.Tensor | None = None  # [B, R] values at rollout time (critic clipping)
     rollout_is_weights: torch.Tensor | None = None  # [B, R] a rollout correction's importance weights (detached)
     rollout_log_probs: torch.Tensor | None = None  # [B, R] the engine's log-probs: the sync probe of an on-policy update
+    teacher_log_probs: torch.Tensor | None = None  # [B, R] a distillation teacher's log-probs of the sampled tokens
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2 or self.input_ids.dtype not in (torch.int32, torch.int64):

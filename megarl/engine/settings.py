@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 
 from megarl.algorithms.rollout_correction import RolloutCorrection
+from megarl.algorithms.distillation import DistillationLossSettings
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class PolicyLossSettings:
     rollout_correction: RolloutCorrection | None = None
     # the options of particular losses (megarl.algorithms.LOSS_OPTIONS: SAPO's tau_pos, DRO's dro_beta, ...)
     options: dict = field(default_factory=dict)
+    # on-policy distillation (verl's distillation.*): the loss against the teacher's log-probs in the batch
+    distillation: DistillationLossSettings | None = None
 
 
 @dataclass

@@ -51,7 +51,9 @@ def prepare(cfg, log_dir: Path, load_tokenizer) -> Prepared:
     from megarl.settings import typed_config
     from megarl.settings.agent import agent_settings
     from megarl.settings.data import build_dataset, build_train_loader
+    from megarl.data import DataFormatError
     from megarl.settings.derived import critic_enabled
+    from megarl.settings.distillation import distillation_settings, routing_problem
     from megarl.trainer.controller import total_training_steps
     from megarl.trainer.resume import resume_plan
 
@@ -63,6 +65,9 @@ def prepare(cfg, log_dir: Path, load_tokenizer) -> Prepared:
     chat_tools = tool_schemas_for(loops, agent.default_loop)
     train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools)
     val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools) if cfg.data.val_files else None
+    routing = routing_problem(distillation_settings(cfg), {"train": train_loader.dataset})  # several teachers
+    if routing:
+        raise DataFormatError(routing)
     trainer = typed_config(cfg.trainer)
     total = total_training_steps(trainer, len(train_loader))
     resume = resume_plan(trainer, log_dir, critic_enabled(cfg))  # refuses here, before any process starts
@@ -80,6 +85,7 @@ class Run:
     sync: Any = None
     reward_model: Any = None
     reward_placement: Any = None
+    teachers: Any = None  # distillation teachers (megarl.trainer.teachers), with their pool
     agent_rollout: Any = None
     metrics_logger: Any = None
     trainer: Any = None
@@ -94,8 +100,8 @@ class Run:
         self.close()
 
     def close(self) -> None:
-        for closer in (self.trainer, self.agent_rollout, self.sync, self.fleet, self.reward_model, self.workers,
-                       self.metrics_logger, self.placement, self.reward_placement):  # the trainer (its producer) first
+        for closer in (self.trainer, self.agent_rollout, self.sync, self.fleet, self.reward_model, self.teachers,
+                       self.workers, self.metrics_logger, self.placement, self.reward_placement):  # the trainer (its producer) first
             if closer is not None:
                 try:
                     (getattr(closer, "close", None) or closer.shutdown)()
@@ -130,7 +136,9 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
     from megarl.run.samples import SampleReporter
     from megarl.settings import typed_config
     from megarl.settings.cluster import reward_pool_from_config
+    from megarl.settings.distillation import distillation_settings
     from megarl.settings.worker import worker_settings
+    from megarl.trainer.teachers import Teachers
     from megarl.settings.reward_models import reward_engine, settings_from_config
     from megarl.settings.rewards import reward_manager
     from megarl.settings.rollout import fleet_arguments
@@ -159,6 +167,9 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
     run.reward_model, run.reward_placement = start_reward_model(
         model, reward_engine(cfg, model) if model is not None else None, reward_pool_from_config(cfg), run.placement,
         use_gpu)
+    distillation = distillation_settings(cfg)
+    if distillation is not None:
+        run.teachers = Teachers.start(distillation, use_gpu)
     tokenizer_path = cfg.actor_rollout_ref.model.tokenizer_path or cfg.actor_rollout_ref.model.path
     run.agent_rollout = AgentRollout(
         prepared.loops.context, run.fleet, typed_config(cfg.actor_rollout_ref.rollout), loops=prepared.loops,
@@ -168,7 +179,7 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
                                        cfg.trainer.experiment_name, settings.config_record)
     run.trainer = RLTrainer(settings, run.workers, run.fleet, run.sync, prepared.tokenizer,
                             prepared.train_loader, reward_manager(cfg, model_reward=run.reward_model), run.agent_rollout,
-                            prepared.val_dataset)
+                            prepared.val_dataset, teachers=run.teachers)
     run.samples = SampleReporter(cfg, run.metrics_logger, run.trainer.reward)
     run.loop = TrainingLoop(run.trainer, run.metrics_logger, str(prepared.log_dir), summary, run.samples,
                             prepared.resume)

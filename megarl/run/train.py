@@ -151,6 +151,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     plan = plan_from_config(cfg)
     reward_pool = reward_pool_from_config(cfg)  # a reward model's own devices, if it has them
     slots = plan.nnodes * plan.per_node + (reward_pool.nnodes * reward_pool.per_node if reward_pool else 0)
+    if cfg.distillation.enabled:  # the teachers' own pool
+        slots += cfg.distillation.nnodes * cfg.distillation.n_gpus_per_node
     ray_cfg = ray_settings(cfg)
     num_cpus = ray_cfg.num_cpus or max(os.cpu_count() or 1, slots)
     resources = init_ray(address=ray_cfg.address, num_cpus=num_cpus, worker_env=worker_log_env(worker_logs),

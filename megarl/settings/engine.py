@@ -31,6 +31,7 @@ from megarl.algorithms.rollout_correction import RolloutCorrection
 from megarl.engine.overrides import optimizer_overrides, transformer_overrides
 from megarl.engine.offload_phases import MODELS
 from megarl.engine.settings import ActorSettings, BatchSettings, CriticSettings, OptimizerSettings, PolicyLossSettings
+from megarl.settings.distillation import loss_settings
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         kl_loss_type=actor.kl_loss_type,
         rollout_correction=RolloutCorrection.from_config(cfg.algorithm.rollout_correction),
         options=loss_options(actor),
+        distillation=loss_settings(cfg.distillation.distillation_loss) if cfg.distillation.enabled else None,
     )
     return ActorSettings(
         train=train,

@@ -7,7 +7,8 @@ One step (``RLTrainer.train_step``):
      sample's agent loop (single-turn, or multi-turn with tools) generates on the vLLM fleet;
   3. reward: rule or custom functions score the decoded responses, with a reward model or an LLM
      judge when ``reward_model.enable`` (``megarl.rewards.reward_models``; its engines wake for the pass);
-  4. the Megatron workers compute old log-probs, reference log-probs and values;
+  4. the Megatron workers compute old log-probs, reference log-probs and values; distillation teachers
+     (``teachers.py``) score the sampled tokens;
   5. advantages: KL-in-reward if enabled, then the registered estimator;
   6. update: critic, then actor (after ``trainer.critic_warmup`` steps);
   7. weight sync: the trainer's shards go to the fleet, versioned (with colocated GPUs the engines
@@ -72,7 +73,7 @@ class RLTrainer:
     ``reward``: the run's ``RewardManager``; ``rollout``: the agent seam (``AgentRollout``) on ``fleet``."""
 
     def __init__(self, settings: TrainerSettings, workers, fleet, weight_sync, tokenizer, train_loader, reward,
-                 rollout, val_dataset=None, metrics_logger=None):
+                 rollout, val_dataset=None, metrics_logger=None, teachers=None):
         from megarl.trainer.asynchronous.batches import AsyncBatches
 
         self.settings, self.workers, self.fleet, self.weight_sync = settings, workers, fleet, weight_sync
@@ -80,6 +81,7 @@ class RLTrainer:
         self.tokenizer, self.train_loader, self.val_dataset = tokenizer, train_loader, val_dataset
         self.metrics_logger = metrics_logger
         self.reward = reward
+        self.teachers = teachers  # on-policy distillation (megarl.trainer.teachers), or None
         algorithm = settings.algorithm
         k = algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
@@ -231,6 +233,11 @@ class RLTrainer:
         if self.use_critic:
             with timer(timings, "values"):
                 values = self._gather("compute_values", batch_ref)
+        teacher_log_probs = None
+        if self.teachers is not None:
+            with timer(timings, "teacher"):
+                teacher_log_probs = self.teachers.log_probs(batch, data.fields)
+            metrics["distillation/teacher_log_prob"] = float(masked_mean(teacher_log_probs, mask))
         with timer(timings, "adv"):
             rewards, kl_metrics = token_level_rewards(self.settings.algorithm, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
@@ -247,6 +254,8 @@ class RLTrainer:
             fields["ref_log_probs"] = ref_log_probs
         if values is not None:
             fields["values"] = values
+        if teacher_log_probs is not None:
+            fields["teacher_log_probs"] = teacher_log_probs
         train_ref = ray.put(batch.with_fields(**fields))
         if self.use_critic:
             with timer(timings, "update_critic"):

@@ -97,6 +97,7 @@ def read_by_the_door(cfg, tmp_path, monkeypatch) -> None:
     from megarl.settings.data import load_tokenizer
     from megarl.settings.reward_models import reward_engine, settings_from_config
     from megarl.settings.rewards import reward_manager
+    from megarl.settings.distillation import distillation_settings
     from megarl.settings.rollout import fleet_arguments
     from megarl.settings.trainer import trainer_settings
     from megarl.settings.worker import worker_settings
@@ -119,6 +120,7 @@ def read_by_the_door(cfg, tmp_path, monkeypatch) -> None:
         reward_engine(cfg, model)
     reward_pool_from_config(cfg)
     reward_manager(cfg)
+    distillation_settings(cfg)
 
 
 def configs(tmp_path) -> dict[str, list[str]]:
@@ -150,6 +152,13 @@ def configs(tmp_path) -> dict[str, list[str]]:
             "actor_rollout_ref.actor.ppo_micro_batch_size=4", "async_training.mode=one_step_off",
             "rollout.nnodes=1", "rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
             "algorithm.rollout_correction.rollout_is=token"],
+        "distillation, as a reward": [*base, "distillation.enabled=True", "distillation.nnodes=1",
+                                      "distillation.n_gpus_per_node=1",
+                                      f"distillation.teacher_models.teacher_model.model_path={model}",
+                                      "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=1",
+                                      "distillation.distillation_loss.loss_mode=k1",
+                                      "distillation.distillation_loss.use_policy_gradient=True",
+                                      "distillation.distillation_loss.clip_ratio_low=null"],
         "overlong penalty, adaptive KL": [*base, "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
                                           "reward_model.overlong_buffer.len=4",
                                           "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive"],

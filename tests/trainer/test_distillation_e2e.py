@@ -1,0 +1,120 @@
+"""On-policy distillation end to end on CPU: the quickstart student, a teacher that knows the sums, on vLLM.
+
+The teacher is the quickstart model after supervised steps on the right answers. Its vLLM replica
+must score a batch's response tokens as transformers does (padding, prompts of several lengths),
+and a GRPO run with the distillation loss added must train through the real fleet, teacher and
+weight sync, logging the distillation metrics every step.
+
+Not here yet: a learning curve. From this near one-hot teacher the student did not learn within 40
+optimizer steps, in megarl and in a 60-line pure-torch reference alike (k3 direct, k2 direct, k1 as a
+reward; lr 3e-4 and 1e-3); with a softer teacher the reference reached 0.44 after 40 steps (one run).
+"""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from megarl.checks import load_config
+from megarl.run.quickstart import prepare
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    from megarl.devtools.chat_warmup import warmup_on_conversations
+
+    root = tmp_path_factory.mktemp("distillation")
+    made = prepare(root)
+    rows = pq.read_table(made["data"] / "train.parquet").to_pylist()
+
+    def answered(rng: random.Random) -> list[dict]:
+        row = rows[rng.randrange(len(rows))]
+        return [*row["prompt"], {"role": "assistant", "content": str(row["reward_model"]["ground_truth"])}]
+
+    teacher = warmup_on_conversations(made["model"], root / "teacher", answered, tools=None, steps=40, lr=1e-3,
+                                      seed=0, label="the teacher's supervised steps")
+    return {**made, "teacher": teacher, "rows": rows}
+
+
+def overrides(inputs, out: Path, *extra: str) -> list[str]:
+    return [f"data.train_files={inputs['data'] / 'train.parquet'}", f"data.val_files={inputs['data'] / 'test.parquet'}",
+            f"actor_rollout_ref.model.path={inputs['model']}", f"trainer.default_local_dir={out}",
+            f"trainer.total_training_steps={STEPS}", "trainer.test_freq=-1", "trainer.val_before_train=false",
+            "trainer.save_freq=-1", "distillation.enabled=true", "distillation.nnodes=1",
+            "distillation.n_gpus_per_node=1", f"distillation.teacher_models.teacher_model.model_path={inputs['teacher']}",
+            "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=1", *extra]
+
+
+@pytest.mark.timeout(600)
+def test_the_teacher_scores_a_batch_as_transformers_does(inputs, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megarl.cluster.ray_cluster import init_ray, shutdown_ray
+    from megarl.engine import RLBatch
+    from megarl.settings.distillation import distillation_settings
+    from megarl.trainer.teachers import Teachers
+
+    tokenizer = AutoTokenizer.from_pretrained(inputs["model"])
+    prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"] for row in inputs["rows"][:4]]
+    prompts[1] = prompts[1][3:]  # prompts of several lengths: left padding
+    generator = torch.Generator().manual_seed(0)
+    responses = [torch.randint(3, 300, (n,), generator=generator).tolist() for n in (2, 5, 1, 4)]
+    width, length = max(map(len, prompts)), max(map(len, responses))
+    ids = torch.zeros(4, width + length, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids[i, width - len(p):width], mask[i, width - len(p):width] = torch.tensor(p), 1
+        ids[i, width:width + len(r)], mask[i, width:width + len(r)] = torch.tensor(r), 1
+    batch = RLBatch(ids, mask, mask[:, width:].clone())
+
+    init_ray(num_cpus=2)
+    teachers = None
+    try:
+        teachers = Teachers.start(distillation_settings(load_config("quickstart", overrides(inputs, tmp_path))),
+                                  use_gpu=False)
+        scored = teachers.log_probs(batch, {})
+    finally:
+        if teachers is not None:
+            teachers.close()
+        shutdown_ray()
+    model = AutoModelForCausalLM.from_pretrained(inputs["teacher"], dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        with torch.no_grad():
+            logits = model(torch.tensor([p + r])).logits[0, len(p) - 1:-1]
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r).unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(scored[i, :len(r)], expected, atol=1e-4), (i, scored[i], expected)
+        assert (scored[i, len(r):] == 0).all()
+
+
+def scalars(out: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.mark.timeout(900)
+def test_grpo_with_a_distillation_loss_trains_through_the_teacher(inputs, tmp_path):
+    from megarl.run.train import run
+
+    out = tmp_path / "run"
+    run(load_config("quickstart", overrides(inputs, out, "distillation.distillation_loss.loss_mode=k3",
+                                            "distillation.distillation_loss.distillation_loss_coef=0.5")))
+    logged = scalars(out)
+    for name in ("distillation/loss", "distillation/token_loss", "distillation/teacher_log_prob",
+                 "timing_s/teacher", "actor/pg_loss"):
+        values = [v for _, v in logged[name]]
+        assert len(values) == STEPS and all(math.isfinite(v) for v in values), (name, values)
+    assert all(v > 0 for _, v in logged["distillation/token_loss"])  # k3 >= 0, and the student is not the teacher
+    assert all(v < 0 for _, v in logged["distillation/teacher_log_prob"])
+    assert max(v for _, v in logged["rollout/logprob_diff"]) < 1e-4  # the fleet still follows the trainer
+    driver = (out / "logs" / "driver.log").read_text()
+    assert "distillation: teacher" in driver and "1 replica(s) x TP1" in driver
