@@ -1,0 +1,166 @@
+"""The docs site (mkdocs.yml, docs/) stays true to the code: light tests, no process but mkdocs.
+
+* The generated pages (the configuration keys, the verl key table) equal what
+  ``megarl.devtools.docs_pages`` writes from the code today.
+* ``mkdocs build --strict`` passes: no broken link or anchor, no page missing from the nav, no
+  warning. Skipped where mkdocs is not installed (``make test`` installs it: ``setup.py``, ``[test]``).
+* Every config snippet in the docs still passes megarl's own config checks:
+
+  - a ```` ```yaml ```` block whose top-level keys are all sections of the schema (or ``defaults``)
+    is a megarl config. It is composed as a YAML file with ``megarl.checks.load_config`` and every
+    config rule (not the pre-flight, which reads the model, the data and the GPU). A snippet without
+    a ``defaults:`` list is checked on top of ``quickstart`` (``defaults: [quickstart, _self_]``), so
+    it may show only the keys it is about; ``data.train_files`` and ``actor_rollout_ref.model.path``
+    get stand-in paths unless it sets them. Other YAML (a tool config, ``tools:``) is not a config.
+  - a command in a ```` ```bash ```` block that runs ``megarl train``, ``megarl config show``,
+    ``python -m megarl.run.train`` or ``python -m megarl.trainer.main_ppo`` is split as the command
+    line does (``parse_command_line``) and composed with its config and overrides: keys, types and
+    refused features are checked, but no other config rule (batch arithmetic, device counts):
+    commands name real models and data, and show the keys they are about, not a whole run.
+    ``...`` and ``key=value`` are placeholders and dropped; a config that is not found (a YAML of
+    the reader's own) is replaced by the default config, so its overrides are still checked.
+
+  Either way the only problems allowed are files that do not exist here and required keys a
+  command leaves to the reader; an unknown key, a wrong type or a refused feature fails the test.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from megarl.checks import ConfigError, load_config
+from megarl.config import resolve_config_path
+from megarl.config.command_line import parse_command_line
+from megarl.config.compose import DEFAULT_CONFIG
+from megarl.config.schema import MegaRLConfig
+from megarl.devtools.docs_pages import COMMAND, REPO, generated_pages
+
+DOCS = REPO / "docs"
+SECTIONS = set(MegaRLConfig.__dataclass_fields__)
+STAND_INS = {"data.train_files": "/docs-snippet/train.parquet", "actor_rollout_ref.model.path": "/docs-snippet/model"}
+ENTRY_POINTS = (("megarl", "train"), ("megarl", "config", "show"), ("-m", "megarl.run.train"),
+                ("-m", "megarl.trainer.main_ppo"))
+PLACEHOLDERS = {"...", "key=value"}
+ALLOWED = re.compile(r"not found|does not exist|no such (file|directory)|required config keys are not set")
+
+
+def code_blocks(language: str) -> list[tuple[str, str]]:
+    """(``page.md:line``, text) of every fenced block in ``language`` in docs/."""
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for start, line in enumerate(lines):
+            if line.strip() == f"```{language}":
+                end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "```")
+                found.append((f"{page.relative_to(DOCS)}:{start + 1}", "\n".join(lines[start + 1:end])))
+    return found
+
+
+def config_snippets() -> list[tuple[str, str]]:
+    snippets = []
+    for where, text in code_blocks("yaml"):
+        tree = yaml.safe_load(text)
+        if isinstance(tree, dict) and set(tree) <= SECTIONS | {"defaults"} and set(tree) & SECTIONS:
+            snippets.append((where, text))
+    return snippets
+
+
+def megarl_commands() -> list[tuple[str, list[str], bool]]:
+    """(where, the arguments after the entry point, whether it is ``config show``)."""
+    commands = []
+    for where, line in shell_lines():
+        words = shlex.split(line, comments=True)
+        names = ["megarl" if Path(word).name == "megarl" else word for word in words]  # .venv/bin/megarl
+        for entry in ENTRY_POINTS:
+            at = next((i for i in range(len(names)) if tuple(names[i:i + len(entry)]) == entry), None)
+            if at is not None:
+                args = [re.sub(r"^([^=]+=)~/", lambda m: m.group(1) + str(Path.home()) + "/", w)  # bash expands it
+                        for w in words[at + len(entry):]]
+                commands.append((where, args, "show" in entry))
+    return commands
+
+
+def shell_lines() -> list[tuple[str, str]]:
+    """(``page.md:line``, command) of every ```bash block's commands, continuation lines joined."""
+    found = []
+    for where, text in code_blocks("bash"):
+        page, first = where.rsplit(":", 1)
+        pending, start = "", 0
+        for offset, line in enumerate(text.splitlines()):
+            start = start if pending else offset
+            pending += line[:-1] + " " if line.endswith("\\") else line
+            if not line.endswith("\\"):
+                found.append((f"{page}:{int(first) + 1 + start}", pending))
+                pending = ""
+    return found
+
+
+def problems_of(*args, **kwargs) -> list[str]:
+    """The problems ``load_config`` reports that are not a missing file or a key left to the reader."""
+    try:
+        load_config(*args, **kwargs)
+    except ConfigError as exc:
+        return [p.message for p in exc.problems if not ALLOWED.search(p.message)]
+    return []
+
+
+def refusals_of(*args, **kwargs) -> list[str]:
+    """The features megarl refuses that a config asks for (the config rules' refusals included)."""
+    try:
+        load_config(*args, **kwargs)
+    except ConfigError as exc:
+        return [p.message for p in exc.refusals]
+    return []
+
+
+def test_generated_pages_are_up_to_date():
+    for relative, text in generated_pages().items():
+        committed = (REPO / relative).read_text(encoding="utf-8") if (REPO / relative).exists() else None
+        assert committed == text, f"{relative} is out of date with the code: run `{COMMAND}` and commit it"
+
+
+def test_mkdocs_build_is_strict_clean(tmp_path):
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed: make test installs it (setup.py, [test])")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
+                             "-d", str(tmp_path / "site")], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_docs_have_snippets_to_check():
+    assert config_snippets() and len(megarl_commands()) >= 5
+
+
+@pytest.mark.parametrize("where,text", config_snippets(), ids=[w for w, _ in config_snippets()])
+def test_yaml_config_snippet_validates(where, text, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree = yaml.safe_load(text)
+    if "defaults" not in tree:
+        text = "defaults:\n  - quickstart\n  - _self_\n" + text
+    path = tmp_path / "snippet.yaml"
+    path.write_text(text)
+    given = OmegaConf.create(tree)
+    overrides = [f"{key}={value}" for key, value in STAND_INS.items() if OmegaConf.select(given, key) is None]
+    assert problems_of(path, overrides) == [], f"docs/{where}: this YAML no longer passes megarl's config checks"
+
+
+@pytest.mark.parametrize("where,args,show", megarl_commands(), ids=[w for w, _, _ in megarl_commands()])
+def test_command_line_snippet_composes(where, args, show, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    command = parse_command_line([a for a in args if a not in PLACEHOLDERS], leading_name=show)
+    name, path = command.name, command.config_path
+    try:
+        resolve_config_path(name, path)
+    except ConfigError:  # a YAML of the reader's own: check the overrides on the default config
+        name, path = DEFAULT_CONFIG, None
+    problems = problems_of(name, command.overrides, validate=False, config_path=path)
+    problems += [p for p in refusals_of(name, command.overrides, config_path=path) if p not in problems]
+    assert problems == [], f"docs/{where}: `{shlex.join(args)}` no longer composes, or asks for a refused feature"
