@@ -17,8 +17,9 @@
     line does (``parse_command_line``) and composed with its config and overrides: keys, types and
     refused features are checked, but no other config rule (batch arithmetic, device counts):
     commands name real models and data, and show the keys they are about, not a whole run.
-    ``...`` and ``key=value`` are placeholders and dropped; a config that is not found (a YAML of
-    the reader's own) is replaced by the default config, so its overrides are still checked.
+    ``...`` and ``key=value`` are placeholders and dropped; ``key=~/path`` is expanded as bash
+    does; a config that is not found (a YAML of the reader's own) is replaced by the default
+    config, so its overrides are still checked. ``megarl plan`` commands are not checked here.
 
   Either way the only problems allowed are files that do not exist here and required keys a
   command leaves to the reader; an unknown key, a wrong type or a refused feature fails the test.
