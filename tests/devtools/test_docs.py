@@ -1,10 +1,12 @@
-"""The docs site (mkdocs.yml, docs/) stays true to the code: light tests, no process but mkdocs.
+"""The docs site (mkdocs.yml, docs/) and README.md stay true to the code: light tests, no process but mkdocs.
 
 * The generated pages (the configuration keys, the verl key table) equal what
   ``megarl.devtools.docs_pages`` writes from the code today.
 * ``mkdocs build --strict`` passes: no broken link or anchor, no page missing from the nav, no
   warning. Skipped where mkdocs is not installed (``make test`` installs it: ``setup.py``, ``[test]``).
-* Every config snippet in the docs still passes megarl's own config checks:
+* README.md stays short (at most 250 lines), starts with the two set-up commands, and every
+  relative link in it names a file (and a heading there) that exists: mkdocs does not build it.
+* Every config snippet in the docs and in README.md still passes megarl's own config checks:
 
   - a ```` ```yaml ```` block whose top-level keys are all sections of the schema (or ``defaults``)
     is a megarl config. It is composed as a YAML file with ``megarl.checks.load_config`` and every
@@ -45,6 +47,8 @@ from megarl.config.schema import MegaRLConfig
 from megarl.devtools.docs_pages import COMMAND, REPO, generated_pages
 
 DOCS = REPO / "docs"
+README = REPO / "README.md"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 SECTIONS = set(MegaRLConfig.__dataclass_fields__)
 STAND_INS = {"data.train_files": "/docs-snippet/train.parquet", "actor_rollout_ref.model.path": "/docs-snippet/model"}
 ENTRY_POINTS = (("megarl", "train"), ("megarl", "config", "show"), ("-m", "megarl.run.train"),
@@ -54,14 +58,14 @@ ALLOWED = re.compile(r"not found|does not exist|no such (file|directory)|require
 
 
 def code_blocks(language: str) -> list[tuple[str, str]]:
-    """(``page.md:line``, text) of every fenced block in ``language`` in docs/."""
+    """(``docs/page.md:line``, text) of every fenced block in ``language`` in docs/ and README.md."""
     found = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in PAGES:
         lines = page.read_text(encoding="utf-8").splitlines()
         for start, line in enumerate(lines):
             if line.strip() == f"```{language}":
                 end = next(i for i in range(start + 1, len(lines)) if lines[i].strip() == "```")
-                found.append((f"{page.relative_to(DOCS)}:{start + 1}", "\n".join(lines[start + 1:end])))
+                found.append((f"{page.relative_to(REPO)}:{start + 1}", "\n".join(lines[start + 1:end])))
     return found
 
 
@@ -90,7 +94,7 @@ def megarl_commands() -> list[tuple[str, list[str], bool]]:
 
 
 def shell_lines() -> list[tuple[str, str]]:
-    """(``page.md:line``, command) of every ```bash block's commands, continuation lines joined."""
+    """(``docs/page.md:line``, command) of every ```bash block's commands, continuation lines joined."""
     found = []
     for where, text in code_blocks("bash"):
         page, first = where.rsplit(":", 1)
@@ -136,6 +140,31 @@ def test_mkdocs_build_is_strict_clean(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc gives a heading (its default slugify, markup removed)."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_readme_is_short_and_starts_with_the_two_commands():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: the details belong in docs/"
+    assert lines[2] == "```bash" and lines[3].startswith("make quickstart") and lines[4].startswith("make test")
+
+
+def test_readme_links_point_to_pages_that_exist():
+    text = README.read_text(encoding="utf-8")
+    links = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", t)]
+    assert len(links) >= 20
+    for target in links:
+        path, _, anchor = target.partition("#")
+        page = REPO / path
+        assert page.is_file(), f"README.md links to {target}: no such file"
+        if anchor:
+            headings = [slug(h) for h in re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), re.M)]
+            assert anchor in headings, f"README.md links to {target}: no such heading in {path}"
+
+
 def test_docs_have_snippets_to_check():
     assert config_snippets() and len(megarl_commands()) >= 5
 
@@ -150,7 +179,7 @@ def test_yaml_config_snippet_validates(where, text, tmp_path, monkeypatch):
     path.write_text(text)
     given = OmegaConf.create(tree)
     overrides = [f"{key}={value}" for key, value in STAND_INS.items() if OmegaConf.select(given, key) is None]
-    assert problems_of(path, overrides) == [], f"docs/{where}: this YAML no longer passes megarl's config checks"
+    assert problems_of(path, overrides) == [], f"{where}: this YAML no longer passes megarl's config checks"
 
 
 @pytest.mark.parametrize("where,args,show", megarl_commands(), ids=[w for w, _, _ in megarl_commands()])
@@ -164,4 +193,4 @@ def test_command_line_snippet_composes(where, args, show, tmp_path, monkeypatch)
         name, path = DEFAULT_CONFIG, None
     problems = problems_of(name, command.overrides, validate=False, config_path=path)
     problems += [p for p in refusals_of(name, command.overrides, config_path=path) if p not in problems]
-    assert problems == [], f"docs/{where}: `{shlex.join(args)}` no longer composes, or asks for a refused feature"
+    assert problems == [], f"{where}: `{shlex.join(args)}` no longer composes, or asks for a refused feature"
