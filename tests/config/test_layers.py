@@ -1,6 +1,6 @@
 """Layers point down: every folder of ``megarl/`` sits on one floor and imports only from floors below.
 
-The floor table is the map of the house (README, Layout). Every import is read from the source
+The floor table is the map of the house (docs/layout.md). Every import is read from the source
 with ``ast``, the ones inside functions (lazy imports) too, and imports named in strings (class
 paths Ray, vLLM or a registry load) are held to the same table.
 """

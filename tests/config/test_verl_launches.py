@@ -21,7 +21,7 @@ from tests.config._fixtures import write_model_config, write_prompts
 
 HERE = Path(__file__).parent / "verl_launches"
 LAUNCHES = [json.loads(line) for line in (HERE / "megatron-example-launches.jsonl").read_text().splitlines()]
-VALIDATED = 14  # the README ("Configuration") states this count
+VALIDATED = 14  # docs/configuration.md and docs/coming-from-verl.md ("verl's launches") state this count
 
 # model id (or path) -> (architecture, model_type, the dims of that model's config.json that the
 # layout checks read: layers, heads, sizes and experts as published in the models' config.json)
@@ -168,7 +168,8 @@ def test_every_verl_megatron_launch_validates_or_is_refused_for_a_missing_featur
                if any(a.split("=")[0].endswith("context_parallel_size") and a.split("=")[1] != "1" for a in launch["argv"])]
     assert len(with_cp) == 6 and "grpo_trainer_run_qwen3moe-30b_megatron_lora" in validated
     assert not any("context parallel" in feature for script in with_cp for feature in refused.get(script, []))
-    assert len(validated) == VALIDATED, f"{len(validated)} launches validate now: update VALIDATED and the README"
+    assert len(validated) == VALIDATED, (f"{len(validated)} launches validate now: update VALIDATED, "
+                                         "docs/configuration.md and docs/coming-from-verl.md")
 
 
 def test_verls_fully_resolved_default_config_loads_as_a_yaml():

@@ -22,7 +22,7 @@ SCENARIOS = [
     ("mixtral_ep2_back", "mixtral", [], 1, ["--ep", "2"], 2),
     ("deepseek_v3_ep2", "deepseek_v3", ["--ep", "2"], 2, [], 1),
 ]
-MTP = "model.layers.3."  # DeepSeek-V3's multi-token-prediction layer: skipped (not converted), as stated in the README
+MTP = "model.layers.3."  # DeepSeek-V3's multi-token-prediction layer: skipped (not converted), as stated in docs/conversion.md
 
 
 def read_all(model_dir) -> dict[str, torch.Tensor]:

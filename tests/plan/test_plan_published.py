@@ -1,6 +1,6 @@
 """The planner against published figures, the packaged configs, and layouts that cannot fit.
 
-Sources (README "Planning a run"): Meta's Llama-3.1-70B model card (70.6B parameters), DeepSeek-V3's
+Sources (docs/planning.md): Meta's Llama-3.1-70B model card (70.6B parameters), DeepSeek-V3's
 technical report (671B total, 37B activated per token), NeMo-RL's nccl_reshard refit design doc
 (DeepSeek-V3 PP16 x EP16 -> TP32 x DP8 on H100 in 2.39-2.83 s, 97.6% of the bytes on the
 shard-to-shard path). All arithmetic: no process starts.
