@@ -1,6 +1,6 @@
 """megarl: Megatron-core-first RL post-training (GRPO, PPO) with a vLLM rollout fleet.
 
-Version ranges are the ones tested (see README, "Dependency choices").
+Version ranges are the ones tested (see docs/dependencies.md).
 """
 from setuptools import find_packages, setup
 

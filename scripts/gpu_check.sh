@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first thing to run on a GPU machine (README "GPU check"): bf16 engine logits against HF, a
+# The first thing to run on a GPU machine (docs/benchmarks.md, GPU check): bf16 engine logits against HF, a
 # training step's tokens/s and MFU, the CUDA-IPC and NCCL weight sync against a device copy, and
 # offload round trips, one line each, in under 8 minutes (scripts/gpu_check.py has the details).
 #

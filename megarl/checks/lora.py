@@ -3,7 +3,7 @@
 ``lora_problems`` checks the values (type, dropout position, rank, alpha, init methods, merge and
 what adapter-only updates need); ``lora_preflight_problems`` checks them against the model at
 ``model.path`` (every target and exclude name matches one of its linears, expert adapters have
-expert-TP 1, ``adapter_path`` is an adapter of this rank and alpha). README "LoRA".
+expert-TP 1, ``adapter_path`` is an adapter of this rank and alpha). docs/lora.md.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ NAME_HINTS = {
                                 "keep loss_mode=vanilla.",
     ("algorithm.adv_estimator", None): " verl's SPIN and SPPO recipes write null and run trainers of their own; megarl "
                                        "runs them as estimators: --config-name spin_trainer or sppo_trainer, or "
-                                       "algorithm.adv_estimator=spin or sppo (README, Algorithms).",
+                                       "algorithm.adv_estimator=spin or sppo (docs/algorithms.md).",
 }
 
 

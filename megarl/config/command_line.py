@@ -20,7 +20,7 @@ from megarl.config.compose import DEFAULT_CONFIG
 
 USAGE = ("usage: [--config-path DIR] [--config-name NAME[.yaml]] [--verbose] [key=value | +key=value | ++key=value | "
          "~key ...]\n"
-         "  the default config is megarl's ppo_megatron_trainer (verl's default name); see README 'Configuration'")
+         "  the default config is megarl's ppo_megatron_trainer (verl's default name); see docs/configuration.md")
 
 
 class CommandLineError(ValueError):

@@ -52,10 +52,10 @@ class MegatronConfig:
     expert_tensor_parallel_size: Optional[int] = None
     use_distributed_optimizer: bool = True
     # verl's Megatron key: packed micro-batches (megatron's THD format, no padding token computed) instead of
-    # padded rows; context parallelism needs it (README "Megatron engine": long sequences)
+    # padded rows; context parallelism needs it (docs/megatron-engine.md: long sequences)
     use_remove_padding: bool = True
     # Between phases, keep the model's weights / gradients / optimizer state in host memory
-    # (README "Megatron engine": the offload timeline). The reference has weights only.
+    # (docs/megatron-engine.md: the offload timeline). The reference has weights only.
     param_offload: bool = False
     grad_offload: bool = False
     optimizer_offload: bool = False
@@ -112,7 +112,7 @@ class OptimConfig:
 
 @dataclass
 class LoRAConfig:
-    """verl's Megatron LoRA keys (``model.lora.*``); ``rank: 0`` turns LoRA off. README "LoRA"."""
+    """verl's Megatron LoRA keys (``model.lora.*``); ``rank: 0`` turns LoRA off. docs/lora.md."""
 
     type: str = "lora"  # lora: one A per fused linear; canonical_lora: one A per HF projection; dora / vlm_lora refused
     rank: int = 0
@@ -147,7 +147,7 @@ class ModelConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"  # registry name: vanilla | gspo | dppo_tv | cispo | sppo | ... (README "Algorithms")
+    loss_mode: str = "vanilla"  # registry name: vanilla | gspo | dppo_tv | cispo | sppo | ... (docs/algorithms.md)
     clip_cov_ratio: float = 0.0002  # clip_cov: the share of tokens whose gradient is cut
     clip_cov_lb: float = 1.0  # clip_cov: the covariance window of the candidates
     clip_cov_ub: float = 5.0
@@ -543,7 +543,7 @@ class TrainerConfig:
 @dataclass
 class AsyncTrainingConfig:
     """Asynchronous (off-policy) training: verl's ``async_training.*`` keys (its fully-async recipe), honoured,
-    and megarl's ``mode``. README, Training -> Asynchronous training."""
+    and megarl's ``mode``. docs/training.md, Asynchronous training."""
 
     mode: str = "sync"  # megarl: sync | one_step_off | fully_async (verl: trainer.v1.trainer_mode)
     staleness_threshold: float = 1.0  # fully_async: groups generated ahead, in train batches; versions a group may lag

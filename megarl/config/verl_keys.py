@@ -302,7 +302,7 @@ RULES: tuple[Rule, ...] = ALIASES + (
           "sequences and tokens (reward_model.rollout.max_num_seqs, max_num_batched_tokens)"),
     Refused(("reward_model.use_reward_loop",), "verl's legacy reward-model worker (a training-engine forward)",
             "megarl serves reward models with vLLM scoring replicas, as verl's reward loop does (faster here: "
-            "README, Rewards -> Reward models)", off=(True,)),
+            "docs/rewards.md, Reward models)", off=(True,)),
     Refused(_each(("reward_model.megatron",), "tensor_model_parallel_size", "pipeline_model_parallel_size",
                   "context_parallel_size", "expert_model_parallel_size", "virtual_pipeline_model_parallel_size"),
             "a Megatron layout for the reward model", "the reward model runs on vLLM: set "
@@ -362,7 +362,7 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused(("trainer.v1.sampler.custom_sampler.path",), "custom replay-buffer samplers",
             "groups train earliest deadline first (async_training.max_off_policy_strategy)"),
     Refused(("trainer.v1.*",), "this option of verl's v1 trainer", "megarl's asynchronous loop is configured by "
-            "async_training.* (README, Training -> Asynchronous training)", off=(False, 0)),
+            "async_training.* (docs/training.md, Asynchronous training)", off=(False, 0)),
     Parameters(("trainer.v1.sampler.custom_sampler.*",), of="custom samplers"),
     Noted(("trainer.use_v1", "trainer.use_legacy_worker_impl"), "megarl has one trainer; verl's implementation "
           "switches change nothing here"),

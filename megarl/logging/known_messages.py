@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class KnownMessage:
     name: str  # how the console's "suppressed ..." line counts it
     pattern: re.Pattern
-    why: str  # why it needs no action (README: Console)
+    why: str  # why it needs no action (docs/console.md)
 
 
 def _known(name: str, pattern: str, why: str) -> KnownMessage:

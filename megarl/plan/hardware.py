@@ -2,7 +2,7 @@
 
 Every figure the planner uses is a field of ``Hardware`` (what the datasheet says) or
 ``Efficiency`` (how much of it megarl assumes a run gets); both are printed with every plan and
-each can be overridden on the command line. Sources of the table (README "Planning a run"):
+each can be overridden on the command line. Sources of the table (docs/planning.md):
 
 * H100 SXM5 80GB, H200 SXM 141GB, A100 SXM4 80/40GB: NVIDIA's H100, H200 and A100 datasheets
   (memory, HBM bandwidth, dense BF16 Tensor Core TFLOP/s = half the "with sparsity" figure,

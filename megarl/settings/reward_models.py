@@ -126,7 +126,7 @@ def reward_model_file_problems(cfg: Any) -> list[Problem]:
     if kind == GENERATIVE and not cfg.custom_reward_function.path:
         problems.append(Problem(f"{KEY}={rm.model.path} is a causal LM, a judge: a custom reward function must "
                                 "build the judge's prompt and parse its answer (custom_reward_function.path; it "
-                                "receives judge and reward_router_address; README: Reward models)", key=KEY))
+                                "receives judge and reward_router_address; docs/rewards.md, Reward models)", key=KEY))
     if rm.model.input_tokenizer is None:
         problems += _same_vocabulary(cfg, local, kind)
     return problems

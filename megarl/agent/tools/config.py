@@ -77,7 +77,7 @@ def _build(entry: Any, where: str) -> BaseTool:
     if name.startswith("verl.") and name not in VERL_CLASS_NAMES:
         raise ImportError(f"{where}: class_name {name} is verl's, and megarl has no counterpart; megarl maps "
                           f"{', '.join(sorted(VERL_CLASS_NAMES))} and has the built-in tools {', '.join(BUILTIN_TOOLS)} "
-                          "(README: Agent loops and tool calling), or give your own tool class")
+                          "(docs/agent-loops.md), or give your own tool class")
     if name in VERL_CONFIGS:
         try:
             config = load_object(VERL_CONFIGS[name], "tool config")(config)

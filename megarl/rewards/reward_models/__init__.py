@@ -2,8 +2,8 @@
 
 ``settings`` (what the config asks for, and its checks), ``inputs`` (what a reward model reads),
 ``service`` (the replicas, their HTTP servers and scores), ``judge`` (the client a reward function
-calls, and a score parser), ``router`` (one address for several replicas). README: Rewards and
-custom reward functions -> Reward models and LLM judges.
+calls, and a score parser), ``router`` (one address for several replicas). docs/rewards.md,
+Reward models and LLM judges.
 """
 from megarl.rewards.reward_models.inputs import ResponsesToScore
 from megarl.rewards.reward_models.judge import JudgeClient, JudgeError, JudgeRequestError, parse_score
