@@ -45,13 +45,18 @@ def hf_model(model_dir):
 @pytest.fixture(scope="module")
 def fleet(model_dir):
     os.environ["OMP_NUM_THREADS"] = "1"
-    ray_cluster.init_ray(num_cpus=2)
-    config = RolloutConfig(prompt_length=24, response_length=MAX_TOKENS, tensor_model_parallel_size=1,
-                           n=2, temperature=1.0, max_num_seqs=16, max_num_batched_tokens=512, seed=7)
-    fleet = RolloutFleet(config, str(model_dir), num_replicas=2, cpu_kv_cache_gib=0.25)
-    yield fleet
-    fleet.shutdown()
-    ray_cluster.shutdown_ray()
+    # The engines' worker in a process of its own (vLLM's "mp" executor, as on GPUs): the TP=1 CPU default
+    # runs it inside the engine core, which generated this test's 24 x 12 tokens before a sync started 50 ms
+    # in could cut them (a CI run saw no request interrupted in 6 attempts)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        ray_cluster.init_ray(num_cpus=2)
+        config = RolloutConfig(prompt_length=24, response_length=MAX_TOKENS, tensor_model_parallel_size=1,
+                               n=2, temperature=1.0, max_num_seqs=16, max_num_batched_tokens=512, seed=7)
+        fleet = RolloutFleet(config, str(model_dir), num_replicas=2, cpu_kv_cache_gib=0.25)
+        yield fleet
+        fleet.shutdown()
+        ray_cluster.shutdown_ray()
 
 
 @pytest.fixture(scope="module")
