@@ -601,7 +601,6 @@ class TeacherEngineConfig:
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 2
     enforce_eager: bool = True
-    free_cache_engine: bool = True
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int = 8192

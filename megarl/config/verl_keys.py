@@ -385,6 +385,8 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "pipeline parallelism inside a teacher's engine", "use inference.tensor_model_parallel_size", off=(1,)),
     Refused(("distillation.teacher_models.*.inference.temperature",), "scoring with a teacher at a temperature",
             "the teacher's log-probs are its own distribution's (temperature 1)", off=(1.0, 1)),
+    Noted(("distillation.teacher_models.*.inference.free_cache_engine",),
+          "a teacher has devices of its own (distillation.nnodes x n_gpus_per_node) and never sleeps"),
     Noted(("distillation.teacher_models.*.inference.cudagraph_capture_sizes",
            "distillation.teacher_models.*.inference.load_format",
            "distillation.teacher_models.*.inference.skip_tokenizer_init",

@@ -172,6 +172,10 @@ def distillation_problems(cfg: Any) -> list[Problem]:
         elif pool >= 1 and pool % tp:
             problems.append(Problem(f"{where}.inference.tensor_model_parallel_size={tp} must divide the teachers' "
                                     f"pool of {pool} devices ({KEY}.nnodes x n_gpus_per_node)"))
+        elif pool >= 1 and int(teacher.num_replicas) not in (0, pool // tp):
+            problems.append(Problem(f"{where}.num_replicas={teacher.num_replicas}: one teacher fills its pool, so it "
+                                    f"has {pool // tp} replica(s) of TP{tp} ({KEY}.nnodes x n_gpus_per_node = {pool}); "
+                                    f"leave it 0, or change the pool", key=f"{where}.num_replicas"))
     if several and pool >= 1 and used != pool:
         problems.append(Problem(f"the teachers' replicas take {used} devices (num_replicas x TP each) but their pool "
                                 f"has {pool} ({KEY}.nnodes={d.nnodes} x n_gpus_per_node={d.n_gpus_per_node}); make "

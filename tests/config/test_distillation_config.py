@@ -56,6 +56,8 @@ def test_replicas_must_fill_the_pool():
     assert any("take 3 devices" in p and "pool has 2" in p for p in found), found
     found = problems(*ON, "distillation.teacher_models.teacher_model.model_path=/m")  # TP 2 in a pool of 2: fine
     assert found == []
+    assert problems(*ONE, "distillation.teacher_models.teacher_model.num_replicas=2") == []  # what the pool holds
+    assert problems(*ONE, "distillation.teacher_models.teacher_model.inference.free_cache_engine=false") == []
     found = problems(*ON[:2], "distillation.n_gpus_per_node=3", "distillation.teacher_models.teacher_model.model_path=/m")
     assert any("must divide the teachers' pool of 3" in p for p in found), found
 
@@ -69,6 +71,7 @@ def test_replicas_must_fill_the_pool():
     ("distillation.distillation_loss.loss_mode=forward_kl_topk", "top-k log-probs"),
     ("distillation.distillation_loss.loss_mode=k1", "does not depend on the teacher"),
     ("distillation.distillation_loss.use_chunked_topk=true", "chunked top-k"),
+    ("distillation.teacher_models.teacher_model.num_replicas=3", "one teacher fills its pool, so it has 2 replica(s)"),
 ])
 def test_what_megarl_lacks_is_refused_by_key(override, words):
     found = problems(*ONE, override)
