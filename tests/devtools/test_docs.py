@@ -17,8 +17,10 @@
   - a command in a ```` ```bash ```` block that runs ``megarl train``, ``megarl config show``,
     ``python -m megarl.run.train`` or ``python -m megarl.trainer.main_ppo`` is split as the command
     line does (``parse_command_line``) and composed with its config and overrides: keys, types and
-    refused features are checked, but no other config rule (batch arithmetic, device counts):
-    commands name real models and data, and show the keys they are about, not a whole run.
+    refused features are checked; a command with a ``...`` placeholder shows the keys it is about,
+    not a whole run, and gets no other config rule, while a command without one is a whole run and
+    must pass every config rule too (batch arithmetic, device counts, memory fractions; not the
+    pre-flight, which here would only report the models and data it names as missing).
     ``...`` and ``key=value`` are placeholders and dropped; ``key=~/path`` is expanded as bash
     does; a config that is not found (a YAML of the reader's own) is replaced by the default
     config, so its overrides are still checked. ``megarl plan`` commands are not checked here.
@@ -191,6 +193,6 @@ def test_command_line_snippet_composes(where, args, show, tmp_path, monkeypatch)
         resolve_config_path(name, path)
     except ConfigError:  # a YAML of the reader's own: check the overrides on the default config
         name, path = DEFAULT_CONFIG, None
-    problems = problems_of(name, command.overrides, validate=False, config_path=path)
+    problems = problems_of(name, command.overrides, validate="..." not in args, config_path=path)
     problems += [p for p in refusals_of(name, command.overrides, config_path=path) if p not in problems]
     assert problems == [], f"{where}: `{shlex.join(args)}` no longer composes, or asks for a refused feature"
