@@ -23,7 +23,10 @@
     pre-flight, which here would only report the models and data it names as missing).
     ``...`` and ``key=value`` are placeholders and dropped; ``key=~/path`` is expanded as bash
     does; a config that is not found (a YAML of the reader's own) is replaced by the default
-    config, so its overrides are still checked. ``megarl plan`` commands are not checked here.
+    config, so its overrides are still checked. A launcher in a bash block is checked the same way
+    with its config: ``bash launch/ray_local.sh CONFIG key=value`` and ``sbatch launch/<name>.sh
+    key=value`` (the config its ``slurm/launch.sh`` line names; ``[key=value ...]`` is a placeholder
+    too). ``megarl plan`` commands are not checked here.
 
   Either way the only problems allowed are files that do not exist here and required keys a
   command leaves to the reader; an unknown key, a wrong type or a refused feature fails the test.
@@ -55,7 +58,8 @@ SECTIONS = set(MegaRLConfig.__dataclass_fields__)
 STAND_INS = {"data.train_files": "/docs-snippet/train.parquet", "actor_rollout_ref.model.path": "/docs-snippet/model"}
 ENTRY_POINTS = (("megarl", "train"), ("megarl", "config", "show"), ("-m", "megarl.run.train"),
                 ("-m", "megarl.trainer.main_ppo"))
-PLACEHOLDERS = {"...", "key=value"}
+PLACEHOLDERS = {"...", "key=value", "[key=value", "...]"}
+LAUNCHER = re.compile(r"(^|/)launch/(\w+)\.sh$")
 ALLOWED = re.compile(r"not found|does not exist|no such (file|directory)|required config keys are not set")
 
 
@@ -80,11 +84,27 @@ def config_snippets() -> list[tuple[str, str]]:
     return snippets
 
 
+def launcher_config(script: str) -> str:
+    """The config a ``launch/`` script runs: ``slurm/launch.sh CONFIG`` in an sbatch script."""
+    found = re.search(r'slurm/launch\.sh" (\w+)', (REPO / "launch" / f"{script}.sh").read_text(encoding="utf-8"))
+    assert found, f"launch/{script}.sh names no config"
+    return found.group(1)
+
+
 def megarl_commands() -> list[tuple[str, list[str], bool]]:
-    """(where, the arguments after the entry point, whether it is ``config show``)."""
+    """(where, the arguments after the entry point, whether it is ``config show``); a launcher's are
+    ``--config-name CONFIG`` and what follows it."""
     commands = []
     for where, line in shell_lines():
         words = shlex.split(line, comments=True)
+        launcher = next((i for i, word in enumerate(words) if LAUNCHER.search(word)), None)
+        if launcher is not None:
+            script, rest = LAUNCHER.search(words[launcher]).group(2), words[launcher + 1:]
+            if script == "ray_local":
+                config, rest = rest[0], rest[1:]
+            else:
+                config = launcher_config(script)
+            words = ["megarl", "train", "--config-name", config, *rest]
         names = ["megarl" if Path(word).name == "megarl" else word for word in words]  # .venv/bin/megarl
         for entry in ENTRY_POINTS:
             at = next((i for i in range(len(names)) if tuple(names[i:i + len(entry)]) == entry), None)
@@ -193,6 +213,7 @@ def test_command_line_snippet_composes(where, args, show, tmp_path, monkeypatch)
         resolve_config_path(name, path)
     except ConfigError:  # a YAML of the reader's own: check the overrides on the default config
         name, path = DEFAULT_CONFIG, None
-    problems = problems_of(name, command.overrides, validate="..." not in args, config_path=path)
+    whole = not any(a in ("...", "...]") for a in args)
+    problems = problems_of(name, command.overrides, validate=whole, config_path=path)
     problems += [p for p in refusals_of(name, command.overrides, config_path=path) if p not in problems]
     assert problems == [], f"{where}: `{shlex.join(args)}` no longer composes, or asks for a refused feature"
