@@ -80,11 +80,14 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
         engines.append(("reward_model.rollout.tensor_model_parallel_size",
                         cfg.reward_model.rollout.tensor_model_parallel_size, "reward_model.model.path",
                         resolve_model_path(str(cfg.reward_model.model.path)) or cfg.reward_model.model.path))
-    problems = []
+    problems: list[Problem] = []
     try:
         dims = model_dims(resolve_model_path(str(arr.model.path)) or arr.model.path)
     except (OSError, ValueError, TypeError, AttributeError):
         return []  # a config the bridge cannot read: reported by the model checks
+    from megarl.checks import router_replay
+
+    problems += router_replay.model_problems(cfg, dims)
     key = "actor_rollout_ref.actor.megatron"
     try:
         check_layout(dims, layout_from_config(arr.actor.megatron, dims.num_layers))

@@ -339,6 +339,10 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
                      "verl's GSPO always uses seq-mean-token-mean there (the paper's form): set "
                      "loss_agg_mode=seq-mean-token-mean to match verl")
     _check_rollout_correction(cfg, add)
+    from megarl.checks.router_replay import router_replay_problems
+
+    for problem in router_replay_problems(cfg, notes):
+        add(problem)
     needed_by = old_log_prob_pass(cfg) if actor.recompute_old_log_prob is False else None
     if needed_by is not None:
         add(f"actor_rollout_ref.actor.recompute_old_log_prob=False, but the old log-probs are needed before the update "

@@ -146,6 +146,14 @@ class ModelConfig:
 
 
 @dataclass
+class RouterReplayConfig:
+    # verl's key (January: actor.router_replay; mainline: actor.megatron.router_replay, read as this): MoE
+    # routing replay. disabled | R2 (the update routes by the old-log-prob pass's choices) | R3 (the
+    # rollout engine's choices; not carried yet, refused). docs/algorithms.md: router replay
+    mode: str = "disabled"
+
+
+@dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"  # registry name: vanilla | gspo | dppo_tv | cispo | sppo | ... (docs/algorithms.md)
     clip_cov_ratio: float = 0.0002  # clip_cov: the share of tokens whose gradient is cut
@@ -198,6 +206,7 @@ class ActorConfig:
     # True: always run it. False: never (an error where they are needed). See validate.old_log_prob_pass.
     recompute_old_log_prob: Optional[bool] = None
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -125,6 +125,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("reward_model.forward_max_token_len_per_gpu", "reward_model.rollout.max_num_batched_tokens",
           note="read as reward_model.rollout.max_num_batched_tokens: tokens per step of the reward model's vLLM engines"),
     Alias(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", f"{ROLLOUT}.weight_sync.bucket_mb"),
+    Alias(f"{ACTOR}.megatron.router_replay.mode", f"{ACTOR}.router_replay.mode"),  # verl's mainline spelling
     *_fsdp_lora_aliases(MODEL),
     *_fsdp_lora_aliases("critic.model"),
 )
@@ -200,9 +201,12 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused(("algorithm.dpo_beta",), "DPO's beta under algorithm (verl's SPIN trainer passes it on, but its update "
             "reads actor_rollout_ref.actor.dpo_beta)", f"set {ACTOR}.dpo_beta",
             off=lambda value, get: value == get(f"{ACTOR}.dpo_beta")),
-    Refused(_each(ENGINES, "router_replay.mode"), "MoE router replay", "the router is recomputed in every forward",
-            off=("disabled",)),
-    Parameters(_each(ENGINES, "router_replay.*"), of="router replay"),
+    Refused(_each((REF, "critic", f"{REF}.megatron", "critic.megatron"), "router_replay.mode"),
+            "router replay outside the actor", "the reference and the critic route live; the actor replays "
+            f"({ACTOR}.router_replay.mode)", off=("disabled",)),
+    Refused(_each((ACTOR, f"{ACTOR}.megatron"), "router_replay.record_file", "router_replay.replay_file"),
+            "routing tables in files", "the routing travels with the step's data (RLBatch.routed_experts)"),
+    Parameters(_each(ENGINES, "router_replay.*", "megatron.router_replay.*"), of="router replay"),
     Refused(_each(TRAINED, "optim.lr_decay_steps"), "a decay horizon apart from the run's length",
             "the LR decays over optim.total_training_steps (the run's steps)"),
     Refused(_each(TRAINED, "optim.weight_decay_incr_style"), "weight-decay schedules",

@@ -48,6 +48,7 @@ from megarl.algorithms.mismatch import probs_diff_sums, verl_probs_diff
 from megarl.engine.batch import RLBatch
 from megarl.engine.batching import mini_batches
 from megarl.engine.optimizer import build_optimizer, wrap_for_training
+from megarl.engine.router_replay import RoutingReplay
 from megarl.engine.runner import MicroBatch, ModelRunner, response_log_probs, response_logits
 from megarl.engine.settings import ActorSettings
 from megarl.engine.update import run_update
@@ -77,18 +78,29 @@ class MegatronActor:
         self.settings = settings
         self.model = wrap_for_training(model_chunks, settings.optim.use_distributed_optimizer)
         self.runner = ModelRunner(self.model)
+        if settings.router_replay is not None:
+            self.runner.replay = RoutingReplay(self.runner.chunks, self.runner.config)
         self.optimizer, self.scheduler = build_optimizer(self.model, settings.optim)
 
-    def compute_log_prob(self, batch: RLBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def compute_log_prob(self, batch: RLBatch, with_entropy: bool = False, record_routing: bool = False) -> tuple:
         """Log-probs ``[B, R]`` of ``batch.responses`` under the current policy, and their entropy
-        (None unless ``with_entropy``). The same tensors on every model-parallel rank; 0 at padding."""
+        (None unless ``with_entropy``). The same tensors on every model-parallel rank; 0 at padding.
+
+        Router replay: with ``R3`` the routers route by ``batch.routed_experts`` (the rollout's);
+        ``record_routing`` (``R2``) adds a third result, the routers' choices ``[B, T, layers, k]``
+        for the update to replay."""
         names = ["log_probs", "entropy"] if with_entropy else ["log_probs"]
 
         def compute(micro_batch: MicroBatch, logits: torch.Tensor) -> dict[str, torch.Tensor]:
             log_probs, entropy = response_log_probs(logits, micro_batch, self.settings.temperature, with_entropy)
             return {"log_probs": log_probs, "entropy": entropy}
 
-        result = self.runner.infer(batch, self.settings.log_prob, compute, names)
+        if record_routing and self.runner.replay is None:
+            raise ValueError("record_routing needs router replay (router_replay.mode=R2)")
+        routing = "record" if record_routing else "replay" if self.settings.router_replay == "R3" else None
+        result = self.runner.infer(batch, self.settings.log_prob, compute, names, routing=routing)
+        if record_routing:
+            return result["log_probs"], result.get("entropy"), result["routed_experts"]
         return result["log_probs"], result.get("entropy")
 
     def update_policy(self, batch: RLBatch) -> dict[str, float]:
@@ -101,6 +113,11 @@ class MegatronActor:
                       *(["teacher_log_probs"] if distill else []), purpose="update_policy")
         if batch.old_log_probs is None:
             self._require_on_policy(len(batch))
+        # R2 without a table: the update is its own old-log-prob pass (on-policy), which routes the same
+        replay = self.settings.router_replay == "R3" or (self.settings.router_replay == "R2"
+                                                         and batch.routed_experts is not None)
+        if replay:
+            self.runner.replay.reset_stats()  # count the update's replays only (R3's log-prob pass replays too)
         probe = batch.rollout_log_probs is not None
         sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else []), *(["probe_tokens"] if probe else []),
                 *(["distillation_loss"] if distill else [])]
@@ -109,8 +126,10 @@ class MegatronActor:
         metrics = run_update(
             "actor", self.runner, self.optimizer, self.scheduler, batch, self.settings.train, self._loss_fn, sums,
             (*token_means, *_PROBE[:1], *_VERL_PROBE[:2]) if probe else token_means,
-            maxes=(_PROBE[1], _VERL_PROBE[2]) if probe else ()
+            maxes=(_PROBE[1], _VERL_PROBE[2]) if probe else (), routing="replay" if replay else None
         )
+        if replay:  # tokens x layers, summed over ranks (TP ranks without sequence parallelism count each the same)
+            metrics.update({f"actor/{name}": value for name, value in self.runner.replay.take_stats().items()})
         if distill:
             metrics["distillation/loss"] = metrics.pop("actor/distillation_loss")
             for name in distill_means:

@@ -5,7 +5,8 @@ LEFT-padded, the response part ``[:, P:]`` (``responses``) is RIGHT-padded. ``at
 marks the real tokens of both parts. ``response_mask [B, R]`` marks the response tokens that
 count in losses (usually the response's attention mask; multi-turn data may mask tool output).
 Per-token RL fields (old/ref/rollout/teacher log-probs, advantages, returns, values, rollout importance
-weights) are ``[B, R]``, aligned with ``responses``.
+weights) are ``[B, R]``, aligned with ``responses``; the MoE routing table of router replay,
+``routed_experts``, is ``[B, T, layers, top-k]``, aligned with ``input_ids``.
 
 The engine never feeds this padded layout to the model directly: ``packing`` packs the samples'
 real tokens into one row (or, with ``use_remove_padding=False``, left-aligns each row), see there.
@@ -34,6 +35,7 @@ class RLBatch:
     rollout_is_weights: torch.Tensor | None = None  # [B, R] a rollout correction's importance weights (detached)
     rollout_log_probs: torch.Tensor | None = None  # [B, R] the engine's log-probs: the sync probe of an on-policy update
     teacher_log_probs: torch.Tensor | None = None  # [B, R] a distillation teacher's log-probs of the sampled tokens
+    routed_experts: torch.Tensor | None = None  # [B, P + R, layers, top-k] int16 MoE routing to replay (router_replay)
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2 or self.input_ids.dtype not in (torch.int32, torch.int64):
@@ -58,6 +60,10 @@ class RLBatch:
             value = getattr(self, name)
             if value is not None and value.shape != self.response_mask.shape:
                 raise ValueError(f"{name} {tuple(value.shape)} must have the shape of response_mask {tuple(self.response_mask.shape)}")
+        if self.routed_experts is not None and (self.routed_experts.dim() != 4
+                                                or self.routed_experts.shape[:2] != self.input_ids.shape):
+            raise ValueError(f"routed_experts {tuple(self.routed_experts.shape)} must be [batch, tokens, layers, top-k] "
+                             f"with the batch and tokens of input_ids {tuple(self.input_ids.shape)}")
         outside = self.response_mask.bool() & ~self.attention_mask[:, self.prompt_length :].bool()
         if bool(outside.any()):
             raise ValueError("response_mask marks padding tokens (attention_mask 0) as trainable; it must be 0 there")

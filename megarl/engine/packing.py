@@ -38,6 +38,7 @@ class ModelInputs:
     response_here: torch.Tensor  # [B, R] bool: a real response token scored on this rank
     response_valid: torch.Tensor  # [B, R] bool: a real response token
     targets: torch.Tensor  # [B, R] response token ids (0 where not real)
+    source: torch.Tensor | None = None  # [rows, S] flat index into the batch's [B * T] tokens; -1: padding
     packed_seq_params: object | None = None  # megatron's PackedSeqParams (packed layout)
     cp_group: object | None = None  # the CP group when CP > 1 (scatter_response sums over it)
 
@@ -62,6 +63,11 @@ def _response_fields(batch: RLBatch, scoring: torch.Tensor) -> dict:
     return dict(response_index=scoring.clamp(min=0), response_here=here, response_valid=valid, targets=targets)
 
 
+def _flat_token_index(batch: RLBatch) -> torch.Tensor:
+    """``[B, T]``: each token's index in the flattened ``[B * T]`` batch."""
+    return torch.arange(batch.input_ids.numel(), device=batch.input_ids.device).view_as(batch.input_ids)
+
+
 def padded_rows(batch: RLBatch, multiple_of: int = 1) -> ModelInputs:
     """The padded layout: real tokens left-aligned per row; the length is padded up to ``multiple_of``
     (the TP size under sequence parallelism, which splits the sequence over TP ranks)."""
@@ -74,9 +80,11 @@ def padded_rows(batch: RLBatch, multiple_of: int = 1) -> ModelInputs:
     positions = torch.zeros_like(tokens)
     source = index if batch.position_ids is None else batch.position_ids
     positions[rows[real], index[real]] = source[real].to(positions.dtype)
+    origin = torch.full_like(tokens, -1, dtype=torch.long)
+    origin[rows[real], index[real]] = _flat_token_index(batch)[real]
     response = index[:, batch.prompt_length:]
     scoring = (response - 1).clamp(min=0) + torch.arange(len(batch), device=real.device).unsqueeze(1) * length
-    return ModelInputs(tokens, positions, **_response_fields(batch, scoring))
+    return ModelInputs(tokens, positions, **_response_fields(batch, scoring), source=origin)
 
 
 def packed_lengths(batch: RLBatch, cp_size: int = 1, multiple_of: int = 1, total: int | None = None) -> list[int]:
@@ -106,6 +114,8 @@ def packed_row(batch: RLBatch, cp_size: int = 1, cp_rank: int = 0, cp_group=None
     row = torch.zeros(layout.offsets[-1], dtype=batch.input_ids.dtype, device=real.device)
     where = (starts.unsqueeze(1) + index)[real]  # each real token's place in the whole packed row
     row[where] = batch.input_ids[real]
+    origin = torch.full((layout.offsets[-1],), -1, dtype=torch.long, device=real.device)
+    origin[where] = _flat_token_index(batch)[real]
     positions = layout.sequence_positions.to(real.device).clone()
     if batch.position_ids is not None:
         positions[where] = batch.position_ids[real].to(positions.dtype)
@@ -120,21 +130,23 @@ def packed_row(batch: RLBatch, cp_size: int = 1, cp_rank: int = 0, cp_group=None
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_real, cu_seqlens_kv=cu_real, cu_seqlens_q_padded=cu,
                              cu_seqlens_kv_padded=cu, max_seqlen_q=longest, max_seqlen_kv=longest)
     return ModelInputs(row[local].unsqueeze(0), positions[local].unsqueeze(0), **_response_fields(batch, scoring),
-                       packed_seq_params=params, cp_group=cp_group if cp_size > 1 else None)
+                       source=origin[local].unsqueeze(0), packed_seq_params=params,
+                       cp_group=cp_group if cp_size > 1 else None)
 
 
 def pad_to(inputs: ModelInputs, rows: int, length: int) -> ModelInputs:
     """Padded-layout inputs grown to ``[rows, length]`` with padding rows and columns (token id 0), for
     schedules that need every micro-batch in the same shape; the extra rows are never read."""
-    def grow(tensor: torch.Tensor) -> torch.Tensor:
-        grown = tensor.new_zeros(rows, length)
+    def grow(tensor: torch.Tensor, fill: int = 0) -> torch.Tensor:
+        grown = tensor.new_full((rows, length), fill)
         grown[: tensor.shape[0], : tensor.shape[1]] = tensor
         return grown
 
     old = inputs.tokens.shape[1]
     row = inputs.response_index // old
     return replace(inputs, tokens=grow(inputs.tokens), position_ids=grow(inputs.position_ids),
-                   response_index=inputs.response_index + row * (length - old))
+                   response_index=inputs.response_index + row * (length - old),
+                   source=None if inputs.source is None else grow(inputs.source, -1))
 
 
 def gather_response(per_position: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:

@@ -18,7 +18,7 @@ gradients over DP x CP, which together give the gradient of the loss once. A tok
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -38,6 +38,7 @@ class MicroBatch:
     batch: RLBatch  # the micro-batch's samples, padded layout
     inputs: ModelInputs  # what the model sees
     count: int  # micro-batches in this schedule run (the schedule divides losses by it)
+    rows: list[int] = field(default_factory=list)  # the samples' indices in the batch the run was given
 
     def response_targets(self) -> torch.Tensor:
         """``[n]`` the ids of this rank's real response tokens (``gather_response`` order)."""
@@ -67,6 +68,7 @@ class ModelRunner:
         self.cp_rank = parallel_state.get_context_parallel_rank()
         self.cp_group = parallel_state.get_context_parallel_group() if self.cp_size > 1 else None
         self.is_last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+        self.replay = None  # a RoutingReplay when the model's MoE routers replay recorded choices (router_replay)
 
     # ------------------------------------------------------------------ micro-batches
     def split(self, batch: RLBatch, settings: BatchSettings) -> list[list[int]]:
@@ -132,7 +134,12 @@ class ModelRunner:
         """The model on one micro-batch: ``[rows, S, V/tp]`` logits (or values) on the last stage."""
         inputs = micro_batch.inputs
         extra = {} if inputs.packed_seq_params is None else {"packed_seq_params": inputs.packed_seq_params}
-        return model(input_ids=inputs.tokens, position_ids=inputs.position_ids, attention_mask=None, **extra)
+        if self.replay is not None:
+            self.replay.before_forward(model, micro_batch)
+        output = model(input_ids=inputs.tokens, position_ids=inputs.position_ids, attention_mask=None, **extra)
+        if self.replay is not None:
+            self.replay.after_forward(model, micro_batch)
+        return output
 
     def model_inputs(self, batch: RLBatch, parts: list[list[int]], packed: bool) -> list[MicroBatch]:
         """The micro-batches of ``parts``, packed or padded. With a virtual pipeline every micro-batch
@@ -148,8 +155,9 @@ class ModelRunner:
             if len(self.chunks) > 1:
                 total = max(sum(packed_lengths(piece, self.cp_size, multiple)) for piece in pieces)
             return [MicroBatch(piece, packed_row(piece, self.cp_size, self.cp_rank, self.cp_group, multiple, total),
-                               len(parts)) for piece in pieces]
-        micro_batches = [MicroBatch(piece, padded_rows(piece, multiple), len(parts)) for piece in pieces]
+                               len(parts), part) for piece, part in zip(pieces, parts)]
+        micro_batches = [MicroBatch(piece, padded_rows(piece, multiple), len(parts), part)
+                         for piece, part in zip(pieces, parts)]
         if len(self.chunks) > 1:
             rows = max(len(mb.batch) for mb in micro_batches)
             length = max(mb.inputs.tokens.shape[1] for mb in micro_batches)
@@ -164,20 +172,31 @@ class ModelRunner:
         loss: Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],
         forward_only: bool,
         packed: bool = True,
+        routing: str | None = None,
+        record_into: torch.Tensor | None = None,
     ) -> list[dict[str, torch.Tensor]]:
         """Run ``parts`` of ``batch`` (packed or padded) through the schedule; the loss function's dicts
-        on the last stage."""
+        on the last stage. ``routing`` (router replay): "replay" routes by ``batch.routed_experts``,
+        "record" writes the routers' choices into ``record_into``; None: the live choice."""
         micro_batches = self.model_inputs(batch, parts, packed)
-        return run_micro_batches(
-            self.chunks,
-            micro_batches,
-            forward=self.forward,
-            loss=loss,
-            forward_only=forward_only,
-            seq_length=max(mb.inputs.global_length for mb in micro_batches),
-            micro_batch_size=max(mb.inputs.tokens.shape[0] for mb in micro_batches),
-            variable_shapes=len(self.chunks) == 1,
-        )
+        if routing is not None:
+            if self.replay is None:
+                raise ValueError(f"routing={routing!r} needs router replay set up on this model (router_replay.mode)")
+            self.replay.start(routing, batch, record_into)
+        try:
+            return run_micro_batches(
+                self.chunks,
+                micro_batches,
+                forward=self.forward,
+                loss=loss,
+                forward_only=forward_only,
+                seq_length=max(mb.inputs.global_length for mb in micro_batches),
+                micro_batch_size=max(mb.inputs.tokens.shape[0] for mb in micro_batches),
+                variable_shapes=len(self.chunks) == 1,
+            )
+        finally:
+            if routing is not None:
+                self.replay.finish()
 
     @torch.no_grad()
     def infer(
@@ -186,23 +205,29 @@ class ModelRunner:
         settings: BatchSettings,
         compute: Callable[[MicroBatch, torch.Tensor], dict[str, torch.Tensor]],
         names: Sequence[str],
+        routing: str | None = None,
     ) -> dict[str, torch.Tensor]:
         """Per-token ``[B, R]`` fp32 outputs ``names`` of ``compute(micro_batch, output)``, on every rank.
 
-        Positions that are padding in the response (attention mask 0) hold 0.
+        Positions that are padding in the response (attention mask 0) hold 0. With ``routing="record"``
+        the result also holds ``routed_experts``, the routers' choices (``RoutingReplay``).
         """
         for chunk in self.chunks:
             chunk.eval()
         parts = self.split(batch, settings)
         zero = torch.zeros((), dtype=torch.float32)
+        table = self.replay.empty_table(batch) if routing == "record" else None
         collected = self.run(batch, parts, lambda mb, output: (zero.clone(), compute(mb, output)), forward_only=True,
-                             packed=settings.use_remove_padding)
+                             packed=settings.use_remove_padding, routing=routing, record_into=table)
         result = None
         if self.is_last_stage:
             order = restore_order(parts)
             result = {name: torch.cat([c[name] for c in collected])[order].float() for name in names}
         like = {name: torch.empty(batch.response_mask.shape, dtype=torch.float32) for name in names}
-        return share_from_last_stage(result, like)
+        shared = share_from_last_stage(result, like)
+        if table is not None:
+            shared = {**shared, "routed_experts": self.replay.gather_record(table)}
+        return shared
 
 
 def response_logits(output: torch.Tensor, micro_batch: MicroBatch, temperature: float = 1.0) -> torch.Tensor:

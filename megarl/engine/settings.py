@@ -100,6 +100,13 @@ class ActorSettings:
     loss: PolicyLossSettings = field(default_factory=PolicyLossSettings)
     optim: OptimizerSettings = field(default_factory=OptimizerSettings)
     temperature: float = 1.0  # logits are divided by the sampling temperature, as in rollout
+    # MoE router replay (verl's router_replay.mode): None, "R2" (the old-log-prob pass records, the update
+    # replays) or "R3" (the rollout's routing, replayed in the log-prob pass and the update); engine.router_replay
+    router_replay: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.router_replay not in (None, "R2", "R3"):
+            raise ValueError(f"router_replay must be None, 'R2' or 'R3', got {self.router_replay!r}")
 
 
 @dataclass

@@ -45,6 +45,7 @@ def run_update(
     sums: Sequence[str],
     token_means: Sequence[str],
     maxes: Sequence[str] = (),
+    routing: str | None = None,
 ) -> dict[str, float]:
     """``train.epochs`` passes over ``batch`` in mini-batches, one (guarded) optimizer step each.
 
@@ -54,6 +55,7 @@ def run_update(
     (``maxes``: the largest), plus ``grad_norm`` (mean over the steps taken), ``lr`` (the learning
     rate used), ``optimizer_steps`` (tried) and ``skipped_steps`` (of those, skipped for a non-finite
     gradient norm). The LR schedule advances once per call (one trainer step), as verl's does.
+    ``routing="replay"``: the MoE routers route by ``batch.routed_experts`` (router replay).
     """
     for chunk in runner.chunks:
         chunk.train()
@@ -75,7 +77,7 @@ def run_update(
             chunk.zero_grad_buffer()
         optimizer.zero_grad()
         collected = runner.run(mini_batch, runner.split(mini_batch, train), loss, forward_only=False,
-                               packed=train.use_remove_padding)
+                               packed=train.use_remove_padding, routing=routing)
         stepped, grad_norm = guarded_step(optimizer)
         if stepped:
             grad_norms.append(grad_norm)

@@ -202,6 +202,7 @@ def actor_settings(cfg, dp_size: int) -> ActorSettings:
         optim=optimizer_settings(actor.optim, actor.grad_clip, actor.megatron, "actor_rollout_ref.actor"),
         # the distribution the fleet sampled from (greedy rollouts report log_softmax(logits): temperature 1)
         temperature=rollout.temperature if rollout.do_sample and rollout.temperature > 0 else 1.0,
+        router_replay=None if actor.router_replay.mode == "disabled" else actor.router_replay.mode,
     )
 
 

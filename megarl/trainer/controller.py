@@ -210,12 +210,13 @@ class RLTrainer:
         scores = scores_to_token_level(data["score"], mask)
         batch_ref = ray.put(batch)
         verify = self.settings.verify_sync
-        old_log_probs = None
+        old_log_probs = routed_experts = None
         if self.correction.bypass_mode:  # the rollout's log-probs are the old ones: no forward before the update
             old_log_probs = data["rollout_log_probs"]
         elif self.old_log_prob_pass:
             with timer(timings, "old_log_prob"):
-                old_log_probs, entropy = self._gather("compute_log_prob", batch_ref)
+                old_log_probs, entropy, *recorded = self._gather("compute_log_prob", batch_ref)
+            routed_experts = recorded[0] if recorded else None  # router replay R2: the update routes by them
             metrics["actor/entropy"] = float(masked_mean(entropy, mask)) if entropy is not None else 0.0
             if verify:  # megarl's rollout/logprob_diff* and verl's training/rollout_probs_diff_*
                 metrics.update(rollout_mismatch_metrics(old_log_probs, data["rollout_log_probs"], mask))
@@ -256,6 +257,8 @@ class RLTrainer:
             fields["values"] = values
         if teacher_log_probs is not None:
             fields["teacher_log_probs"] = teacher_log_probs
+        if routed_experts is not None:
+            fields["routed_experts"] = routed_experts
         train_ref = ray.put(batch.with_fields(**fields))
         if self.use_critic:
             with timer(timings, "update_critic"):

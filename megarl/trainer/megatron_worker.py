@@ -137,8 +137,10 @@ class MegatronWorker(DistributedWorker):
 
     # ------------------------------------------------------------------ compute
     def compute_log_prob(self, batch, with_entropy: bool = True):
+        """(log-probs, entropy), and with router replay R2 the routers' choices (the update replays them)."""
         self.enter_phase("log_prob")
-        return self.actor.compute_log_prob(self._shard(batch), with_entropy=with_entropy)
+        record = self.actor.settings.router_replay == "R2"
+        return self.actor.compute_log_prob(self._shard(batch), with_entropy=with_entropy, record_routing=record)
 
     def compute_ref_log_prob(self, batch):
         if self.ref is None:

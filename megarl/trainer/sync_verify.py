@@ -28,7 +28,7 @@ def verify_sync(fleet, workers, prompt_ids: list[list[int]], max_tokens: int = 8
     data = build_step_data({}, [Trajectory.from_sample(s) for s in samples], rows, [str(r) for r in rows],
                            pad_token_id)
     leaders = dp_leaders(workers.call("coords"))
-    trainer, _ = gather_data_parallel(workers, leaders, "compute_log_prob", ray.put(data.batch), False)
+    trainer = gather_data_parallel(workers, leaders, "compute_log_prob", ray.put(data.batch), False)[0]
     mask = data.batch.response_mask.bool()
     diff = (trainer - data["rollout_log_probs"]).abs()[mask]
     return {"rollout/logprob_diff": float(diff.mean()), "rollout/logprob_diff_max": float(diff.max()),

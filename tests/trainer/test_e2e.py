@@ -265,7 +265,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 def test_grpo_trains_deepseek_v3_with_expert_parallelism(quickstart_inputs, tmp_path):
     """A tiny DeepSeek-V3 (MLA, sigmoid group-limited routing with the router bias, shared expert)
     under EP=2 on 2 ranks: 3 GRPO steps with finite, changing losses and the fleet in sync after
-    every step (the router bias, which megatron moves every step, travels with the weights)."""
+    every step (the router bias, which megatron moves every step, travels with the weights).
+    With router replay R2 (verl's key, mainline spelling): each step's old-log-prob pass records the
+    routing of every token in every MoE layer and both mini-batches' updates route by it."""
     from megarl.devtools.tiny_model import make_tiny_model
     from megarl.run.train import run
 
@@ -276,8 +278,9 @@ def test_grpo_trains_deepseek_v3_with_expert_parallelism(quickstart_inputs, tmp_
     cfg = load_config("quickstart", overrides(
         {**quickstart_inputs, "model": model}, out, "trainer.n_gpus_per_node=2", f"custom_reward_function.path={reward_file}",
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", "actor_rollout_ref.rollout.num_replicas=1",
-        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.optim.lr=1e-3",
+        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.megatron.router_replay.mode=R2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.optim.lr=1e-3",
         "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=false"))
     run(cfg)
@@ -287,6 +290,10 @@ def test_grpo_trains_deepseek_v3_with_expert_parallelism(quickstart_inputs, tmp_
     assert all(v > 0 for _, v in logged["actor/grad_norm"])
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
     assert len(diffs) == 3 and max(diffs) < 1e-4, diffs
+    # 16 samples' real tokens x the MoE layers (the first layer is dense), every step
+    replayed = [v for _, v in logged["actor/router_replay_tokens"]]
+    assert len(replayed) == 3 and all(v >= 16 * 2 for v in replayed), replayed
+    assert all(0.0 <= v <= 1.0 for _, v in logged["actor/router_replay_overridden"])
 
 
 @pytest.mark.timeout(1500)
