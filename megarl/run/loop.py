@@ -176,5 +176,5 @@ class TrainingLoop:
             with self.summary.timed("checkpoints"):
                 self.save(step)
         interrupted = Interrupted(signum)
-        say("%s: stopping after the checkpoint of step %d; the same command resumes from it", interrupted.name, step)
+        say("%s: stopping after the checkpoint of step %d (trainer.save_on_preempt)", interrupted.name, step)
         raise interrupted
