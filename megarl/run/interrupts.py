@@ -9,10 +9,11 @@
         guard.restore()
 
 The first SIGINT, SIGTERM or SIGUSR1 (Slurm's ``--signal`` warning) raises ``Interrupted`` (a
-``KeyboardInterrupt``, so no ``except Exception`` swallows it) wherever the driver is; the ``finally`` blocks of the entry point then
-stop the engines and workers and remove the Ray cluster's temp dir, exactly as at the end of a
-run. The workers block SIGINT (``worker_logs.capture_worker_output``), so a terminal's Ctrl-C,
-which reaches the whole process group, leaves the shutting-down to the driver. A second signal
+``KeyboardInterrupt``, so no ``except Exception`` swallows it) wherever the driver is; the
+``finally`` blocks of the entry point then stop the engines and workers and remove the Ray
+cluster's temp dir, exactly as at the end of a run. The workers block SIGINT
+(``worker_logs.capture_worker_output``), so a terminal's Ctrl-C, which reaches the whole process
+group, leaves the shutting-down to the driver. A second signal
 during that teardown kills every process the run started (SIGKILL), removes the temp dirs and
 exits at once. A signal within ``REPEAT_WINDOW_S`` (1 s) of the first is the same request sent
 twice, not a second one: GNU ``timeout`` (and other supervisors) sends SIGTERM to the driver and

@@ -5,9 +5,10 @@ loaded and the fleet synced to it; what an earlier run logged after that step is
 metrics), validates when asked, then runs ``RLTrainer.train_step`` step by step, logging each,
 stopping a run whose optimizer steps keep being skipped (``trainer.max_consecutive_skipped_steps``)
 and saving every ``trainer.save_freq`` steps (retention after each save; never non-finite weights).
-A SIGTERM or SIGUSR1 received during a step (``megarl.run.preemption``) saves that step at its end and
-stops the run as an interrupt does. Every step logs ``run/restarts``, the times this run was restarted
-after a lost worker (``megarl.run.restarts``). It says on the console what a person follows and feeds the end-of-run summary.
+A SIGTERM or SIGUSR1 received during a step (``megarl.run.preemption``) saves that step at its end
+and stops the run as an interrupt does. Every step logs ``run/restarts``, the times this run was
+restarted after a lost worker (``megarl.run.restarts``). It says on the console what a person
+follows and feeds the end-of-run summary.
 """
 from __future__ import annotations
 

@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except WorkerDied as exc:  # which rank, what it ran, its last log lines (after trainer.max_restarts restarts)
         tail = log_tail(exc, Path(cfg.trainer.default_local_dir) / "logs")
-        restarted = f" (after {cfg.trainer.max_restarts} restart(s), trainer.max_restarts)" if cfg.trainer.max_restarts else ""
+        limit = cfg.trainer.max_restarts
+        restarted = f" (after {limit} restart(s), trainer.max_restarts)" if limit else ""
         print(f"error: {exc}{restarted}" + (f"\n{tail}" if tail else ""), file=sys.stderr)
         return 1
     except DataFormatError as exc:  # a data file or row, found while the prompts load (before any process starts)
