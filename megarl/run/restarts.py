@@ -30,15 +30,17 @@ LOG_TAIL_LINES = 10
 
 
 def run_with_restarts(attempt: Callable[[int], T], max_restarts: int,
-                      before_restart: Callable[[int, WorkerDied], None]) -> T:
+                      before_restart: Callable[[int, WorkerDied], None],
+                      stop_requested: Callable[[], bool] = lambda: False) -> T:
     """``attempt(restarts)`` until it returns; a ``WorkerDied`` calls ``before_restart(restarts, exc)`` and
-    tries again, at most ``max_restarts`` times, then propagates."""
+    tries again, at most ``max_restarts`` times, then propagates. Never after ``stop_requested()``: a
+    worker that died after a SIGTERM (Slurm's, which reaches every process of a job) ends the run."""
     restarts = 0
     while True:
         try:
             return attempt(restarts)
         except WorkerDied as exc:
-            if restarts >= max_restarts:
+            if restarts >= max_restarts or stop_requested():
                 raise
             restarts += 1
             before_restart(restarts, exc)

@@ -102,6 +102,7 @@ def run(cfg, guard=None) -> dict[str, float]:
 
     from megarl.logging.console import attach_log_file, detach_log_file, say
     from megarl.logging.worker_logs import DRIVER_LOG
+    from megarl.run.interrupts import InterruptGuard
     from megarl.run.restarts import log_tail, prepare_restart, restart_line, run_with_restarts
 
     torch.set_num_threads(1)
@@ -109,6 +110,7 @@ def run(cfg, guard=None) -> dict[str, float]:
     worker_logs = log_dir / "logs"
     attach_log_file(worker_logs / DRIVER_LOG)
     started, max_restarts = time.time(), cfg.trainer.max_restarts
+    guard = guard or InterruptGuard().install()
 
     def before_restart(restarts: int, exc) -> None:
         logger.info("%s\n%s", exc, log_tail(exc, worker_logs))
@@ -116,7 +118,7 @@ def run(cfg, guard=None) -> dict[str, float]:
 
     try:
         return run_with_restarts(lambda restarts: _run(cfg, guard, log_dir, worker_logs, restarts), max_restarts,
-                                 before_restart)
+                                 before_restart, stop_requested=lambda: guard.received is not None)
     finally:
         detach_log_file()
 
@@ -130,7 +132,6 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path, restarts: int = 0) -> dic
     from megarl.run import startup_lines
     from megarl.run.build import prepare, start
     from megarl.cluster.process_watch import WorkerDied
-    from megarl.run.interrupts import InterruptGuard
     from megarl.run.preemption import Preemption
     from megarl.run.summary import RunSummary, places
     from megarl.settings.cluster import plan_from_config, ray_settings, reward_pool_from_config
@@ -140,7 +141,6 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path, restarts: int = 0) -> dic
     from megarl.trainer.training_safety import TrainingHalted
 
     adopt_library_loggers()  # Ray and transformers are imported by now
-    guard = guard or InterruptGuard().install()
     guard.on_kill = remove_local_temp_dir
     guard.preemption = Preemption(enabled=cfg.trainer.save_on_preempt)  # armed by the loop around its steps
     local_model_paths(cfg)

@@ -128,6 +128,10 @@ def test_worker_deaths_restart_at_most_max_restarts_times():
     calls.clear()
     with pytest.raises(WorkerDied):
         run_with_restarts(attempt, 0, lambda n, exc: None)  # the default: the run stops
+    calls.clear()
+    with pytest.raises(WorkerDied):  # a worker that died after a SIGTERM (Slurm's reaches every process): no restart
+        run_with_restarts(attempt, 2, lambda n, exc: None, stop_requested=lambda: True)
+    assert calls == [0]
     with pytest.raises(ValueError):  # anything else would fail again: no restart
         run_with_restarts(lambda restarts: (_ for _ in ()).throw(ValueError("bug")), 3, lambda n, exc: None)
 
