@@ -14,5 +14,12 @@
 #SBATCH --exclusive
 #SBATCH --time=48:00:00
 #SBATCH --output=megarl-%x-%j.out
+#SBATCH --open-mode=append
+# Preemption: Slurm's warning (SIGUSR1) this long before the time limit (and at preemption where the
+# cluster sets PreemptParameters=send_user_signal) goes to this script, which forwards it to the driver:
+# the step in progress ends, its checkpoint is saved, and the job requeues itself and resumes from it
+# (slurm/signals.sh, trainer.save_on_preempt). The step in progress and one save must fit in it.
+#SBATCH --signal=B:USR1@900
+#SBATCH --requeue
 set -euo pipefail
 exec bash "${MEGARL_REPO:-${SLURM_SUBMIT_DIR:-.}}/slurm/launch.sh" grpo_70b "$@"

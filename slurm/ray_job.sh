@@ -8,7 +8,10 @@
 # 2. waits until all nodes have joined (MEGARL_RAY_WAIT_S, default 300 s), else fails;
 # 3. runs the command on this (the batch) node with RAY_ADDRESS pointing at the head;
 # 4. tears Ray down on every exit path and returns the command's exit code (non-zero if any
-#    step failed), so a failed job ends FAILED with no Ray processes left behind.
+#    step failed), so a failed job ends FAILED with no Ray processes left behind;
+# 5. forwards SIGUSR1/SIGTERM/SIGINT to the command (Slurm's `--signal=B:USR1@<secs>` warning reaches
+#    this shell only) and, when the driver stopped for a forwarded USR1 after its checkpoint,
+#    requeues the job last, after the teardown (slurm/signals.sh; MEGARL_REQUEUE=0: no requeue).
 #
 # Every launcher in launch/ calls this script; it holds all the Slurm/Ray logic.
 # Environment: MEGARL_PYTHON (python with megarl installed; default: the repo's .venv),
@@ -21,6 +24,8 @@ set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${MEGARL_PYTHON:-$REPO/.venv/bin/python}
 RAY_BIN=$(dirname "$PYTHON")/ray
+# shellcheck source=slurm/signals.sh
+source "$REPO/slurm/signals.sh"
 log() { echo "[ray_job $(date +%H:%M:%S)] $*"; }
 die() { echo "[ray_job] error: $*" >&2; exit 1; }
 
@@ -57,10 +62,12 @@ teardown() {
     done
     wait 2>/dev/null
     rm -rf "$TMP_BASE"
+    requeue_if_preempted
     exit "$rc"
 }
 trap teardown EXIT
 trap 'exit 130' INT TERM
+trap 'FORWARDED=USR1 DRIVER_RC=138; exit 138' USR1  # Slurm's warning before the driver runs: requeue at once
 
 log "job $SLURM_JOB_ID: $NUM_NODES node(s) [${NODES[*]}], head $HEAD at $ADDRESS, $GPUS GPU(s) and $CPUS CPU(s) per node"
 srun --nodes=1 --ntasks=1 --overlap -w "$HEAD" \
@@ -113,7 +120,9 @@ wait_for_nodes "$NUM_NODES" || die "not every node joined the Ray cluster (logs:
 
 export RAY_ADDRESS="$ADDRESS"
 log "running: $*"
-"$@"
-rc=$?
-log "command exited with $rc"
+run_forwarding_signals "$@"
+rc=$DRIVER_RC
+trap 'exit 130' INT TERM
+trap '' USR1  # the warning is handled: the driver has stopped
+log "command exited with $rc${FORWARDED:+ after SIG$FORWARDED}"
 exit "$rc"

@@ -427,6 +427,9 @@ def _check_trainer(cfg, add) -> None:
     if t.max_consecutive_skipped_steps < 0:
         add(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps}: use 0 (never stop) or a "
             "positive step count.")
+    if t.max_restarts < 0:
+        add(f"trainer.max_restarts={t.max_restarts}: use 0 (a lost worker stops the run) or the number of times the "
+            "run may restart itself from its last checkpoint.")
     if not t.save_timeout_s > 0:
         add(f"trainer.save_timeout_s={t.save_timeout_s}: must be > 0 (seconds a checkpoint save may take).")
     unknown = sorted(set(t.logger) - set(SINKS))

@@ -25,7 +25,11 @@ WATCH_PERIOD_S = 2.0
 
 
 class WorkerDied(RuntimeError):
-    """A worker process of the group is gone."""
+    """A worker process of the group is gone; ``logs`` names the dead ranks' files under the run's logs/."""
+
+    def __init__(self, message: str, logs: Sequence[str] = ()):
+        super().__init__(message)
+        self.logs = list(logs)
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,11 @@ class ProcessWatch:
                 except ray.exceptions.RayActorError as exc:  # ActorDiedError, ActorUnavailableError
                     dead = self.dead()  # Ray saw it first: the same message as when the watch does
                     if dead:
-                        raise WorkerDied(self._describe(dead, what)) from exc
+                        raise WorkerDied(self._describe(dead, what), self._logs(dead)) from exc
                     raise
             dead = self.dead()
             if dead:
-                raise WorkerDied(self._describe(dead, what))
+                raise WorkerDied(self._describe(dead, what), self._logs(dead))
             if deadline is not None and time.monotonic() > deadline:
                 ids = list(ranks) if ranks is not None else list(range(len(refs)))
                 late = [ids[i] for i, ref in enumerate(refs) if ref in pending]
@@ -113,9 +117,12 @@ class ProcessWatch:
 
     def _describe(self, dead: list[int], what: str) -> str:
         parts = [f"{self.label} rank {r} (pid {self.processes[r].pid} on {self.processes[r].node_ip})" for r in dead]
-        logs = ", ".join(f"{self.label}_rank{r}.log" for r in dead)
+        logs = ", ".join(self._logs(dead))
         return (f"{' and '.join(parts)} died while running {what}; its output is in {logs} under the run's logs/ "
                 "(a process killed from outside, e.g. by the kernel's out-of-memory killer, leaves no traceback)")
+
+    def _logs(self, dead: list[int]) -> list[str]:
+        return [f"{self.label}_rank{r}.log" for r in dead]
 
     def close(self) -> None:
         import ray

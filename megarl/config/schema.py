@@ -547,6 +547,12 @@ class TrainerConfig:
     # megarl: stop the run (exit 1, naming the cause and the last checkpoint) after this many training steps in a row
     # whose optimizer steps (actor's or critic's) were all skipped for non-finite gradients; 0: never stop
     max_consecutive_skipped_steps: int = 3
+    # megarl: SIGTERM or SIGUSR1 (Slurm's --signal warning) while training steps run saves a checkpoint of the step in
+    # progress when it ends, then stops (exit 128 + the signal, as an interrupt); false: they stop the run at once
+    save_on_preempt: bool = True
+    # megarl: a worker process of the run that dies (a trainer rank killed, its node lost) restarts the whole run from
+    # its last complete checkpoint, in the same driver, at most this many times; 0: the run stops, naming the rank
+    max_restarts: int = 0
 
 
 @dataclass

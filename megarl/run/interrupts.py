@@ -8,17 +8,22 @@
     finally:
         guard.restore()
 
-The first SIGINT or SIGTERM raises ``Interrupted`` (a ``KeyboardInterrupt``, so no ``except
-Exception`` swallows it) wherever the driver is; the ``finally`` blocks of the entry point then
-stop the engines and workers and remove the Ray cluster's temp dir, exactly as at the end of a
-run. The workers block SIGINT (``worker_logs.capture_worker_output``), so a terminal's Ctrl-C,
-which reaches the whole process group, leaves the shutting-down to the driver. A second signal
+The first SIGINT, SIGTERM or SIGUSR1 (Slurm's ``--signal`` warning) raises ``Interrupted`` (a
+``KeyboardInterrupt``, so no ``except Exception`` swallows it) wherever the driver is; the
+``finally`` blocks of the entry point then stop the engines and workers and remove the Ray
+cluster's temp dir, exactly as at the end of a run. The workers block SIGINT
+(``worker_logs.capture_worker_output``), so a terminal's Ctrl-C, which reaches the whole process
+group, leaves the shutting-down to the driver. A second signal
 during that teardown kills every process the run started (SIGKILL), removes the temp dirs and
 exits at once. A signal within ``REPEAT_WINDOW_S`` (1 s) of the first is the same request sent
 twice, not a second one: GNU ``timeout`` (and other supervisors) sends SIGTERM to the driver and
 then to its whole process group, which reaches the driver again microseconds later. What the interrupted code leaves behind (a coroutine it never awaited, an object
 half built when the exception arrived, such as an asyncio event loop whose ``__del__`` fails at
 exit) goes to the log, not the console: it is the interrupt's trace, not a new failure.
+
+While the training steps run, the first SIGTERM or SIGUSR1 instead asks for a checkpoint of the step in
+progress and a stop at its end (``trainer.save_on_preempt``, ``megarl.run.preemption``); SIGINT always
+interrupts at once.
 
 ``finished_run`` tells, before Ray starts, whether the checkpoint a run would resume from is its
 last step already.
@@ -35,9 +40,10 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from megarl.run.preemption import Preemption
 from megarl.trainer.checkpointing import checkpoint_step, latest_checkpoint_step
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 REPEAT_WINDOW_S = 1.0  # a signal this soon after the first is a duplicate (``timeout``'s pid + group), not a second one
 
 
@@ -56,7 +62,7 @@ class Interrupted(KeyboardInterrupt):
 
     @property
     def exit_code(self) -> int:
-        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM, 138 for SIGUSR1
 
 
 class _InterruptedTasks(logging.Filter):
@@ -71,10 +77,13 @@ _TASKS_FILTER = _InterruptedTasks()
 
 
 class InterruptGuard:
-    """Turns the first SIGINT/SIGTERM into ``Interrupted``; the second kills the run's processes."""
+    """Turns the first SIGINT/SIGTERM/SIGUSR1 into ``Interrupted`` (or, for SIGTERM/SIGUSR1 while the steps
+    run, into a request to save and stop at the step boundary: ``preemption``); the second kills the run's
+    processes."""
 
-    def __init__(self, on_kill: Callable[[], None] | None = None):
+    def __init__(self, on_kill: Callable[[], None] | None = None, preemption: Preemption | None = None):
         self.on_kill = on_kill
+        self.preemption = preemption if preemption is not None else Preemption(enabled=False)
         self.received: int | None = None
         self.received_at = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, object] = {}
@@ -105,6 +114,9 @@ class InterruptGuard:
     def _handle(self, signum: int, frame) -> None:
         if self.received is None:
             self.received, self.received_at = signum, time.monotonic()
+            if self.preemption.defer(signum):  # the loop saves this step, then raises Interrupted itself
+                _write(self.preemption.notice(signum))
+                return
             _write(f"\n{signal.Signals(signum).name}: stopping the engines and workers "
                    "(interrupt again to kill everything at once)\n")
             quiet_leftovers()

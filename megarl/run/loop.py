@@ -5,7 +5,10 @@ loaded and the fleet synced to it; what an earlier run logged after that step is
 metrics), validates when asked, then runs ``RLTrainer.train_step`` step by step, logging each,
 stopping a run whose optimizer steps keep being skipped (``trainer.max_consecutive_skipped_steps``)
 and saving every ``trainer.save_freq`` steps (retention after each save; never non-finite weights).
-It says on the console what a person follows and feeds the end-of-run summary.
+A SIGTERM or SIGUSR1 received during a step (``megarl.run.preemption``) saves that step at its end
+and stops the run as an interrupt does. Every step logs ``run/restarts``, the times this run was
+restarted after a lost worker (``megarl.run.restarts``). It says on the console what a person
+follows and feeds the end-of-run summary.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ import time
 
 from megarl.logging.console import say
 from megarl.logging.progress import Progress, StepProgress, directory_bytes, duration, human
+from megarl.run.interrupts import Interrupted
+from megarl.run.preemption import Preemption
 from megarl.run.summary import RunSummary
 from megarl.trainer.checkpointing import prune_checkpoints, save_on_workers
 from megarl.trainer.controller import RLTrainer
@@ -26,7 +31,8 @@ class TrainingLoop:
     It says on the console what a person follows (one line per resume, validation and checkpoint,
     with progress while they run), feeds the end-of-run ``RunSummary`` and, when given one, the
     ``SampleReporter`` (train samples, rollout dumps, the constant-reward hint). ``step`` is the
-    step in progress, for the interrupt report.
+    step in progress, for the interrupt report. ``preemption`` (the InterruptGuard's) is armed while the
+    steps run; ``restarts`` is logged as ``run/restarts`` with every step.
     """
 
     def __init__(self, trainer: RLTrainer, metrics_logger, checkpoint_root: str, summary=None, samples=None,
@@ -37,6 +43,8 @@ class TrainingLoop:
         self.samples = samples
         self.skips = SkippedSteps.from_section(trainer.settings.trainer)  # non-finite gradients: stop a run that has diverged
         self.step = 0
+        self.preemption = Preemption(enabled=False)
+        self.restarts = 0
         self._checkpoint_bytes: int | None = None  # the last checkpoint's size: the next save's progress total
 
     def resume(self) -> int:
@@ -127,10 +135,16 @@ class TrainingLoop:
             self.metrics_logger.log(last, step=start, console=False)  # the validation line said it
         if cfg.val_only:
             return last
+        with self.preemption.armed():
+            return self._steps(start, last)
+
+    def _steps(self, start: int, last: dict[str, float]) -> dict[str, float]:
+        t, cfg, summary = self.trainer, self.trainer.settings.trainer, self.summary
         progress = StepProgress(start + 1, t.total_steps)
         for step in range(start + 1, t.total_steps + 1):
             self.step = step
             metrics = t.train_step(step)
+            metrics["run/restarts"] = float(self.restarts)
             t.global_step = step
             summary.record_step(step, metrics)
             if self.samples is not None:
@@ -145,8 +159,23 @@ class TrainingLoop:
             summary.skipped_steps = self.skips.summary()
             if diverged is not None:
                 raise self.skips.halt(diverged, t.settings)
-            if cfg.save_freq > 0 and (step % cfg.save_freq == 0 or step == t.total_steps):
+            saved = cfg.save_freq > 0 and (step % cfg.save_freq == 0 or step == t.total_steps)
+            if saved:
                 with summary.timed("checkpoints"):
                     self.save(step)
             last = metrics
+            self.stop_if_preempted(step, saved)
         return last
+
+    def stop_if_preempted(self, step: int, saved: bool) -> None:
+        """At a step boundary: after a SIGTERM/SIGUSR1 received during the step, save the step (unless it was
+        just saved) and stop as an interrupt does (the entry point reports it and exits 128 + the signal)."""
+        signum = self.preemption.requested
+        if signum is None:
+            return
+        if not saved:
+            with self.summary.timed("checkpoints"):
+                self.save(step)
+        interrupted = Interrupted(signum)
+        say("%s: stopping after the checkpoint of step %d (trainer.save_on_preempt)", interrupted.name, step)
+        raise interrupted

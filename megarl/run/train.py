@@ -19,8 +19,11 @@ than overwritten. The console shows a few start-up lines, one line per step, val
 summary (``megarl.logging.console``; ``--verbose`` shows everything); the workers' output goes
 to ``<trainer.default_local_dir>/logs/`` (``megarl.logging.worker_logs``). A run whose last
 step is checkpointed already says so before any process starts. Ctrl-C or SIGTERM stops the
-engines and workers and says how to resume (``megarl.run.interrupts``). A run whose gradients
-or weights turn non-finite stops with status 1 and says why (``megarl.trainer.training_safety``).
+engines and workers and says how to resume (``megarl.run.interrupts``); SIGTERM or SIGUSR1 during
+the training steps first saves the step in progress (``megarl.run.preemption``). A worker process
+that dies stops the run naming it, or restarts the run from its last checkpoint
+(``trainer.max_restarts``, ``megarl.run.restarts``). A run whose gradients or weights turn
+non-finite stops with status 1 and says why (``megarl.trainer.training_safety``).
 """
 from __future__ import annotations
 
@@ -89,24 +92,38 @@ def run(cfg, guard=None) -> dict[str, float]:
     step history; ``_finished``: the checkpoint already held the last step, nothing ran).
 
     ``guard`` (an installed ``InterruptGuard``; one is made otherwise) turns Ctrl-C and SIGTERM into
-    ``Interrupted``, raised after everything is shut down, with the step in progress. The driver's
-    log goes to ``<trainer.default_local_dir>/logs/driver.log``."""
+    ``Interrupted``, raised after everything is shut down, with the step in progress. A worker process
+    that dies raises ``WorkerDied`` after the same teardown, or, ``trainer.max_restarts`` times, starts
+    the run again (``megarl.run.restarts``). The driver's log goes to
+    ``<trainer.default_local_dir>/logs/driver.log``."""
+    import time
+
     import torch
 
-    from megarl.logging.console import attach_log_file, detach_log_file
+    from megarl.logging.console import attach_log_file, detach_log_file, say
     from megarl.logging.worker_logs import DRIVER_LOG
+    from megarl.run.interrupts import InterruptGuard
+    from megarl.run.restarts import log_tail, prepare_restart, restart_line, run_with_restarts
 
     torch.set_num_threads(1)
     log_dir = Path(cfg.trainer.default_local_dir)
     worker_logs = log_dir / "logs"
     attach_log_file(worker_logs / DRIVER_LOG)
+    started, max_restarts = time.time(), cfg.trainer.max_restarts
+    guard = guard or InterruptGuard().install()
+
+    def before_restart(restarts: int, exc) -> None:
+        logger.info("%s\n%s", exc, log_tail(exc, worker_logs))
+        say("%s", restart_line(restarts, max_restarts, exc, prepare_restart(cfg.trainer, log_dir, started)))
+
     try:
-        return _run(cfg, guard, log_dir, worker_logs)
+        return run_with_restarts(lambda restarts: _run(cfg, guard, log_dir, worker_logs, restarts), max_restarts,
+                                 before_restart, stop_requested=lambda: guard.received is not None)
     finally:
         detach_log_file()
 
 
-def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
+def _run(cfg, guard, log_dir: Path, worker_logs: Path, restarts: int = 0) -> dict[str, float]:
     from megarl.cluster.ray_cluster import init_ray, remove_local_temp_dir, shutdown_ray
     from megarl.engine import resolve_checkpoint
     from megarl.logging.console import adopt_library_loggers, console_state, say
@@ -114,7 +131,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.models.loading import describe_skipped
     from megarl.run import startup_lines
     from megarl.run.build import prepare, start
-    from megarl.run.interrupts import InterruptGuard
+    from megarl.cluster.process_watch import WorkerDied
+    from megarl.run.preemption import Preemption
     from megarl.run.summary import RunSummary, places
     from megarl.settings.cluster import plan_from_config, ray_settings, reward_pool_from_config
     from megarl.settings.data import load_tokenizer
@@ -123,8 +141,8 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     from megarl.trainer.training_safety import TrainingHalted
 
     adopt_library_loggers()  # Ray and transformers are imported by now
-    guard = guard or InterruptGuard().install()
     guard.on_kill = remove_local_temp_dir
+    guard.preemption = Preemption(enabled=cfg.trainer.save_on_preempt)  # armed by the loop around its steps
     local_model_paths(cfg)
     check_model(cfg)
     skipped = describe_skipped(cfg.actor_rollout_ref.model.path)  # e.g. MTP layers: named, never silently dropped
@@ -172,6 +190,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
     try:
         with summary.timed("start-up"):
             run = start(prepared, plan, use_gpu, summary, say)
+        run.loop.preemption, run.loop.restarts = guard.preemption, restarts
         follower.poll()
         held_back = console_state().suppressed_line()
         say("%s", (held_back + "; " if held_back else "") + f"worker logs: {worker_logs}/")
@@ -194,7 +213,7 @@ def _run(cfg, guard, log_dir: Path, worker_logs: Path) -> dict[str, float]:
         interrupted.step = run.loop.step if run is not None and run.loop is not None else 0
         interrupted.total_steps = total
         raise interrupted from None
-    except TrainingHalted:  # the run stopped itself; its message says why (main prints it)
+    except (TrainingHalted, WorkerDied):  # the run stopped itself or lost a worker; main prints why, or it restarts
         raise
     except Exception:
         logging.getLogger("megarl.console").error("the run failed (worker logs: %s/)", worker_logs)
@@ -254,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd.print_config:
         print(to_yaml(cfg), end="")
         return 0
+    from megarl.cluster.process_watch import WorkerDied
     from megarl.data import DataFormatError
+    from megarl.run.restarts import log_tail
     from megarl.trainer.training_safety import TrainingHalted
 
     guard = InterruptGuard().install()
@@ -266,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         return interrupted.exit_code
     except TrainingHalted as exc:  # non-finite gradients or weights: the cause, where to look, the last checkpoint
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except WorkerDied as exc:  # which rank, what it ran, its last log lines (after trainer.max_restarts restarts)
+        tail = log_tail(exc, Path(cfg.trainer.default_local_dir) / "logs")
+        limit = cfg.trainer.max_restarts
+        restarted = f" (after {limit} restart(s), trainer.max_restarts)" if limit else ""
+        print(f"error: {exc}{restarted}" + (f"\n{tail}" if tail else ""), file=sys.stderr)
         return 1
     except DataFormatError as exc:  # a data file or row, found while the prompts load (before any process starts)
         print(f"error: {exc}", file=sys.stderr)

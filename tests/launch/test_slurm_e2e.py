@@ -1,5 +1,7 @@
 """The headline command on a real (local, 2-node) Slurm cluster: `sbatch -N 2 launch/grpo_70b.sh`
-with overrides pointing at a tiny model. Also a job that fails on purpose: it must end FAILED and
+with overrides pointing at a tiny model. Its first step gets Slurm's warning (SIGUSR1 to the batch
+shell, as `--signal=B:USR1@<secs>` sends it): the step is checkpointed, the job requeues itself,
+resumes from that checkpoint and completes. Also a job that fails on purpose: it must end FAILED and
 leave no Ray processes behind."""
 from __future__ import annotations
 
@@ -29,7 +31,27 @@ TINY = [
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.9", "actor_rollout_ref.rollout.max_num_batched_tokens=1024",
     "actor_rollout_ref.rollout.weight_sync.bucket_mb=4",
 ]
-SBATCH_SHRINK = ["-N", "2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=20"]
+SBATCH_SHRINK = ["-N", "2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=20", "--signal=B:USR1@60"]
+# Slurm's warning during step 1, once: the batch shell forwards it to the driver (slurm/signals.sh)
+WARN_ONCE_REWARD = '''
+import os
+import subprocess
+from pathlib import Path
+
+from megarl.rewards import default_compute_score
+
+ONCE = Path(__file__).with_name("warn_once")
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    try:
+        os.rename(ONCE, ONCE.with_suffix(".sent"))  # atomic: one call sends it
+    except FileNotFoundError:
+        pass
+    else:
+        subprocess.run(["scancel", "--batch", "--signal=USR1", os.environ["SLURM_JOB_ID"]], check=True)
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+'''
 
 
 def slurm_env() -> dict:
@@ -75,6 +97,8 @@ def wait_for(env: dict, job: str, limit: float) -> str:
         for token in out.split():
             if token.startswith("JobState="):
                 state = token.split("=", 1)[1]
+        if state == "PENDING" and "Reason=BeginTime" in out:  # requeued: Slurm holds it back for about 2 minutes
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, capture_output=True)
         if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
             return state
         time.sleep(3)
@@ -105,12 +129,19 @@ def test_grpo_70b_launcher_runs_on_two_nodes(cluster, tiny_inputs):
     extra = {"MODEL_PATH": str(model), "TRAIN_FILES": str(root / "data" / "train.parquet"),
              "VAL_FILES": str(root / "data" / "test.parquet"), "CKPT_DIR": str(ckpt)}
     out = root / "job.out"
-    job = submit(cluster, extra, TINY, out)
+    (root / "reward.py").write_text(WARN_ONCE_REWARD)
+    (root / "warn_once").touch()
+    job = submit(cluster, extra, [*TINY, f"custom_reward_function.path={root / 'reward.py'}"], out)
     state = wait_for(cluster, job, 1200)
     log = out.read_text() if out.exists() else ""
     assert state == "COMPLETED", f"job {job} ended {state}:\n{log[-6000:]}"
+    assert (root / "warn_once.sent").exists()
     assert "2 Ray node(s) alive" in log, log[-3000:]
     assert "Ray cluster: 2 node(s)" in log, log[-3000:]
+    # the warning: step 1 ends and is saved (save_freq=2), the job requeues itself and resumes from it
+    assert "SIGUSR1: stopping after the checkpoint of step 1 (trainer.save_on_preempt)" in log, log[-6000:]
+    assert f"requeueing job {job}" in log, log[-6000:]
+    assert f"resumed from {ckpt / 'actor' / 'step_1'}" in log, log[-6000:]
     assert "step 2 |" in log, log[-3000:]
     assert list((ckpt / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events written"
     assert (ckpt / "actor" / "latest").read_text().strip() == "step_2"

@@ -8,10 +8,13 @@ One 6-step run serves every check, in four launches of the same command:
    then the resume hint, no process of the run left (by pid and by process group) and no temp dir;
 2. the same command, sent SIGTERM (to the driver only, as ``kill`` does) while its engines start:
    the same report and clean-up;
-3. the same command resumes from the checkpoint and finishes, with the summary; the sample files
+3. the same command resumes; SIGTERM reaches its driver (sent by the reward function, so it lands
+   inside the first step it runs): that step ends, is checkpointed (not a ``save_freq`` step), and the
+   run stops with 143 and the usual report (``trainer.save_on_preempt``);
+4. the same command resumes from that checkpoint and finishes, with the summary; the sample files
    (train and validation generations, verl's rollout and validation dumps) have their fields;
    the worker logs exist and the silenced vLLM reload warning is not in them;
-4. the same command again says the run has finished, before any engine starts.
+5. the same command again says the run has finished, before any engine starts.
 """
 from __future__ import annotations
 
@@ -31,9 +34,21 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 BOXED_REWARD = r'''
+import os
 import re
+import signal
+from pathlib import Path
+
+SIGTERM_DRIVER = Path(__file__).with_name("sigterm_driver")  # the driver's pid, written by the test: SIGTERM it once
+
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    try:
+        os.rename(SIGTERM_DRIVER, SIGTERM_DRIVER.with_suffix(".sent"))  # atomic: one call of the step sends it
+    except FileNotFoundError:
+        pass
+    else:
+        os.kill(int(SIGTERM_DRIVER.with_suffix(".sent").read_text()), signal.SIGTERM)
     found = re.findall(r"\\boxed\{([^}]*)\}", solution_str)
     return 1.0 if found and found[-1].strip() == str(ground_truth) else 0.0
 '''
@@ -166,15 +181,33 @@ def test_interrupts_resume_and_a_finished_run(launch):
             f"{run_dir / 'actor' / f'step_{saved}'}; the same command resumes") in output
     assert_nothing_left(proc, run_processes, root)
 
-    # 3. the same command resumes and finishes
+    # 3. the same command resumes; SIGTERM during its first step: that step is saved, then the run stops
+    began = time.monotonic()
+    proc, lines = start(), []
+    (root / "sigterm_driver").write_text(str(proc.pid))  # the reward function's first call sends it
+    rc = finish(proc, lines, timeout_s=420)
+    output = "\n".join(lines)
+    print(f"preempted run: {time.monotonic() - began:.0f} s\n{output}")
+    preempted = saved + 1
+    assert rc == 128 + signal.SIGTERM and "Traceback" not in output, output
+    assert (root / "sigterm_driver.sent").exists() and f"resumed from {run_dir / 'actor' / f'step_{saved}'}" in output
+    assert "SIGTERM: saving a checkpoint when the step in progress ends, then stopping" in output
+    assert re.search(rf"^step {preempted} \|", output, re.M) and not re.search(rf"^step {preempted + 1} \|", output, re.M)
+    assert re.search(rf"^checkpoint step {preempted}: {run_dir / 'actor' / f'step_{preempted}'} ", output, re.M), output
+    assert f"SIGTERM: stopping after the checkpoint of step {preempted}" in output
+    assert (f"interrupted (SIGTERM) at step {preempted} of 6; last checkpoint: step {preempted} at "
+            f"{run_dir / 'actor' / f'step_{preempted}'}; the same command resumes") in output
+    assert (run_dir / "actor" / "latest").read_text().strip() == f"step_{preempted}"
+
+    # 4. the same command resumes from the preemption's checkpoint and finishes
     began = time.monotonic()
     proc, lines = start(), []
     rc = finish(proc, lines, timeout_s=420)
     output = "\n".join(lines)
     print(f"resumed run: {time.monotonic() - began:.0f} s\n{output}")
     assert rc == 0 and "Traceback" not in output, output
-    assert f"resumed from {run_dir / 'actor' / f'step_{saved}'}" in output
-    assert re.search(rf"^done: steps {saved + 1}-6 of 6 in ", output, re.M), output
+    assert f"resumed from {run_dir / 'actor' / f'step_{preempted}'}" in output
+    assert re.search(rf"^done: steps {preempted + 1}-6 of 6 in ", output, re.M), output
     assert "step time by phase: gen " in output and "validation score: best 0.000" in output
     assert not warnings_shown_twice(lines), warnings_shown_twice(lines)
     train = [json.loads(line) for line in (run_dir / "train_generations.jsonl").read_text().splitlines()]
@@ -193,7 +226,7 @@ def test_interrupts_resume_and_a_finished_run(launch):
     assert "EngineCore" in replica_log  # the engine's own process writes there too
     assert "Failed to load weights" not in replica_log
 
-    # 4. the same command once more: finished, before any engine starts
+    # 5. the same command once more: finished, before any engine starts
     began = time.monotonic()
     proc, lines = start(), []
     rc = finish(proc, lines, timeout_s=120)

@@ -84,8 +84,34 @@ def test_grpo_learns_and_logs(quickstart_inputs, tmp_path):
     assert (out / "reward_curve.png").stat().st_size > 1000
 
 
+RESUME_COMMON = ["trainer.test_freq=-1", "trainer.val_before_train=false", "actor_rollout_ref.actor.use_kl_loss=true",
+                 "trainer.logger=[console,tensorboard,jsonl]", "trainer.total_training_steps=5"]
+EQUAL_METRICS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss",
+                 "response_length/mean", "rollout/weight_version"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(quickstart_inputs, tmp_path_factory):
+    """The 5 steps every interrupted-and-resumed run below must equal."""
+    from megarl.run.train import run
+
+    full = tmp_path_factory.mktemp("uninterrupted")
+    run(load_config("quickstart", overrides(quickstart_inputs, full, *RESUME_COMMON, "trainer.save_freq=3")))
+    return full
+
+
+def assert_same_steps(full: Path, part: Path) -> dict:
+    """Every step 1-5 logged once in ``part``, with the numbers of the uninterrupted run; ``part``'s scalars."""
+    a, b = scalars(full), scalars(part)
+    for name in EQUAL_METRICS:
+        assert [step for step, _ in b[name]] == [1, 2, 3, 4, 5], (name, b[name])  # no step replayed or skipped
+        for (step, value_a), (_, value_b) in zip(a[name], b[name]):
+            assert math.isclose(value_a, value_b, rel_tol=1e-5, abs_tol=1e-6), (name, step, a[name], b[name])
+    return b
+
+
 @pytest.mark.timeout(1500)
-def test_resume_continues_with_identical_metrics(quickstart_inputs, tmp_path, monkeypatch):
+def test_resume_continues_with_identical_metrics(quickstart_inputs, uninterrupted, tmp_path, monkeypatch):
     """Interrupted and resumed, a run equals the uninterrupted one: the same numbers and weight versions
     at every step, each step logged once. The interrupted run crashes after step 5 is logged, before
     its checkpoint; its step-4 checkpoint is then damaged (one byte changed: the checksum tells, not the
@@ -97,13 +123,11 @@ def test_resume_continues_with_identical_metrics(quickstart_inputs, tmp_path, mo
     from megarl.run.loop import TrainingLoop
     from megarl.run.train import run
 
-    common = ["trainer.test_freq=-1", "trainer.val_before_train=false", "actor_rollout_ref.actor.use_kl_loss=true",
-              "trainer.logger=[console,tensorboard,jsonl]", "trainer.total_training_steps=5"]
+    common = RESUME_COMMON
     memory = [f"actor_rollout_ref.actor.megatron.{kind}_offload=true" for kind in ("param", "grad", "optimizer")]
     memory += ["actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
                "trainer.max_actor_ckpt_to_keep=2", "trainer.save_freq=2"]
-    full = tmp_path / "full"
-    run(load_config("quickstart", overrides(quickstart_inputs, full, *common, "trainer.save_freq=3")))
+    full = uninterrupted
     part = tmp_path / "part"
     real_save = TrainingLoop.save
 
@@ -129,16 +153,44 @@ def test_resume_continues_with_identical_metrics(quickstart_inputs, tmp_path, mo
     assert sorted(p.name for p in (full / "actor").iterdir()) == ["latest", "step_3", "step_5"]
     AutoModelForCausalLM.from_pretrained(str(part / "actor" / "step_5" / "huggingface"))  # the export loads
 
-    a, b = scalars(full), scalars(part)
-    for name in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss",
-                 "response_length/mean", "rollout/weight_version"]:
-        assert [step for step, _ in b[name]] == [1, 2, 3, 4, 5], (name, b[name])  # no step replayed or skipped
-        for (step, value_a), (_, value_b) in zip(a[name], b[name]):
-            assert math.isclose(value_a, value_b, rel_tol=1e-5, abs_tol=1e-6), (name, step, a[name], b[name])
+    b = assert_same_steps(full, part)
     logged = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged] == [1, 2, 3, 4, 5]
     for row, (_, value) in zip(logged, b["actor/pg_loss"]):  # TensorBoard keeps float32
         assert math.isclose(row["actor/pg_loss"], value, rel_tol=1e-6, abs_tol=1e-7), (logged, b["actor/pg_loss"])
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(quickstart_inputs, uninterrupted, tmp_path,
+                                                                      monkeypatch):
+    """trainer.max_restarts=1: the trainer rank is killed (SIGKILL, by pid) right after the step-2 checkpoint;
+    the driver names it, tears everything down, starts the run again in the same process from step 2, and
+    steps 1-5 equal the uninterrupted run's; run/restarts shows the restart from step 3 on."""
+    import psutil
+
+    from megarl.run.loop import TrainingLoop
+    from megarl.run.train import run
+
+    real_save, killed = TrainingLoop.save, []
+
+    def kill_the_rank_after_step_2s_checkpoint(loop, step):
+        real_save(loop, step)
+        if step == 2 and not killed:
+            rank = next(p for p in psutil.Process().children(recursive=True) if p.name().startswith("ray::MegatronWo"))
+            killed.append(rank.pid)
+            rank.kill()
+
+    monkeypatch.setattr(TrainingLoop, "save", kill_the_rank_after_step_2s_checkpoint)
+    part = tmp_path / "restarted"
+    run(load_config("quickstart", overrides(quickstart_inputs, part, *RESUME_COMMON, "trainer.save_freq=2",
+                                            "trainer.max_restarts=1")))
+    assert len(killed) == 1
+    driver_log = (part / "logs" / "driver.log").read_text()
+    assert re.search(rf"restart 1 of 1 \(trainer.max_restarts\): trainer rank 0 \(pid {killed[0]} on 127\.0\.0\.1\) "
+                     r"died while running \S+.*; starting the run again from the checkpoint of step 2", driver_log), driver_log
+    assert f"resumed from {part / 'actor' / 'step_2'}" in driver_log
+    b = assert_same_steps(uninterrupted, part)
+    assert b["run/restarts"] == [(1, 0.0), (2, 0.0), (3, 1.0), (4, 1.0), (5, 1.0)], b["run/restarts"]
 
 
 PLUS_MINUS_ONE = '''
