@@ -14,7 +14,7 @@ from megarl.models import (
 
 TOLERANCE = 1e-5
 CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3",
-               "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "gpt_oss_yarn", "qwen3_next"]
+               "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "gpt_oss_yarn", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_logits_match_hugging_face(world, model_zoo, name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe", "gpt_oss", "gpt_oss_yarn",
-                                  "qwen3_next"])
+                                  "qwen3_next", "qwen3_5"])
 def test_packed_sequences_match_hugging_face(world, model_zoo, name):
     """A prefix of row 0 and all of row 1 packed into one row (megatron's THD with ``cu_seqlens``): RoPE
     restarts at each sequence and nothing attends across them, so each equals HF on its own."""
@@ -101,7 +101,8 @@ def test_tied_embeddings_share_one_tensor(world, model_zoo):
     assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5",
+                                  "qwen3_5_moe"])
 def test_export_reproduces_the_checkpoint_bit_for_bit(world, model_zoo, name):
     [model] = build_model(model_zoo / name, ParallelLayout())
     original = _checkpoint_tensors(model_zoo / name)
@@ -349,7 +350,7 @@ def test_qwen3_next_skips_its_mtp_tensors_by_name_and_exports_the_main_model(wor
     assert sorted(exported) == sorted(original)
 
 
-@pytest.mark.parametrize("name", ["gpt_oss", "qwen3_next"])
+@pytest.mark.parametrize("name", ["gpt_oss", "qwen3_next", "qwen3_5_moe"])
 def test_backward_reaches_every_parameter(world, model_zoo, name):
     """A training step's gradients are finite and non-zero for every parameter: sinks, the experts' biases
     (megatron adds them in place: gpt-oss failed in backward before FreshOutputRowParallelLinear), every
