@@ -370,3 +370,37 @@ def test_backward_reaches_every_parameter(world, model_zoo, name):
             assert param.grad.abs().sum() > 0, param_name
     moe_layers = {n.split(".local_experts.")[0] for n, _ in model.named_parameters() if ".local_experts." in n}
     assert routed == moe_layers  # every MoE layer's experts got gradients
+
+
+def test_qwen3_5_vision_language_checkpoint_extracted_to_its_language_model(world, model_zoo, tmp_path):
+    """A tiny Qwen3_5ForConditionalGeneration (language model under model.language_model.*, a vision tower under
+    model.visual.*) is refused; ``extract_language_model`` writes its language model as a qwen3_5 text checkpoint,
+    whose megatron logits equal the vision-language model's on text and whose export is its tensors, bit for bit."""
+    import json
+
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from megarl.devtools.extract_language_model import extract_language_model
+    from megarl.devtools.tiny_model import build_config
+    from megarl.models import family_for, load_hf_config
+
+    text = build_config("qwen3_5").to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128, patch_size=4,
+                  num_position_embeddings=16)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        vlm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
+    vlm.save_pretrained(str(tmp_path / "vlm"))
+    with pytest.raises(ValueError, match="vision-language model.*issue 28.*extract_language_model"):
+        family_for(load_hf_config(tmp_path / "vlm"))
+    out = extract_language_model(tmp_path / "vlm", tmp_path / "text")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3_5ForCausalLM"]
+    [model] = build_model(out, ParallelLayout())
+    ids = _reference(model_zoo, "qwen3_5")["input_ids"]
+    with torch.no_grad():
+        reference = vlm(input_ids=ids).logits
+    assert (_forward(model, ids) - reference).abs().max().item() <= TOLERANCE
+    source = {name.replace("model.language_model.", "model."): tensor for name, tensor in _checkpoint_tensors(tmp_path / "vlm").items()
+              if not name.startswith("model.visual.")}
+    exported = dict(gather_hf_tensors([model], out, ParallelLayout()))
+    assert sorted(exported) == sorted(source) and all(torch.equal(exported[n], source[n]) for n in source)

@@ -60,17 +60,32 @@ def supported_architectures() -> list[str]:
     return sorted(_BY_ARCHITECTURE)
 
 
-def vision_language_refusal(architectures) -> str | None:
-    """Why a vision-language checkpoint whose language model is a known family is refused, and how to extract the
-    language model (None for other architectures)."""
+VISION_LANGUAGE_ISSUE = 28  # training vision-language models
+
+
+def vision_language_family(architectures) -> tuple[str, FamilySpec] | None:
+    """(the architecture, the family of its language model) for a vision-language model whose language model
+    a family reads (``FamilySpec.vision_language_architectures``), else None."""
     for architecture in architectures or []:
-        spec = _BY_VISION_LANGUAGE.get(architecture)
-        if spec is not None:
-            return (f"{architecture} is a vision-language model, which megarl does not train (planned: issue 28); its "
-                    f"language model is the {spec.name} family ({spec.architectures[0]}): write it as a text checkpoint "
-                    "with `python -m megarl.devtools.extract_language_model SRC OUT` (the vision tower left out) and "
-                    "train OUT")
+        if architecture in _BY_VISION_LANGUAGE:
+            return architecture, _BY_VISION_LANGUAGE[architecture]
     return None
+
+
+def extract_language_model_hint(spec: FamilySpec) -> str:
+    """What to do with a vision-language checkpoint whose language model is ``spec``'s."""
+    return (f"its language model is the {spec.name} family ({spec.architectures[0]}): write it as a text checkpoint "
+            "with `python -m megarl.devtools.extract_language_model SRC OUT` (the vision tower left out) and train OUT")
+
+
+def vision_language_refusal(architectures) -> str | None:
+    """Why such a vision-language checkpoint is refused and how to extract its language model (None: not one)."""
+    found = vision_language_family(architectures)
+    if found is None:
+        return None
+    architecture, spec = found
+    return (f"{architecture} is a vision-language model, which megarl does not train (planned: issue "
+            f"{VISION_LANGUAGE_ISSUE}); {extract_language_model_hint(spec)}")
 
 
 def family_for(config: PretrainedConfig) -> FamilySpec:
@@ -99,4 +114,4 @@ def family_for(config: PretrainedConfig) -> FamilySpec:
 
 
 __all__ = ["FAMILIES", "FamilySpec", "ParamMap", "family_for", "register_family", "register_hf_classes",
-           "supported_architectures", "vision_language_refusal"]
+           "supported_architectures", "vision_language_family", "vision_language_refusal"]
