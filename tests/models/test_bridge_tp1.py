@@ -390,11 +390,13 @@ def test_qwen3_5_vision_language_checkpoint_extracted_to_its_language_model(worl
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
         vlm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
-    vlm.save_pretrained(str(tmp_path / "vlm"))
+    vlm.save_pretrained(str(tmp_path / "vlm"), max_shard_size="300KB")  # several files and an index
     with pytest.raises(ValueError, match="vision-language model.*issue 28.*extract_language_model"):
         family_for(load_hf_config(tmp_path / "vlm"))
     out = extract_language_model(tmp_path / "vlm", tmp_path / "text")
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3_5ForCausalLM"]
+    weight_map = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(weight_map.values())) > 1 and not any(name.startswith("model.visual.") for name in weight_map)
     [model] = build_model(out, ParallelLayout())
     ids = _reference(model_zoo, "qwen3_5")["input_ids"]
     with torch.no_grad():
