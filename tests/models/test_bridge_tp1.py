@@ -372,17 +372,12 @@ def test_backward_reaches_every_parameter(world, model_zoo, name):
     assert routed == moe_layers  # every MoE layer's experts got gradients
 
 
-def test_qwen3_5_vision_language_checkpoint_extracted_to_its_language_model(world, model_zoo, tmp_path):
-    """A tiny Qwen3_5ForConditionalGeneration (language model under model.language_model.*, a vision tower under
-    model.visual.*) is refused; ``extract_language_model`` writes its language model as a qwen3_5 text checkpoint,
-    whose megatron logits equal the vision-language model's on text and whose export is its tensors, bit for bit."""
-    import json
-
+def _tiny_qwen3_5_vlm(directory):
+    """A tiny Qwen3_5ForConditionalGeneration (the tiny qwen3_5 text model, a one-block vision tower), saved in
+    several files with an index; returns the model."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    from megarl.devtools.extract_language_model import extract_language_model
     from megarl.devtools.tiny_model import build_config
-    from megarl.models import family_for, load_hf_config
 
     text = build_config("qwen3_5").to_dict()
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128, patch_size=4,
@@ -390,7 +385,20 @@ def test_qwen3_5_vision_language_checkpoint_extracted_to_its_language_model(worl
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(7)
         vlm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
-    vlm.save_pretrained(str(tmp_path / "vlm"), max_shard_size="300KB")  # several files and an index
+    vlm.save_pretrained(str(directory), max_shard_size="300KB")
+    return vlm
+
+
+def test_qwen3_5_vision_language_checkpoint_extracted_to_its_language_model(world, model_zoo, tmp_path):
+    """A tiny Qwen3_5ForConditionalGeneration (language model under model.language_model.*, a vision tower under
+    model.visual.*) is refused; ``extract_language_model`` writes its language model as a qwen3_5 text checkpoint,
+    whose megatron logits equal the vision-language model's on text and whose export is its tensors, bit for bit."""
+    import json
+
+    from megarl.devtools.extract_language_model import extract_language_model
+    from megarl.models import family_for, load_hf_config
+
+    vlm = _tiny_qwen3_5_vlm(tmp_path / "vlm")
     with pytest.raises(ValueError, match="vision-language model.*issue 28.*extract_language_model"):
         family_for(load_hf_config(tmp_path / "vlm"))
     out = extract_language_model(tmp_path / "vlm", tmp_path / "text")
@@ -406,3 +414,21 @@ def test_qwen3_5_vision_language_checkpoint_extracted_to_its_language_model(worl
               if not name.startswith("model.visual.")}
     exported = dict(gather_hf_tensors([model], out, ParallelLayout()))
     assert sorted(exported) == sorted(source) and all(torch.equal(exported[n], source[n]) for n in source)
+
+
+def test_qwen3_5_text_checkpoint_with_the_language_model_prefix(world, model_zoo, tmp_path):
+    """transformers' Qwen3_5ForCausalLM loaded from the vision-language checkpoint saves its tensors as
+    model.language_model.*: the load names the extraction, which writes model.* names that load."""
+    from transformers import Qwen3_5ForCausalLM
+
+    from megarl.devtools.extract_language_model import extract_language_model
+
+    vlm = _tiny_qwen3_5_vlm(tmp_path / "vlm")
+    Qwen3_5ForCausalLM.from_pretrained(str(tmp_path / "vlm"), dtype=torch.float32).save_pretrained(str(tmp_path / "hf"))
+    assert "model.language_model.norm.weight" in _checkpoint_tensors(tmp_path / "hf")
+    with pytest.raises(KeyError, match="model.language_model.*extract_language_model"):
+        build_model(tmp_path / "hf", ParallelLayout())
+    [model] = build_model(extract_language_model(tmp_path / "hf", tmp_path / "text"), ParallelLayout())
+    ids = _reference(model_zoo, "qwen3_5")["input_ids"]
+    with torch.no_grad():
+        assert (_forward(model, ids) - vlm(input_ids=ids).logits).abs().max().item() <= TOLERANCE
