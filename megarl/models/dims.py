@@ -305,9 +305,11 @@ def check_common(config: PretrainedConfig, attention=None, activation: str | Non
         raise ValueError("mlp_bias=True is not supported by the bridge (no family uses it)")
 
 
-def common_dims(config: PretrainedConfig, *, attention, rope: Rope, moe: MoE | None = None, **features) -> ModelDims:
+def common_dims(config: PretrainedConfig, *, attention, rope: Rope, moe: MoE | None = None, ffn_hidden_size: int | None = None,
+                **features) -> ModelDims:
     """ModelDims from the fields every family shares plus the family's attention, RoPE and MoE blocks;
-    ``features``: the other ``ModelDims`` fields the family sets (activation, embedding scale...)."""
+    ``features``: the other ``ModelDims`` fields the family sets (activation, embedding scale...);
+    ``ffn_hidden_size``: the dense MLP's width where the config has no ``intermediate_size`` (Qwen3.5-MoE)."""
     check_common(config, attention, features.get("activation"))
     architectures = getattr(config, "architectures", None) or [""]
     return ModelDims(
@@ -316,7 +318,7 @@ def common_dims(config: PretrainedConfig, *, attention, rope: Rope, moe: MoE | N
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         num_layers=config.num_hidden_layers,
-        ffn_hidden_size=config.intermediate_size,
+        ffn_hidden_size=ffn_hidden_size or config.intermediate_size,
         norm_eps=config.rms_norm_eps,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         max_position_embeddings=config.max_position_embeddings,

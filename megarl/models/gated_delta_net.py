@@ -1,4 +1,4 @@
-"""Qwen3-Next's gated DeltaNet (linear attention) as a megatron module, in torch, for ``FamilySpec.decoder_spec``.
+"""Qwen3-Next's and Qwen3.5's gated DeltaNet (linear attention) as a megatron module, in torch, for ``FamilySpec.decoder_spec``.
 
 Why not megatron-core's ``megatron.core.ssm.gated_delta_net.GatedDeltaNet``: its constructor
 refuses to build without the ``fla`` package (flash-linear-attention, CUDA/Triton only, not in
@@ -9,7 +9,10 @@ module keeps Hugging Face's parameters as they are (``in_proj_qkvz``, ``in_proj_
 ``Qwen3NextGatedDeltaNet`` computes, for a sequence ``x``:
 
 * ``in_proj_qkvz`` gives per key head ``g`` [q_g, k_g, v_g (r value heads), z_g (r gates)] and
-  ``in_proj_ba`` [b_g (r), a_g (r)], ``r`` = value heads per key head;
+  ``in_proj_ba`` [b_g (r), a_g (r)], ``r`` = value heads per key head. Qwen3.5
+  (``fused_projections=False``, transformers' ``Qwen3_5GatedDeltaNet``) has four unfused projections
+  instead, each in flat head order: ``in_proj_qkv`` [q (all key heads); k; v (all value heads)],
+  ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; the rest of the layer is the same;
 * q, k, v (all heads) pass a causal depthwise conv1d (kernel ``linear_conv_kernel_dim``) and SiLU;
   q and k are L2-normalised per head and repeated to the value heads;
 * ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (fp32), and the gated delta rule
@@ -57,7 +60,7 @@ class GatedDeltaNetLayer(MegatronModule):
     ``TransformerLayer`` (see the module docstring); returns ``(output, None)`` like megatron's attention."""
 
     def __init__(self, config, layer_number: int, *, key_heads: int, value_heads: int, key_head_dim: int,
-                 value_head_dim: int, conv_kernel: int, pg_collection=None, **kwargs):
+                 value_head_dim: int, conv_kernel: int, fused_projections: bool = True, pg_collection=None, **kwargs):
         super().__init__(config=config)
         from megarl.platform import device as platform_device
 
@@ -80,8 +83,15 @@ class GatedDeltaNetLayer(MegatronModule):
                 config.init_method(layer.weight)
             return layer
 
-        self.in_proj_qkvz = linear(2 * key_dim + 2 * value_dim, hidden)
-        self.in_proj_ba = linear(2 * value_heads, hidden)
+        self.fused_projections = fused_projections
+        if fused_projections:  # Qwen3-Next
+            self.in_proj_qkvz = linear(2 * key_dim + 2 * value_dim, hidden)
+            self.in_proj_ba = linear(2 * value_heads, hidden)
+        else:  # Qwen3.5
+            self.in_proj_qkv = linear(self.conv_dim, hidden)
+            self.in_proj_z = linear(value_dim, hidden)
+            self.in_proj_b = linear(value_heads, hidden)
+            self.in_proj_a = linear(value_heads, hidden)
         self.conv1d = torch.nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False,
                                       padding=conv_kernel - 1, device=where, dtype=dtype)
         self.dt_bias = torch.nn.Parameter(torch.ones(value_heads, device=where, dtype=dtype))
@@ -107,6 +117,13 @@ class GatedDeltaNetLayer(MegatronModule):
     def _split(self, x: torch.Tensor):
         """q, k [b, s, key heads, dk]; v, z [b, s, value heads, dv]; b, a [b, s, value heads]."""
         batch, seq = x.shape[:2]
+        if not self.fused_projections:
+            key_dim = self.key_heads * self.dk
+            q, k, v = torch.split(self.in_proj_qkv(x), [key_dim, key_dim, self.value_heads * self.dv], dim=-1)
+            heads = (batch, seq, self.value_heads)
+            return (q.reshape(batch, seq, self.key_heads, self.dk), k.reshape(batch, seq, self.key_heads, self.dk),
+                    v.reshape(*heads, self.dv), self.in_proj_z(x).reshape(*heads, self.dv), self.in_proj_b(x),
+                    self.in_proj_a(x))
         r, dk, dv = self.ratio, self.dk, self.dv
         qkvz = self.in_proj_qkvz(x).view(batch, seq, self.key_heads, 2 * dk + 2 * r * dv)
         q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)

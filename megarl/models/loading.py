@@ -180,7 +180,11 @@ def load_hf_weights(
             elif role == "critic" and piece.hf_name in (HF_VALUE_WEIGHT, HF_VALUE_BIAS):
                 report.left_initialised.append(piece.hf_name)
             else:
-                raise KeyError(f"{piece.hf_name} (for {spec.name}) is not in the checkpoint at {model_dir}")
+                hint = ""
+                if any(name.startswith("model.language_model.") for name in files):
+                    hint = ("; it holds a language model under model.language_model.*: write it as a text checkpoint "
+                            "with `python -m megarl.devtools.extract_language_model SRC OUT`")
+                raise KeyError(f"{piece.hf_name} (for {spec.name}) is not in the checkpoint at {model_dir}{hint}")
     for file_name in sorted(by_file):
         report.files.append(file_name)
         with safe_open(str(model_dir / file_name), framework="pt") as f:

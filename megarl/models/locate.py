@@ -70,6 +70,12 @@ def _family_problems(key: str, path: Any, hf_config: dict) -> list[Problem]:
     if arch in PLANNED_ARCHITECTURES:
         feature, issue = PLANNED_ARCHITECTURES[arch]
         return [refusal(f"{key}={path}", feature, instead, issue)]
+    from megarl.models.families import VISION_LANGUAGE_ISSUE, extract_language_model_hint, vision_language_family
+
+    found = vision_language_family(architectures)
+    if found is not None:
+        return [refusal(f"{key}={path}", f"vision-language models ({arch})", extract_language_model_hint(found[1]),
+                        VISION_LANGUAGE_ISSUE)]
     if "vision_config" in hf_config or "ForConditionalGeneration" in arch or "VL" in arch:
         return [refusal(f"{key}={path}", f"vision-language models ({arch})", "megarl trains text-only causal LMs; "
                         + instead)]

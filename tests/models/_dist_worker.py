@@ -83,6 +83,10 @@ SCENARIOS += [("gpt_oss/tp2_sp", "gpt_oss", ParallelLayout(tp=2, sequence_parall
 # Qwen3-Next (4 layers: linear, full | linear, linear): PP splits the hybrid pattern, EP its experts (its DeltaNet runs at TP=1).
 SCENARIOS += [("qwen3_next/pp2", "qwen3_next", ParallelLayout(pp=2), "actor", {"export": True}),
               ("qwen3_next/ep2", "qwen3_next", ParallelLayout(ep=2), "actor", {"export": True})]
+# Qwen3.5 (Qwen3-Next's 4 hybrid layers, unfused DeltaNet projections): PP2 for the dense and the MoE model, EP2 for the MoE.
+SCENARIOS += [("qwen3_5/pp2", "qwen3_5", ParallelLayout(pp=2), "actor", {"export": True}),
+              ("qwen3_5_moe/pp2", "qwen3_5_moe", ParallelLayout(pp=2), "actor", {"export": True}),
+              ("qwen3_5_moe/ep2", "qwen3_5_moe", ParallelLayout(ep=2), "actor", {"export": True})]
 
 
 class ReadRecorder:

@@ -23,6 +23,9 @@
   qwen3_next      tiny Qwen3-Next: 4 layers linear, full, linear, linear (gated DeltaNet with 2 key / 4
                   value heads; gated, quarter-rotary full attention), 8 experts top-2 with a gated shared
                   expert, layer 2 dense
+  qwen3_5         tiny Qwen3.5 text: Qwen3-Next's 4 hybrid layers with unfused DeltaNet projections in flat
+                  head order and mrope sections, a dense MLP (``megarl.models.families.qwen3_5``)
+  qwen3_5_moe     tiny Qwen3.5-MoE text: the same layers, 8 experts top-2 with a gated shared expert in each
   reference.pt    {checkpoint: {"input_ids", "output"}}: HF transformers logits (values for the
                   critic) in fp32 on a fixed random batch, the reference every test compares to.
                   RoPE checkpoints get sequences past their original context (YaRN / Llama-3 scaling).
@@ -35,7 +38,7 @@ import pytest
 import torch
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
-NEW_FAMILIES = ["gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next"]  # families of issue 24, their own tiny models (FamilySpec.tiny_config)
+NEW_FAMILIES = ["gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe"]  # families of issue 24, their own tiny models (FamilySpec.tiny_config)
 BATCH, SEQ = 2, 16
 LONG = {"deepseek_v3": 96, "kimi_k2": 96, "llama_rope3": 160,  # past YaRN's original 64 / the Llama-3 original 32
         "qwen3_next": 80, "gpt_oss_yarn": 64}  # past the gated delta rule's first chunk of 64

@@ -2,7 +2,7 @@
 
 Gemma-2 and Gemma-3 (their own decoder layers: four norms, windows, soft-caps, two RoPEs) run at
 TP=2, TP=2+SP and PP=2; GLM-4.5 (partial RoPE, QKV bias, qk-norm, group-limited sigmoid routing)
-at TP=2+SP, PP=2, EP=2 (alltoall, allgather) and TP=2 x EP=2 + SP; Kimi-K2 at TP=2+SP and EP=2; gpt-oss (sinks, biases, windows, packed experts) at TP=2+SP, PP=2 and EP=2; Qwen3-Next (gated DeltaNet and gated attention; TP refused) at PP=2 and EP=2. DeepSeek-V3 (MLA, sigmoid group-limited routing with the router bias, shared expert, a dense first
+at TP=2+SP, PP=2, EP=2 (alltoall, allgather) and TP=2 x EP=2 + SP; Kimi-K2 at TP=2+SP and EP=2; gpt-oss (sinks, biases, windows, packed experts) at TP=2+SP, PP=2 and EP=2; Qwen3-Next (gated DeltaNet and gated attention; TP refused) at PP=2 and EP=2; Qwen3.5 at PP=2, Qwen3.5-MoE at PP=2 and EP=2. DeepSeek-V3 (MLA, sigmoid group-limited routing with the router bias, shared expert, a dense first
 layer) runs at TP=2+SP, uneven PP=2 (1+2 and 2+1 layers), EP=2 (alltoall and allgather),
 TP=2 x EP=2 and TP=2 x expert-TP=2; a padded vocabulary (504 -> 512) at TP=2.
 
@@ -36,7 +36,7 @@ FORWARD_SCENARIOS = (
     + [f"{f}/{layout}" for f in ("gemma2", "gemma3") for layout in ("tp2", "tp2_sp", "pp2")]
     + [f"glm4_moe/{layout}" for layout in ("tp2_sp", "pp2", "ep2", "ep2_allgather", "tp2_ep2_sp")]
     + ["kimi_k2/tp2_sp", "kimi_k2/ep2"] + [f"gpt_oss/{layout}" for layout in ("tp2_sp", "pp2", "ep2")]
-    + ["qwen3_next/pp2", "qwen3_next/ep2"]
+    + ["qwen3_next/pp2", "qwen3_next/ep2", "qwen3_5/pp2", "qwen3_5_moe/pp2", "qwen3_5_moe/ep2"]
 )
 EXPORT_SCENARIOS = (
     [f"{f}/{layout}" for f in FAMILIES for layout in ("tp2", "pp2")]
@@ -46,6 +46,7 @@ EXPORT_SCENARIOS = (
     + [f"{f}/{layout}" for f in ("gemma2", "gemma3") for layout in ("tp2", "pp2")]
     + [f"glm4_moe/{layout}" for layout in ("tp2_sp", "pp2", "ep2")] + ["kimi_k2/tp2_sp", "kimi_k2/ep2"]
     + [f"gpt_oss/{layout}" for layout in ("tp2_sp", "pp2", "ep2")] + ["qwen3_next/pp2", "qwen3_next/ep2"]
+    + ["qwen3_5/pp2", "qwen3_5_moe/pp2", "qwen3_5_moe/ep2"]
 )
 
 

@@ -14,7 +14,7 @@ from megarl.models import (
 
 TOLERANCE = 1e-5
 CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "llama_small", "deepseek_v3", "llama_rope3",
-               "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "gpt_oss_yarn", "qwen3_next"]
+               "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "gpt_oss_yarn", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_logits_match_hugging_face(world, model_zoo, name):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "deepseek_v3", "llama_rope3", "gemma2", "gemma3", "glm4_moe", "gpt_oss", "gpt_oss_yarn",
-                                  "qwen3_next"])
+                                  "qwen3_next", "qwen3_5"])
 def test_packed_sequences_match_hugging_face(world, model_zoo, name):
     """A prefix of row 0 and all of row 1 packed into one row (megatron's THD with ``cu_seqlens``): RoPE
     restarts at each sequence and nothing attends across them, so each equals HF on its own."""
@@ -101,7 +101,8 @@ def test_tied_embeddings_share_one_tensor(world, model_zoo):
     assert model.shared_embedding_or_output_weight() is model.embedding.word_embeddings.weight
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5",
+                                  "qwen3_5_moe"])
 def test_export_reproduces_the_checkpoint_bit_for_bit(world, model_zoo, name):
     [model] = build_model(model_zoo / name, ParallelLayout())
     original = _checkpoint_tensors(model_zoo / name)
@@ -349,7 +350,7 @@ def test_qwen3_next_skips_its_mtp_tensors_by_name_and_exports_the_main_model(wor
     assert sorted(exported) == sorted(original)
 
 
-@pytest.mark.parametrize("name", ["gpt_oss", "qwen3_next"])
+@pytest.mark.parametrize("name", ["gpt_oss", "qwen3_next", "qwen3_5_moe"])
 def test_backward_reaches_every_parameter(world, model_zoo, name):
     """A training step's gradients are finite and non-zero for every parameter: sinks, the experts' biases
     (megatron adds them in place: gpt-oss failed in backward before FreshOutputRowParallelLinear), every
@@ -369,3 +370,65 @@ def test_backward_reaches_every_parameter(world, model_zoo, name):
             assert param.grad.abs().sum() > 0, param_name
     moe_layers = {n.split(".local_experts.")[0] for n, _ in model.named_parameters() if ".local_experts." in n}
     assert routed == moe_layers  # every MoE layer's experts got gradients
+
+
+def _tiny_qwen3_5_vlm(directory):
+    """A tiny Qwen3_5ForConditionalGeneration (the tiny qwen3_5 text model, a one-block vision tower), saved in
+    several files with an index; returns the model."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from megarl.devtools.tiny_model import build_config
+
+    text = build_config("qwen3_5").to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128, patch_size=4,
+                  num_position_embeddings=16)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        vlm = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision)).eval()
+    vlm.save_pretrained(str(directory), max_shard_size="300KB")
+    return vlm
+
+
+def test_qwen3_5_vision_language_checkpoint_extracted_to_its_language_model(world, model_zoo, tmp_path):
+    """A tiny Qwen3_5ForConditionalGeneration (language model under model.language_model.*, a vision tower under
+    model.visual.*) is refused; ``extract_language_model`` writes its language model as a qwen3_5 text checkpoint,
+    whose megatron logits equal the vision-language model's on text and whose export is its tensors, bit for bit."""
+    import json
+
+    from megarl.devtools.extract_language_model import extract_language_model
+    from megarl.models import family_for, load_hf_config
+
+    vlm = _tiny_qwen3_5_vlm(tmp_path / "vlm")
+    with pytest.raises(ValueError, match="vision-language model.*issue 28.*extract_language_model"):
+        family_for(load_hf_config(tmp_path / "vlm"))
+    out = extract_language_model(tmp_path / "vlm", tmp_path / "text")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3_5ForCausalLM"]
+    weight_map = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(weight_map.values())) > 1 and not any(name.startswith("model.visual.") for name in weight_map)
+    [model] = build_model(out, ParallelLayout())
+    ids = _reference(model_zoo, "qwen3_5")["input_ids"]
+    with torch.no_grad():
+        reference = vlm(input_ids=ids).logits
+    assert (_forward(model, ids) - reference).abs().max().item() <= TOLERANCE
+    source = {name.replace("model.language_model.", "model."): tensor for name, tensor in _checkpoint_tensors(tmp_path / "vlm").items()
+              if not name.startswith("model.visual.")}
+    exported = dict(gather_hf_tensors([model], out, ParallelLayout()))
+    assert sorted(exported) == sorted(source) and all(torch.equal(exported[n], source[n]) for n in source)
+
+
+def test_qwen3_5_text_checkpoint_with_the_language_model_prefix(world, model_zoo, tmp_path):
+    """transformers' Qwen3_5ForCausalLM loaded from the vision-language checkpoint saves its tensors as
+    model.language_model.*: the load names the extraction, which writes model.* names that load."""
+    from transformers import Qwen3_5ForCausalLM
+
+    from megarl.devtools.extract_language_model import extract_language_model
+
+    vlm = _tiny_qwen3_5_vlm(tmp_path / "vlm")
+    Qwen3_5ForCausalLM.from_pretrained(str(tmp_path / "vlm"), dtype=torch.float32).save_pretrained(str(tmp_path / "hf"))
+    assert "model.language_model.norm.weight" in _checkpoint_tensors(tmp_path / "hf")
+    with pytest.raises(KeyError, match="model.language_model.*extract_language_model"):
+        build_model(tmp_path / "hf", ParallelLayout())
+    [model] = build_model(extract_language_model(tmp_path / "hf", tmp_path / "text"), ParallelLayout())
+    ids = _reference(model_zoo, "qwen3_5")["input_ids"]
+    with torch.no_grad():
+        assert (_forward(model, ids) - vlm(input_ids=ids).logits).abs().max().item() <= TOLERANCE

@@ -73,9 +73,9 @@ MOE_LAYOUTS = [ParallelLayout(ep=2), ParallelLayout(ep=4), ParallelLayout(tp=2, 
 def test_tiny_families_are_covered_exactly(family, tied):
     config = build_config(family, "small", tie_word_embeddings=tied)
     layouts = TINY_LAYOUTS + [ParallelLayout(pp=2, vpp=2), ParallelLayout(tp=2, pp=2, vpp=2)]
-    if family in ("qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next"):
+    if family in ("qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5_moe"):
         layouts += MOE_LAYOUTS
-    if family == "qwen3_next":  # its DeltaNet runs at TP=1: test_qwen3_next.py checks the refusal
+    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):  # their DeltaNet runs at TP=1: test_qwen3_next.py checks the refusal
         layouts = [layout for layout in layouts if layout.tp == 1]
     for layout in layouts:
         check_layout_exact(config, layout)

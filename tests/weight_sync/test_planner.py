@@ -158,8 +158,10 @@ def reference_vllm_slice(name, shape, tp, rank, kv_heads):
     return tuple([(0, rows)] + rest)
 
 
-# MLA: test_deepseek_v3.py; gpt-oss, Qwen3-Next: the sync refuses them (tests/models/test_gpt_oss.py, test_qwen3_next.py)
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"deepseek_v3", "kimi_k2", "gpt_oss", "qwen3_next"}))
+# MLA: test_deepseek_v3.py; gpt-oss, Qwen3-Next, Qwen3.5: the sync refuses them (tests/models/test_gpt_oss.py,
+# test_qwen3_next.py, test_qwen3_5.py)
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"deepseek_v3", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5",
+                                                           "qwen3_5_moe"}))
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_shard_regions_follow_vllm_rules(family, tp):
     """Every tensor of every GQA family: the split derived from the bridge's maps = vLLM's rules by layer name."""

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from megarl.models.families import deepseek_v3, gemma, glm4_moe, gpt_oss, kimi_k2, llama, mixtral, qwen2, qwen3, qwen3_moe, qwen3_next
+from megarl.models.families import (deepseek_v3, gemma, glm4_moe, gpt_oss, kimi_k2, llama, mixtral, qwen2, qwen3, qwen3_5,
+                                     qwen3_moe, qwen3_next)
 from megarl.models.families.base import FamilySpec, ParamMap
 
 _BUILTIN = (llama.SPEC, qwen2.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC, deepseek_v3.SPEC, gemma.GEMMA2, gemma.GEMMA3,
-            glm4_moe.SPEC, kimi_k2.SPEC, gpt_oss.SPEC, qwen3_next.SPEC)
+            glm4_moe.SPEC, kimi_k2.SPEC, gpt_oss.SPEC, qwen3_next.SPEC, qwen3_5.SPEC, qwen3_5.MOE_SPEC)
 
 FAMILIES: dict[str, FamilySpec] = {}
 _BY_ARCHITECTURE: dict[str, FamilySpec] = {}
 _BY_MODEL_TYPE: dict[str, FamilySpec] = {}
+_BY_VISION_LANGUAGE: dict[str, FamilySpec] = {}  # a vision-language architecture -> the family of its language model
 
 
 def register_family(spec: FamilySpec) -> None:
@@ -32,6 +34,8 @@ def register_family(spec: FamilySpec) -> None:
         _BY_ARCHITECTURE.setdefault(architecture, spec)
     for model_type in spec.model_types:
         _BY_MODEL_TYPE[model_type] = spec
+    for architecture in spec.vision_language_architectures:
+        _BY_VISION_LANGUAGE[architecture] = spec
 
 
 def register_hf_classes(model_type: str | None) -> bool:
@@ -56,6 +60,34 @@ def supported_architectures() -> list[str]:
     return sorted(_BY_ARCHITECTURE)
 
 
+VISION_LANGUAGE_ISSUE = 28  # training vision-language models
+
+
+def vision_language_family(architectures) -> tuple[str, FamilySpec] | None:
+    """(the architecture, the family of its language model) for a vision-language model whose language model
+    a family reads (``FamilySpec.vision_language_architectures``), else None."""
+    for architecture in architectures or []:
+        if architecture in _BY_VISION_LANGUAGE:
+            return architecture, _BY_VISION_LANGUAGE[architecture]
+    return None
+
+
+def extract_language_model_hint(spec: FamilySpec) -> str:
+    """What to do with a vision-language checkpoint whose language model is ``spec``'s."""
+    return (f"its language model is the {spec.name} family ({spec.architectures[0]}): write it as a text checkpoint "
+            "with `python -m megarl.devtools.extract_language_model SRC OUT` (the vision tower left out) and train OUT")
+
+
+def vision_language_refusal(architectures) -> str | None:
+    """Why such a vision-language checkpoint is refused and how to extract its language model (None: not one)."""
+    found = vision_language_family(architectures)
+    if found is None:
+        return None
+    architecture, spec = found
+    return (f"{architecture} is a vision-language model, which megarl does not train (planned: issue "
+            f"{VISION_LANGUAGE_ISSUE}); {extract_language_model_hint(spec)}")
+
+
 def family_for(config: PretrainedConfig) -> FamilySpec:
     """The family of an HF config: by ``architectures[0]``, else by ``model_type``.
 
@@ -64,6 +96,9 @@ def family_for(config: PretrainedConfig) -> FamilySpec:
     """
     model_type = getattr(config, "model_type", None)
     architectures = getattr(config, "architectures", None) or []
+    refused = vision_language_refusal(architectures)
+    if refused:
+        raise ValueError(refused)
     by_type = _BY_MODEL_TYPE.get(model_type)
     if by_type is not None and any(a in by_type.architectures for a in architectures):
         return by_type
@@ -79,4 +114,4 @@ def family_for(config: PretrainedConfig) -> FamilySpec:
 
 
 __all__ = ["FAMILIES", "FamilySpec", "ParamMap", "family_for", "register_family", "register_hf_classes",
-           "supported_architectures"]
+           "supported_architectures", "vision_language_family", "vision_language_refusal"]

@@ -27,7 +27,10 @@ knows about the architecture:
   the loader reads a part from its row, the exporter packs the parts back into the checkpoint tensor;
 * ``hf_classes``: the transformers config and causal-LM classes of a model type transformers does
   not know (Kimi-K2's ``kimi_k2``), registered with its Auto classes when such a config.json is
-  first read, so that it loads unchanged.
+  first read, so that it loads unchanged;
+* ``vision_language_architectures``: vision-language models whose language model is this family
+  (Qwen3.5's ``Qwen3_5ForConditionalGeneration``), refused before the start with how to extract the
+  language model as this family's text checkpoint (``megarl.devtools.extract_language_model``).
 
 What a family changes in the parts every family shares (the MLP's activation, the softmax scale,
 attention soft-capping and windows, partial RoPE, an embedding scale, final-logit soft-capping)
@@ -131,6 +134,8 @@ class FamilySpec:
     packed_tensors: Callable[[ModelDims], list[PackedTensor]] = field(default=lambda dims: [])
     # why the weight sync into vLLM refuses this family (checked by ``megarl.models.vllm_layout.vllm_splits``), or None
     weight_sync_refusal: str | None = None
+    # HF vision-language architectures holding this family's language model (refused, see ``vision_language_refusal``)
+    vision_language_architectures: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- parameter maps

