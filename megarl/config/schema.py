@@ -595,11 +595,14 @@ class RayKwargsConfig:
 class DistillationLossConfig:
     """verl's ``distillation.distillation_loss`` (``megarl.algorithms.distillation``)."""
 
-    loss_mode: str = "k3"  # k3 / low_var_kl, k2 / mse, abs: a direct loss; k1 / kl: a reward (use_policy_gradient)
+    # k3 / low_var_kl, k2 / mse, abs: a direct loss; k1 / kl: a reward (use_policy_gradient); forward_kl_topk: the
+    # forward KL over the teacher's top-k tokens at each position (docs/algorithms.md: on-policy distillation)
+    loss_mode: str = "k3"
+    topk: int = 32  # forward_kl_topk: the teacher's most likely tokens per position
     use_task_rewards: bool = True  # keep the task's policy loss and add the distillation loss times the coefficient
     distillation_loss_coef: float = 1.0
     loss_max_clamp: Optional[float] = None  # each token's loss is clamped to [-c, c]
-    log_prob_min_clamp: Optional[float] = None  # verl's top-k losses only
+    log_prob_min_clamp: Optional[float] = None  # forward_kl_topk: both models' log-probs are clamped from below
     use_policy_gradient: bool = False  # True: -loss per token is the advantage of a PPO-clip loss
     policy_loss_mode: str = "vanilla"  # the only one, as in verl
     clip_ratio: float = 0.2  # the reward's PPO clip range where clip_ratio_low / _high are null

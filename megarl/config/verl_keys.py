@@ -397,10 +397,10 @@ RULES: tuple[Rule, ...] = ALIASES + (
            "distillation.teacher_models.*.inference.limit_images"),
           "a teacher engine's start-up option of verl's; megarl's teacher engines score token ids with their "
           "defaults (enforce_eager picks CUDA graphs)"),
-    Refused(("distillation.distillation_loss.use_chunked_topk",), "chunked top-k log-probs",
-            "megarl's distillation losses use the sampled token's log-probs", off=(False,)),
-    Parameters(("distillation.distillation_loss.chunked_topk_chunk_size", "distillation.distillation_loss.topk"),
-               of="the top-k distillation losses (loss_mode=forward_kl_topk, refused)"),
+    Noted(("distillation.distillation_loss.use_chunked_topk",),
+          "megarl's top-k loss never builds a log_softmax over the vocabulary: it reduces the normaliser per "
+          "tensor-parallel vocabulary shard and gathers the k logits (megarl.engine.vocab_parallel)"),
+    Parameters(("distillation.distillation_loss.chunked_topk_chunk_size",), of="verl's chunked top-k (noted)"),
     # ---------------------------------------------------------------- trainer
     Refused(("trainer.default_hdfs_dir",), "HDFS checkpoint copies", "checkpoints go to trainer.default_local_dir"),
     Refused(("trainer.del_local_ckpt_after_load",), "deleting a checkpoint after loading it",

@@ -14,11 +14,13 @@ counts the optimizer steps tried, ``actor/skipped_steps`` those skipped for a no
 ``actor/kl_coef`` appear when ``use_kl_loss`` is on.
 
 On-policy distillation (``loss.distillation``, ``megarl.algorithms.distillation``): the batch brings
-the teacher's log-probs of the sampled tokens (``teacher_log_probs``); the distillation loss is added
+the teacher's log-probs of the sampled tokens (``teacher_log_probs``), or for ``forward_kl_topk`` its
+top-k tokens and their log-probs (``teacher_topk_ids`` / ``teacher_topk_log_probs``), whose student
+log-probs come from the vocabulary shards (``vocab_parallel_log_probs_at``); the distillation loss is added
 to the policy loss times ``distillation_loss_coef`` (or is the whole loss without the task's rewards).
 It reports ``distillation/loss`` (the mini-batch's aggregated loss), ``distillation/token_loss`` (the
-per-token loss's mean over the response tokens) and, as a reward, ``distillation/pg_clipfrac`` and
-``distillation/ppo_kl``.
+per-token loss's mean over the response tokens), with a top-k loss ``distillation/student_mass`` and
+``distillation/teacher_mass``, and, as a reward, ``distillation/pg_clipfrac`` and ``distillation/ppo_kl``.
 
 Rollout correction (``algorithm.rollout_correction``, ``megarl.algorithms.rollout_correction``): in
 decoupled mode the controller puts the importance weights into the batch
@@ -52,12 +54,13 @@ from megarl.engine.router_replay import RoutingReplay
 from megarl.engine.runner import MicroBatch, ModelRunner, response_log_probs, response_logits
 from megarl.engine.settings import ActorSettings
 from megarl.engine.update import run_update
-from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
+from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs, vocab_parallel_log_probs_at
 
 _TOKEN_MEANS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
 _PROBE = ("logprob_diff", "logprob_diff_max")  # reported as rollout/<name>
 _VERL_PROBE = ("probs_diff", "probs_diff_sq", "probs_diff_max")  # verl's training/rollout_probs_diff_* (mismatch.py)
 _DISTILL_MEANS = ("distill_token_loss", "distill_pg_clipfrac", "distill_ppo_kl")  # reported as distillation/<name>
+_TOPK_MEANS = ("distill_student_mass", "distill_teacher_mass")  # top-k losses: the mass on the teacher's top-k
 
 
 class MegatronActor:
@@ -109,8 +112,9 @@ class MegatronActor:
         Without ``batch.old_log_probs`` the update must be on-policy (see the module docstring).
         """
         use_kl, distill = self.settings.loss.use_kl_loss, self.settings.loss.distillation
-        batch.require("advantages", *(["ref_log_probs"] if use_kl else []),
-                      *(["teacher_log_probs"] if distill else []), purpose="update_policy")
+        teacher = [] if not distill else ["teacher_topk_ids", "teacher_topk_log_probs"] if distill.uses_topk \
+            else ["teacher_log_probs"]
+        batch.require("advantages", *(["ref_log_probs"] if use_kl else []), *teacher, purpose="update_policy")
         if batch.old_log_probs is None:
             self._require_on_policy(len(batch))
         # R2 without a table: the update is its own old-log-prob pass (on-policy), which routes the same
@@ -122,6 +126,8 @@ class MegatronActor:
         sums = ["pg_loss", "entropy", *(["kl_loss"] if use_kl else []), *(["probe_tokens"] if probe else []),
                 *(["distillation_loss"] if distill else [])]
         distill_means = () if not distill else _DISTILL_MEANS if distill.use_policy_gradient else _DISTILL_MEANS[:1]
+        if distill and distill.uses_topk:
+            distill_means = (*distill_means, *_TOPK_MEANS)
         token_means = (*self.token_means, *distill_means)
         metrics = run_update(
             "actor", self.runner, self.optimizer, self.scheduler, batch, self.settings.train, self._loss_fn, sums,
@@ -204,8 +210,13 @@ class MegatronActor:
                 total = total + s.kl_loss_coef * kl_loss
                 collected["kl_loss"] = kl_loss.detach() / dp_size
             if s.distillation is not None:
+                student_topk = None
+                if s.distillation.uses_topk:  # the student's log-probs of the teacher's top-k tokens
+                    ids = batch.teacher_topk_ids[micro_batch.inputs.response_here]
+                    student_topk = micro_batch.to_response(vocab_parallel_log_probs_at(response, ids))
                 distill, distill_metrics = distillation_loss(log_probs, old_log_probs, batch.teacher_log_probs,
-                                                             loss_mask, s.distillation, agg, info, weights)
+                                                             loss_mask, s.distillation, agg, info, weights,
+                                                             student_topk, batch.teacher_topk_log_probs)
                 # without the task's rewards the distillation loss is the whole loss (checks refuse KL and entropy terms)
                 total = (total if s.distillation.use_task_rewards else 0.0) + s.distillation.coef * distill
                 collected["distillation_loss"] = distill.detach() / dp_size

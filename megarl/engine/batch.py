@@ -6,7 +6,8 @@ marks the real tokens of both parts. ``response_mask [B, R]`` marks the response
 count in losses (usually the response's attention mask; multi-turn data may mask tool output).
 Per-token RL fields (old/ref/rollout/teacher log-probs, advantages, returns, values, rollout importance
 weights) are ``[B, R]``, aligned with ``responses``; the MoE routing table of router replay,
-``routed_experts``, is ``[B, T, layers, top-k]``, aligned with ``input_ids``.
+``routed_experts``, is ``[B, T, layers, top-k]``, aligned with ``input_ids``; a distillation teacher's
+top-k (``teacher_topk_ids`` / ``_log_probs``) is ``[B, R, k]``.
 
 The engine never feeds this padded layout to the model directly: ``packing`` packs the samples'
 real tokens into one row (or, with ``use_remove_padding=False``, left-aligns each row), see there.
@@ -35,6 +36,8 @@ class RLBatch:
     rollout_is_weights: torch.Tensor | None = None  # [B, R] a rollout correction's importance weights (detached)
     rollout_log_probs: torch.Tensor | None = None  # [B, R] the engine's log-probs: the sync probe of an on-policy update
     teacher_log_probs: torch.Tensor | None = None  # [B, R] a distillation teacher's log-probs of the sampled tokens
+    teacher_topk_ids: torch.Tensor | None = None  # [B, R, k] the teacher's top-k tokens at each response position
+    teacher_topk_log_probs: torch.Tensor | None = None  # [B, R, k] their log-probs (top-k distillation losses)
     routed_experts: torch.Tensor | None = None  # [B, P + R, layers, top-k] int16 MoE routing to replay (router_replay)
 
     def __post_init__(self) -> None:
@@ -60,6 +63,11 @@ class RLBatch:
             value = getattr(self, name)
             if value is not None and value.shape != self.response_mask.shape:
                 raise ValueError(f"{name} {tuple(value.shape)} must have the shape of response_mask {tuple(self.response_mask.shape)}")
+        for name in ("teacher_topk_ids", "teacher_topk_log_probs"):
+            value = getattr(self, name)
+            if value is not None and (value.dim() != 3 or value.shape[:2] != self.response_mask.shape):
+                raise ValueError(f"{name} {tuple(value.shape)} must be [batch, R, k] with the batch and R of "
+                                 f"response_mask {tuple(self.response_mask.shape)}")
         if self.routed_experts is not None and (self.routed_experts.dim() != 4
                                                 or self.routed_experts.shape[:2] != self.input_ids.shape):
             raise ValueError(f"routed_experts {tuple(self.routed_experts.shape)} must be [batch, tokens, layers, top-k] "

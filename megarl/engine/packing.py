@@ -157,10 +157,11 @@ def gather_response(per_position: torch.Tensor, inputs: ModelInputs) -> torch.Te
 
 
 def scatter_response(values: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:
-    """``[n]`` per-token results (``gather_response``'s order) as ``[B, R]``, 0 at padding, complete on
-    every CP rank."""
-    out = values.new_zeros(inputs.response_here.shape)
-    out = out.masked_scatter(inputs.response_here, values)
+    """``[n, ...]`` per-token results (``gather_response``'s order) as ``[B, R, ...]``, 0 at padding,
+    complete on every CP rank."""
+    out = values.new_zeros(*inputs.response_here.shape, *values.shape[1:])
+    here = inputs.response_here.view(*inputs.response_here.shape, *[1] * (values.dim() - 1)).expand_as(out)
+    out = out.masked_scatter(here, values)
     return _SumOverGroup.apply(out, inputs.cp_group) if inputs.cp_group is not None else out
 
 

@@ -277,28 +277,33 @@ class RolloutFleet:
                     "greedy" if params.greedy else f"T={params.temperature}", self.num_replicas,
                     prompt_tokens, response_tokens, seconds, self.last_generate_stats["tokens_per_s"])
 
-    def compute_log_probs(self, prompt_ids: Sequence[Sequence[int]],
-                          response_ids: Sequence[Sequence[int]]) -> list[list[float]]:
-        """The engine's log-probs of the given response tokens after their prompts (one list per pair).
+    def compute_log_probs(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                          topk: int = 0) -> list:
+        """The engine's log-probs of the given response tokens after their prompts (one list per pair);
+        with ``topk``, a ``TopkScores`` per pair (also the ``topk`` most likely tokens at each position).
 
         Scores prompt + response as a prompt (``prompt_logprobs``), the same teacher-forced forward
-        the trainer does; used to check that synced weights took effect. A pair may fill
-        ``max_model_len``; an empty response gives an empty list.
+        the trainer does; used to check that synced weights took effect and by distillation teachers.
+        A pair may fill ``max_model_len`` (one token less with ``topk``); an empty response gives an
+        empty result.
         """
         import ray
+
+        from megarl.rollout.sample import TopkScores
 
         prompts = self._check_token_lists(prompt_ids, "prompt_ids", self.max_model_len - 1)
         if isinstance(response_ids, (str, bytes)) or len(response_ids) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(response_ids)} responses; pass one response per prompt")
         sequences = [p + [int(t) for t in r] for p, r in zip(prompts, response_ids)]
-        self._check_token_lists(sequences, "prompt + response", self.max_model_len)
+        self._check_token_lists(sequences, "prompt + response", self.max_model_len - (1 if topk else 0))
         scored = [i for i, r in enumerate(response_ids) if len(r)]  # an empty response has nothing to score
-        result: list[list[float]] = [[] for _ in prompts]
+        result: list = [TopkScores([], [], []) if topk else [] for _ in prompts]
         refs, order = [], []
         for replica, chunk in zip(self._live_replicas(), split_evenly(len(scored), self.num_replicas)):
             if len(chunk):
                 indices = [scored[j] for j in chunk]
-                refs.append(replica.score.remote([sequences[i] for i in indices], [len(prompts[i]) for i in indices]))
+                refs.append(replica.score.remote([sequences[i] for i in indices], [len(prompts[i]) for i in indices],
+                                                 topk))
                 order.extend(indices)
         for i, row in zip(order, [row for batch in ray.get(refs) for row in batch]):
             result[i] = row

@@ -46,3 +46,14 @@ class Generation:
     stop_string: str | None
     text: str
     versions: list[int] | None = None  # None: the engine did not say (a client other than a replica)
+
+
+@dataclass
+class TopkScores:
+    """A sequence's tokens scored teacher-forced, with the engine's top-k at each scored position:
+    ``log_probs[t]`` of the sequence's own token, ``topk_ids[t]`` / ``topk_log_probs[t]`` the ``k``
+    most likely tokens there (most likely first), all ``log_softmax(logits)``."""
+
+    log_probs: list[float]
+    topk_ids: list[list[int]]
+    topk_log_probs: list[list[float]]

@@ -45,7 +45,8 @@ def loss_settings(section: Any) -> DistillationLossSettings:
         loss_mode=str(section.loss_mode), use_task_rewards=bool(section.use_task_rewards),
         distillation_loss_coef=float(section.distillation_loss_coef),
         loss_max_clamp=None if section.loss_max_clamp is None else float(section.loss_max_clamp),
-        use_policy_gradient=bool(section.use_policy_gradient),
+        log_prob_min_clamp=None if section.log_prob_min_clamp is None else float(section.log_prob_min_clamp),
+        topk=int(section.topk), use_policy_gradient=bool(section.use_policy_gradient),
         clip_ratio_low=float(section.clip_ratio if section.clip_ratio_low is None else section.clip_ratio_low),
         clip_ratio_high=float(section.clip_ratio if section.clip_ratio_high is None else section.clip_ratio_high))
 
@@ -125,10 +126,6 @@ def distillation_problems(cfg: Any) -> list[Problem]:
         problems.append(refusal(f"{KEY}.distillation_loss.policy_loss_mode={loss.policy_loss_mode}",
                                 "another policy loss for the distillation reward", "as in verl, the distillation "
                                 "reward trains with the vanilla PPO-clip loss: set policy_loss_mode=vanilla"))
-    if loss.log_prob_min_clamp is not None:
-        problems.append(refusal(f"{KEY}.distillation_loss.log_prob_min_clamp={loss.log_prob_min_clamp}",
-                                "clamping log-probs", "verl applies it in its top-k losses only, which megarl does "
-                                "not have; the estimator losses take loss_max_clamp: set log_prob_min_clamp=null"))
     actor = cfg.actor_rollout_ref.actor
     if not loss.use_task_rewards:
         for key, value, off in (("actor_rollout_ref.actor.use_kl_loss", actor.use_kl_loss, False),
@@ -205,11 +202,19 @@ def distillation_settings(cfg: Any) -> DistillationSettings | None:
                                 int(d.nnodes), int(d.n_gpus_per_node))
 
 
-def with_max_model_len(engine: Any) -> Any:
-    """A teacher engine section whose ``max_model_len`` holds a whole sample (prompt + response)."""
-    if engine.max_model_len is not None:
-        return engine
-    return replace(engine, max_model_len=int(engine.prompt_length) + int(engine.response_length))
+VLLM_MAX_LOGPROBS = 20  # vLLM's default cap on the log-probs a request may ask for (EngineArgs.max_logprobs)
+
+
+def scoring_engine(engine: Any, topk: int = 0) -> Any:
+    """A teacher engine section that can score a whole sample: ``max_model_len`` holds prompt + response
+    (one more with ``topk``: the whole sample is then the prompt), and vLLM may return ``topk`` log-probs
+    per position."""
+    if engine.max_model_len is None:
+        engine = replace(engine, max_model_len=int(engine.prompt_length) + int(engine.response_length) + (1 if topk else 0))
+    vllm_kwargs = dict(engine.engine_kwargs.vllm)
+    if topk > int(vllm_kwargs.get("max_logprobs", VLLM_MAX_LOGPROBS)):
+        engine = replace(engine, engine_kwargs=replace(engine.engine_kwargs, vllm={**vllm_kwargs, "max_logprobs": topk}))
+    return engine
 
 
 def distillation_file_problems(cfg: Any) -> list[Problem]:

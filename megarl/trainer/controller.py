@@ -234,11 +234,11 @@ class RLTrainer:
         if self.use_critic:
             with timer(timings, "values"):
                 values = self._gather("compute_values", batch_ref)
-        teacher_log_probs = None
+        teacher = {}
         if self.teachers is not None:
             with timer(timings, "teacher"):
-                teacher_log_probs = self.teachers.log_probs(batch, data.fields)
-            metrics["distillation/teacher_log_prob"] = float(masked_mean(teacher_log_probs, mask))
+                teacher = self.teachers.log_probs(batch, data.fields)  # teacher_log_probs (and the top-k)
+            metrics["distillation/teacher_log_prob"] = float(masked_mean(teacher["teacher_log_probs"], mask))
         with timer(timings, "adv"):
             rewards, kl_metrics = token_level_rewards(self.settings.algorithm, scores, mask, old_log_probs, ref_log_probs, self.kl_ctrl)
             metrics.update(kl_metrics)
@@ -255,8 +255,7 @@ class RLTrainer:
             fields["ref_log_probs"] = ref_log_probs
         if values is not None:
             fields["values"] = values
-        if teacher_log_probs is not None:
-            fields["teacher_log_probs"] = teacher_log_probs
+        fields.update(teacher)
         if routed_experts is not None:
             fields["routed_experts"] = routed_experts
         train_ref = ray.put(batch.with_fields(**fields))

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from megarl.settings.distillation import DistillationSettings, with_max_model_len
+from megarl.settings.distillation import DistillationSettings, scoring_engine
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class Teachers:
             slots, began = placement.pool_slots(), time.perf_counter()
             for teacher in settings.teachers:
                 mine, slots = slots[:teacher.num_replicas], slots[teacher.num_replicas:]
-                teachers.fleets[teacher.key] = RolloutFleet(with_max_model_len(teacher.engine), teacher.model_path,
+                engine = scoring_engine(teacher.engine, settings.loss.topk if settings.loss.uses_topk else 0)
+                teachers.fleets[teacher.key] = RolloutFleet(engine, teacher.model_path,
                                                             slots=mine, use_gpu=use_gpu, sleep_mode=False)
             logger.info("distillation: %s ready in %.1f s", ", ".join(
                 f"teacher {t.model_path} ({t.num_replicas} replica(s) x TP{t.engine.tensor_model_parallel_size}"
@@ -51,19 +52,33 @@ class Teachers:
             raise
         return teachers
 
-    def log_probs(self, batch: Any, fields: dict[str, Any]) -> torch.Tensor:
-        """The teachers' log-probs ``[B, R]`` of the batch's response tokens (0 at padding); ``fields`` are the
-        step's per-sample fields (the teacher key's values)."""
+    def log_probs(self, batch: Any, fields: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The batch fields the loss reads: ``teacher_log_probs [B, R]`` of the batch's response tokens (0 at
+        padding) and, for a top-k loss, ``teacher_topk_ids`` / ``teacher_topk_log_probs [B, R, k]`` (the
+        teacher's k most likely tokens at each response position). ``fields`` are the step's per-sample fields
+        (the teacher key's values)."""
         prompt_len = batch.prompt_length
         ids, mask = batch.input_ids, batch.attention_mask.bool()
         prompts = [ids[i, :prompt_len][mask[i, :prompt_len]].tolist() for i in range(len(ids))]
         responses = [ids[i, prompt_len:][mask[i, prompt_len:]].tolist() for i in range(len(ids))]
         rows_of = self._route(fields, len(ids))
-        result = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+        topk = self.settings.loss.topk if self.settings.loss.uses_topk else 0
+        shape = batch.response_mask.shape
+        result = {"teacher_log_probs": torch.zeros(shape, dtype=torch.float32)}
+        if topk:
+            result["teacher_topk_ids"] = torch.zeros(*shape, topk, dtype=torch.long)
+            result["teacher_topk_log_probs"] = torch.zeros(*shape, topk, dtype=torch.float32)
         for key, rows in rows_of.items():
-            scored = self.fleets[key].compute_log_probs([prompts[i] for i in rows], [responses[i] for i in rows])
+            scored = self.fleets[key].compute_log_probs([prompts[i] for i in rows], [responses[i] for i in rows], topk)
             for i, row in zip(rows, scored):
-                result[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+                if not topk:
+                    result["teacher_log_probs"][i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+                    continue
+                length = len(row.log_probs)
+                result["teacher_log_probs"][i, :length] = torch.tensor(row.log_probs, dtype=torch.float32)
+                if length:
+                    result["teacher_topk_ids"][i, :length] = torch.tensor(row.topk_ids, dtype=torch.long)
+                    result["teacher_topk_log_probs"][i, :length] = torch.tensor(row.topk_log_probs, dtype=torch.float32)
         return result
 
     def _route(self, fields: dict[str, Any], count: int) -> dict[str, list[int]]:

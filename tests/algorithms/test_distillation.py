@@ -66,7 +66,8 @@ def test_the_coefficient_counts_only_beside_the_task_rewards():
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(loss_mode="k1"), "does not depend on the teacher"),
-    (dict(loss_mode="forward_kl_topk"), "top-k log-probs"),
+    (dict(loss_mode="forward_kl_topk", topk=0), "at least one teacher token"),
+    (dict(loss_mode="k3", log_prob_min_clamp=-5.0), "top-k losses only"),
     (dict(loss_mode="k7"), "is not a distillation loss"),
     (dict(loss_max_clamp=0.0), "must be > 0"),
 ])
@@ -74,3 +75,32 @@ def test_bad_settings_are_refused_with_the_key(kwargs, words):
     with pytest.raises(ValueError, match=words) as raised:
         DistillationLossSettings(**kwargs)
     assert "distillation.distillation_loss" in str(raised.value)
+
+
+def test_forward_kl_topk_is_the_teachers_top_k_forward_kl_with_clamps_and_masses():
+    """sum over the teacher's top-k of p_T (log p_T - log p_S), not renormalised; clamps from below first."""
+    generator = torch.Generator().manual_seed(3)
+    teacher = torch.log_softmax(torch.randn(2, 3, 6, generator=generator), -1)[..., :4]  # top-4 of 6: mass < 1
+    student = torch.log_softmax(torch.randn(2, 3, 6, generator=generator), -1)[..., :4].requires_grad_(True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    settings = DistillationLossSettings(loss_mode="forward_kl_topk", topk=4)
+    loss, metrics = distillation_loss(student.sum(-1), student.sum(-1).detach(), None, mask, settings, "token-mean",
+                                      student_topk=student, teacher_topk=teacher)
+    by_hand = torch.zeros(2, 3)
+    for b in range(2):
+        for r in range(3):
+            by_hand[b, r] = sum(teacher[b, r, v].exp() * (teacher[b, r, v] - student[b, r, v]) for v in range(4))
+    assert loss.item() == pytest.approx((by_hand * mask).sum().item() / 5, rel=1e-6)
+    assert metrics["teacher_mass"].item() == pytest.approx((teacher.exp().sum(-1) * mask).sum().item() / 5, rel=1e-6)
+    assert metrics["student_mass"].item() == pytest.approx((student.exp().sum(-1) * mask).sum().item() / 5, rel=1e-6)
+    assert 0 < metrics["teacher_mass"].item() < 1
+    loss.backward()  # the gradient raises the student's log-prob of each top-k token by p_T / tokens
+    expected = (teacher.exp() / 5) * mask.unsqueeze(-1)
+    assert torch.allclose(-student.grad, expected, atol=1e-7)
+    clamped = DistillationLossSettings(loss_mode="forward_kl_topk", topk=4, log_prob_min_clamp=-1.0)
+    low, _ = distillation_loss(student.sum(-1), student.sum(-1), None, mask, clamped, student_topk=student,
+                               teacher_topk=teacher)
+    t, s_ = teacher.clamp_min(-1.0), student.detach().clamp_min(-1.0)
+    assert low.item() == pytest.approx(((t.exp() * (t - s_)).sum(-1) * mask).sum().item() / 5, rel=1e-6)
+    with pytest.raises(ValueError, match="needs the student's and the teacher's top-k"):
+        distillation_loss(student.sum(-1), student.sum(-1), None, mask, settings)

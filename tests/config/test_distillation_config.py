@@ -66,15 +66,15 @@ def test_replicas_must_fill_the_pool():
     ("distillation.teacher_models.teacher_model.inference.data_parallel_size=2", "data or expert parallelism"),
     ("distillation.teacher_models.teacher_model.inference.temperature=0.7", "scoring with a teacher at a temperature"),
     ("distillation.teacher_models.teacher_model.inference.gpu_memory_util=0.3", "unknown config key"),
-    ("distillation.distillation_loss.log_prob_min_clamp=-10", "verl applies it in its top-k losses only"),
+    ("distillation.distillation_loss.log_prob_min_clamp=-10", "verl clamps log-probs in its top-k losses only"),
     ("distillation.distillation_loss.policy_loss_mode=gspo", "vanilla PPO-clip"),
-    ("distillation.distillation_loss.loss_mode=forward_kl_topk", "top-k log-probs"),
+    ("distillation.distillation_loss.loss_mode=forward_kl_topk distillation.distillation_loss.topk=0",
+     "at least one teacher token"),
     ("distillation.distillation_loss.loss_mode=k1", "does not depend on the teacher"),
-    ("distillation.distillation_loss.use_chunked_topk=true", "chunked top-k"),
     ("distillation.teacher_models.teacher_model.num_replicas=3", "one teacher fills its pool, so it has 2 replica(s)"),
 ])
 def test_what_megarl_lacks_is_refused_by_key(override, words):
-    found = problems(*ONE, override)
+    found = problems(*ONE, *override.split())
     assert any(words in p for p in found), found
 
 
@@ -117,3 +117,21 @@ def test_the_teachers_pool_is_cut_into_their_replicas_in_order():
         plan_teacher_pool(1, 2, [(3, 1)])
     with pytest.raises(ValueError, match="would span nodes"):
         plan_teacher_pool(2, 2, [(1, 1), (1, 2), (1, 1)])
+
+
+def test_the_top_k_forward_kl_reaches_the_loss_and_the_teacher_engine():
+    from megarl.settings.distillation import VLLM_MAX_LOGPROBS, scoring_engine
+
+    cfg = load_config("quickstart", [*ONE, "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                                     "distillation.distillation_loss.topk=40",
+                                     "distillation.distillation_loss.log_prob_min_clamp=-20",
+                                     "distillation.distillation_loss.use_chunked_topk=true"])
+    settings = distillation_settings(cfg)
+    loss = actor_settings(cfg, 1).loss.distillation
+    assert (loss.loss_mode, loss.topk, loss.log_prob_min_clamp) == ("forward_kl_topk", 40, -20.0)
+    engine = scoring_engine(settings.teachers[0].engine, loss.topk)
+    assert engine.engine_kwargs.vllm["max_logprobs"] == 40 > VLLM_MAX_LOGPROBS  # vLLM caps at 20 by default
+    assert engine.max_model_len == cfg.data.max_prompt_length + cfg.data.max_response_length + 1  # sample = prompt
+    plain = scoring_engine(settings.teachers[0].engine)
+    assert "max_logprobs" not in plain.engine_kwargs.vllm
+    assert plain.max_model_len == cfg.data.max_prompt_length + cfg.data.max_response_length

@@ -15,6 +15,7 @@ import torch
 
 from megarl.algorithms import RolloutCorrection, compute_rollout_correction
 from megarl.engine.batch import RLBatch
+from megarl.algorithms.distillation import DistillationLossSettings
 from megarl.engine.settings import ActorSettings, BatchSettings, OptimizerSettings, PolicyLossSettings
 
 DENSE = "qwen2_tied"  # Qwen2 (QKV bias) with tied embeddings: the PP path that all-reduces embedding grads
@@ -103,6 +104,24 @@ def with_importance_weights(batch: RLBatch) -> RLBatch:
 # it shifts all scores of a query alike) moves by lr * noise / |noise| at eps 1e-8, amplifying fp32
 # rounding noise into differences of ~1e-5 between any two correct implementations.
 OPTIM = OptimizerSettings(lr=LR, weight_decay=0.0, clip_grad=1.0, betas=(0.9, 0.999), eps=1e-6)
+
+
+TOPK = 5
+# the task's loss plus the top-k forward KL to a teacher (distillation_loss_coef 0.5): the gradient of both
+DISTILL_LOSS = PolicyLossSettings(loss_agg_mode="token-mean", entropy_coeff=0.01, distillation=DistillationLossSettings(
+    loss_mode="forward_kl_topk", topk=TOPK, distillation_loss_coef=0.5, log_prob_min_clamp=-8.0))
+
+
+def with_teacher_topk(batch: RLBatch, vocab_size: int = 512, seed: int = 4) -> RLBatch:
+    """A made-up teacher's top-k at every response position: distinct token ids, log-probs from a peaked
+    softmax over vocab_size (so the top-k hold most but not all of the mass), 0 at padding."""
+    generator = torch.Generator().manual_seed(seed)
+    B, R = batch.response_mask.shape
+    logits = 3 * torch.randn(B, R, vocab_size, generator=generator)
+    top = torch.log_softmax(logits, -1).topk(TOPK, dim=-1)
+    real = batch.attention_mask[:, batch.prompt_length:].bool().unsqueeze(-1)
+    return batch.with_fields(teacher_topk_ids=torch.where(real, top.indices, 0),
+                             teacher_topk_log_probs=torch.where(real, top.values, 0.0))
 
 
 def actor_settings(

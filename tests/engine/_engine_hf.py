@@ -77,6 +77,12 @@ def policy_loss(model: torch.nn.Module, batch, loss) -> tuple[torch.Tensor, torc
         **loss.options,
     )
     total = pg_loss - loss.entropy_coeff * agg_loss(entropy, mask, loss.loss_agg_mode)
+    if loss.distillation is not None:  # forward KL over the teacher's top-k, from HF's full log-softmax
+        d = loss.distillation
+        student = torch.log_softmax(response_outputs(model, batch), -1).gather(-1, batch.teacher_topk_ids)
+        student, teacher = student.clamp_min(d.log_prob_min_clamp), batch.teacher_topk_log_probs.clamp_min(d.log_prob_min_clamp)
+        per_token = (teacher.exp() * (teacher - student)).sum(-1)
+        total = total + d.coef * (per_token * mask).sum() / mask.sum()
     if loss.use_kl_loss:
         kl = kl_penalty(log_probs, batch.ref_log_probs, loss.kl_loss_type)
         total = total + loss.kl_loss_coef * agg_loss(kl, mask, loss.loss_agg_mode)

@@ -333,6 +333,8 @@ def layouts(work: Path, data: dict) -> dict:
 
     layout = ParallelLayout(tp=2, sequence_parallel=True)
     setup(layout)
+    results["distill_topk_tp2_sp"] = train_once(work, _data.DENSE, layout, _data.actor_settings(loss=_data.DISTILL_LOSS),
+                                                data["distill"])
     settings = CriticSettings(train=BatchSettings(micro_batch_size=4), values=BatchSettings(micro_batch_size=3))
     critic_model = MegatronCritic(build_model(work / _data.CRITIC, layout, "critic"), settings)
     results["critic_tp2_sp"] = critic_model.compute_values(data["batches"][_data.DENSE])

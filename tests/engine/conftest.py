@@ -23,7 +23,8 @@ def engine_work(tmp_path_factory) -> Path:
         batches[model] = _data.with_behaviour_log_probs(batch, _hf_reference.hf_log_probs(work / model, batch)[0])
     second = _data.base_batch(1)
     batch_b = _data.with_behaviour_log_probs(second, _hf_reference.hf_log_probs(work / _data.DENSE, second)[0], seed=2)
-    torch.save({"batches": batches, "batch_b": batch_b}, work / "batch.pt")
+    distill = _data.with_teacher_topk(batches[_data.DENSE])
+    torch.save({"batches": batches, "batch_b": batch_b, "distill": distill}, work / "batch.pt")
     return work
 
 

@@ -99,3 +99,14 @@ def test_on_policy_update_without_the_old_log_prob_pass_is_identical(layouts, la
     """As at TP=1, over two data-parallel ranks (the probe's mean and max reduce over DP) and two
     pipeline stages (they come from the last stage)."""
     assert_on_policy_pair_identical(layouts[f"on_policy/{layout}"])
+
+
+def test_top_k_distillation_at_tp2_with_sequence_parallelism_trains_as_hugging_face(layouts, engine_work, data):
+    """The task's loss plus the forward KL over a teacher's top-k tokens: the student's log-probs of the k ids
+    come from vocabulary shards (megarl.engine.vocab_parallel_log_probs_at); HF's from its full softmax."""
+    reference = _hf_reference.hf_training_steps(engine_work / _data.DENSE, [data["distill"]], _data.DISTILL_LOSS,
+                                                _data.OPTIM)
+    result = layouts["distill_topk_tp2_sp"]
+    assert 0 < result["metrics"]["distillation/teacher_mass"] < 1 and result["metrics"]["distillation/token_loss"] > 0
+    assert result["metrics"]["actor/grad_norm"] == pytest.approx(reference["grad_norms"][0], rel=1e-4)
+    assert max_diff(result["weights"], reference["weights"]) <= TOLERANCE

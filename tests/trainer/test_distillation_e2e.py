@@ -25,6 +25,7 @@ from megarl.run.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 STEPS = 3
+TOPK = 25  # more than vLLM's default cap of 20 log-probs per position: the teacher engine raises it
 
 
 @pytest.fixture(scope="module")
@@ -79,20 +80,31 @@ def test_the_teacher_scores_a_batch_as_transformers_does(inputs, tmp_path):
     init_ray(num_cpus=2)
     teachers = None
     try:
-        teachers = Teachers.start(distillation_settings(load_config("quickstart", overrides(inputs, tmp_path))),
-                                  use_gpu=False)
-        scored = teachers.log_probs(batch, {})
+        topk = load_config("quickstart", overrides(inputs, tmp_path, "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                                                   f"distillation.distillation_loss.topk={TOPK}"))
+        teachers = Teachers.start(distillation_settings(topk), use_gpu=False)
+        fields = teachers.log_probs(batch, {})
+        plain = teachers.fleets["default"].compute_log_probs(prompts, responses)  # the sampled tokens only
     finally:
         if teachers is not None:
             teachers.close()
         shutdown_ray()
     model = AutoModelForCausalLM.from_pretrained(inputs["teacher"], dtype=torch.float32)
+    scored, top_ids, top_lps = (fields[name] for name in ("teacher_log_probs", "teacher_topk_ids",
+                                                          "teacher_topk_log_probs"))
+    assert top_ids.shape == top_lps.shape == (*batch.response_mask.shape, TOPK)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         with torch.no_grad():
             logits = model(torch.tensor([p + r])).logits[0, len(p) - 1:-1]
-        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r).unsqueeze(-1)).squeeze(-1)
+        log_softmax = torch.log_softmax(logits, -1)
+        expected = log_softmax.gather(-1, torch.tensor(r).unsqueeze(-1)).squeeze(-1)
         assert torch.allclose(scored[i, :len(r)], expected, atol=1e-4), (i, scored[i], expected)
-        assert (scored[i, len(r):] == 0).all()
+        assert torch.allclose(torch.tensor(plain[i]), expected, atol=1e-4), (i, plain[i], expected)
+        assert (scored[i, len(r):] == 0).all() and (top_lps[i, len(r):] == 0).all()
+        best = log_softmax.topk(TOPK, dim=-1)
+        assert torch.allclose(top_lps[i, :len(r)], best.values, atol=1e-4), i  # most likely first
+        # the teacher's own top-k tokens (up to the order of near ties): their log-probs are the k largest
+        assert torch.allclose(log_softmax.gather(-1, top_ids[i, :len(r)]), best.values, atol=1e-4), i
 
 
 def scalars(out: Path) -> dict[str, list[tuple[int, float]]]:
@@ -106,14 +118,17 @@ def test_grpo_with_a_distillation_loss_trains_through_the_teacher(inputs, tmp_pa
     from megarl.run.train import run
 
     out = tmp_path / "run"
-    run(load_config("quickstart", overrides(inputs, out, "distillation.distillation_loss.loss_mode=k3",
+    run(load_config("quickstart", overrides(inputs, out, "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                                            "distillation.distillation_loss.topk=8",
                                             "distillation.distillation_loss.distillation_loss_coef=0.5")))
     logged = scalars(out)
     for name in ("distillation/loss", "distillation/token_loss", "distillation/teacher_log_prob",
-                 "timing_s/teacher", "actor/pg_loss"):
+                 "distillation/student_mass", "distillation/teacher_mass", "timing_s/teacher", "actor/pg_loss"):
         values = [v for _, v in logged[name]]
         assert len(values) == STEPS and all(math.isfinite(v) for v in values), (name, values)
-    assert all(v > 0 for _, v in logged["distillation/token_loss"])  # k3 >= 0, and the student is not the teacher
+    assert all(v > 0 for _, v in logged["distillation/token_loss"])  # the student is not the teacher
+    assert all(0 < v <= 1 for name in ("distillation/student_mass", "distillation/teacher_mass")
+               for _, v in logged[name])
     assert all(v < 0 for _, v in logged["distillation/teacher_log_prob"])
     assert max(v for _, v in logged["rollout/logprob_diff"]) < 1e-4  # the fleet still follows the trainer
     driver = (out / "logs" / "driver.log").read_text()

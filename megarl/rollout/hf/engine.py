@@ -139,8 +139,11 @@ class HFEngine:
         self.mask = torch.cat([F.pad(self.mask, (grow_old, 0)), F.pad(mask, (grow_new, 0))])
 
     @torch.no_grad()
-    def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
-        """``log_softmax(logits)`` of each sequence's own tokens after its first ``skip`` (>= 1), teacher-forced."""
+    def score(self, sequences: Sequence[list[int]], skip: Sequence[int], topk: int = 0) -> list:
+        """``log_softmax(logits)`` of each sequence's own tokens after its first ``skip`` (>= 1), teacher-forced;
+        with ``topk``, ``TopkScores`` (also the ``topk`` most likely tokens at each position)."""
+        from megarl.rollout.sample import TopkScores
+
         result = []
         for sequence, start in zip(sequences, skip):
             if not 1 <= start < len(sequence):
@@ -149,5 +152,10 @@ class HFEngine:
             logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=len(sequence) - start + 1).logits[0, :-1]
             logp = torch.log_softmax(logits.float(), dim=-1)
             targets = torch.tensor(sequence[start:], device=self.device)
-            result.append(logp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist())
+            own = logp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+            if topk:
+                best = logp.topk(topk, dim=-1)
+                result.append(TopkScores(own, best.indices.tolist(), best.values.tolist()))
+            else:
+                result.append(own)
         return result

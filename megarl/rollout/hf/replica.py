@@ -187,15 +187,16 @@ class HFReplica(GatedReplica):
             int(sampling_kwargs["max_tokens"]), seed, lambda: self.weights.version, f"group-{self.index}",
             self._detokenize)
 
-    async def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
+    async def score(self, sequences: Sequence[list[int]], skip: Sequence[int], topk: int = 0) -> list:
         """Log-probs (``log_softmax(logits)``, as vLLM's prompt log-probs) of each sequence's own tokens
-        after its first ``skip`` tokens; a sequence may be as long as ``max_model_len``."""
+        after its first ``skip`` tokens (with ``topk``, ``TopkScores``: also the top-k at each position); a
+        sequence may be as long as ``max_model_len``."""
         too_long = [len(s) for s in sequences if len(s) > self.spec.max_model_len]
         if too_long:
             raise ValueError(f"replica {self.index}: a sequence of {too_long[0]} tokens is longer than "
                              f"max_model_len={self.spec.max_model_len}")
-        return await self._gated(lambda rid: self.scheduler.on_engine(self.engine.score, list(sequences), list(skip)),
-                                 "score")
+        return await self._gated(lambda rid: self.scheduler.on_engine(self.engine.score, list(sequences), list(skip),
+                                                                       topk), "score")
 
     # ------------------------------------------------------------------ weights
     async def load_adapter(self, adapter: dict, version: int) -> dict[str, float]:

@@ -191,15 +191,21 @@ class EngineReplica(GatedReplica):
             lambda: self.weights.version, f"group-{self.index}",
             detokenize=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None)
 
-    async def score(self, sequences: Sequence[list[int]], skip: Sequence[int]) -> list[list[float]]:
-        """Log-probs of each sequence's own tokens after its first ``skip`` tokens.
+    async def score(self, sequences: Sequence[list[int]], skip: Sequence[int], topk: int = 0) -> list:
+        """Log-probs of each sequence's own tokens after its first ``skip`` tokens; with ``topk`` also the
+        engine's ``topk`` most likely tokens at each of those positions (``TopkScores`` per sequence).
 
         The sequence minus its last token is the prompt: ``prompt_logprobs=0`` scores its tokens
         (entry t scores token t given tokens < t), and the one decode step scores the last token
-        through ``logprob_token_ids``. So a sequence may be as long as ``max_model_len``.
+        through ``logprob_token_ids``. So a sequence may be as long as ``max_model_len``. With
+        ``topk`` the whole sequence is the prompt (``prompt_logprobs=topk``: each entry holds the top-k
+        and the sequence's own token), so a sequence may be one token shorter.
         """
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
+        if topk:
+            return await self._score_topk(sequences, skip, topk)
 
         params = [SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, logprobs=1,
                                  logprob_token_ids=[s[-1]], detokenize=False,
@@ -213,6 +219,28 @@ class EngineReplica(GatedReplica):
             row = [entries[t][sequence[t]].logprob for t in range(start, len(sequence) - 1)]
             row.append(output.outputs[0].logprobs[0][sequence[-1]].logprob)
             result.append(row)
+        return result
+
+    async def _score_topk(self, sequences: Sequence[list[int]], skip: Sequence[int], topk: int) -> list:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from megarl.rollout.sample import TopkScores
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=topk, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        outputs = await asyncio.gather(*[
+            self._gated(lambda rid, s=s: self._final_output(list(s), params, "score", rid), "score") for s in sequences])
+        result = []
+        for sequence, start, output in zip(sequences, skip, outputs):
+            entries = output.prompt_logprobs  # entries[t]: the top-k at t and token t itself, given tokens < t
+            scores = TopkScores([], [], [])
+            for t in range(start, len(sequence)):
+                best = sorted(entries[t].items(), key=lambda item: (item[1].rank, -item[1].logprob))[:topk]
+                scores.log_probs.append(entries[t][sequence[t]].logprob)
+                scores.topk_ids.append([token for token, _ in best])
+                scores.topk_log_probs.append([entry.logprob for _, entry in best])
+            result.append(scores)
         return result
 
     async def classify(self, sequences: Sequence[list[int]]) -> list[float]:
