@@ -2,7 +2,8 @@
 
     python -m megarl.devtools.docs_pages          # rewrites docs/reference/config-keys.md and verl-keys.md
 
-Both pages are written from the code that decides (the schema's dataclasses, ``verl_keys.RULES``),
+Both pages are written from the code that decides (the schema's dataclasses, ``verl_keys.RULES``, the
+reads ``megarl.devtools.key_readers`` records),
 never by hand, so the site cannot say something the config loader does not do.
 ``tests/devtools/test_docs.py`` regenerates them and fails when the committed files differ.
 """
@@ -20,6 +21,7 @@ from omegaconf import OmegaConf
 
 from megarl.config import schema, verl_keys
 from megarl.config.verl_keys import Alias, Mapped, Noted, Parameters, Refused, Renamed
+from megarl.devtools.key_readers import INERT, readers
 from megarl.devtools.source_comments import field_comment, lambda_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,34 +79,74 @@ def _type_name(tp: Any) -> str:
     return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
 
 
-def _schema_sections(cls: type, prefix: str, defaults: dict) -> list[tuple[str, type, list[tuple]]]:
-    """(dotted section, its dataclass, rows of (key, type, default, comment)), depth first."""
+def _megarl_only(text: str) -> bool:
+    """The schema marks what megarl adds: a comment (or a section's docstring) that starts with "megarl"."""
+    return re.match(r"megarl\b(?!\.)", text.strip()) is not None
+
+
+def _schema_sections(cls: type, prefix: str, defaults: dict,
+                     added: bool = False) -> list[tuple[str, type, list[tuple]]]:
+    """(dotted section, its dataclass, rows of (key, type, default, comment, megarl only)), depth first."""
     hints = typing.get_type_hints(cls)
+    added = added or _megarl_only(cls.__doc__ or "")
     rows, nested = [], []
     for f in dataclasses.fields(cls):
         key, tp = f"{prefix}{f.name}", hints[f.name]
+        comment = field_comment(cls, f.name)
         if dataclasses.is_dataclass(tp):
-            nested += _schema_sections(tp, key + ".", defaults[f.name])
+            nested += _schema_sections(tp, key + ".", defaults[f.name], added or _megarl_only(comment))
         else:
-            rows.append((key, _type_name(tp), defaults[f.name], field_comment(cls, f.name)))
+            rows.append((key, _type_name(tp), defaults[f.name], comment, added or _megarl_only(comment)))
     return [(prefix.rstrip("."), cls, rows)] + nested if rows else nested
 
 
-def config_reference_page() -> str:
+def _verl_spellings(key: str) -> list[str]:
+    """verl's other names for a schema key: the aliases that move to it, the mapped keys that set it."""
+    names = []
+    for rule in verl_keys.RULES:
+        if isinstance(rule, Alias) and (key == rule.target or key.startswith(rule.target + ".")):
+            names.append(f"`{rule.key}{key[len(rule.target):]}`")
+        elif isinstance(rule, Mapped) and any(key in targets for targets in rule.values.values()):
+            names += [f"`{k}` (mapped)" for k in rule.keys]
+    return list(dict.fromkeys(names))
+
+
+def _verl_name(key: str, added: bool) -> str:
+    others = _verl_spellings(key)
+    if added:
+        return ", ".join(others) if others else "megarl only"
+    return "same" + (", or " + ", ".join(others) if others else "")
+
+
+def _read_by(key: str, found: dict[str, tuple[list[str], list[str]]]) -> str:
+    if key in INERT:
+        return f"nothing: {INERT[key]}"
+    reads, typed = found[key]
+    return ", ".join([f"`{m}`" for m in reads] + [f"`{m}` (typed section)" for m in typed])
+
+
+def config_reference_page(found: dict[str, tuple[list[str], list[str]]] | None = None) -> str:
+    found = readers() if found is None else found
     defaults = OmegaConf.to_container(OmegaConf.structured(schema.MegaRLConfig))  # interpolations as written
     out = [HEADER.format(source="megarl/config/schema.py"), "# Configuration keys\n\n",
            _markdown(schema.__doc__.strip()), "\n\n",
            "Every key of the schema, section by section: its type, its default (`???`: required; "
-           "`${...}`: the value of another key unless set) and the comment the schema gives it. "
-           "verl's keys outside the schema are in [verl keys](verl-keys.md).\n"]
+           "`${...}`: the value of another key unless set), the megarl modules that read it, its name in "
+           "verl (\"same\"; another spelling megarl accepts; or \"megarl only\") and the comment the schema "
+           "gives it. \"read by\" is recorded (`megarl.devtools.key_readers`): the modules that read the key "
+           "while a launch checks the config and builds its settings, on a few configs that turn the optional "
+           "parts on; \"(typed section)\" names the module that hands the key's section to a component as "
+           "typed dataclasses, which then reads the field. verl's keys outside the schema are in "
+           "[verl keys](verl-keys.md).\n"]
     for section, cls, rows in _schema_sections(schema.MegaRLConfig, "", defaults):
         out.append(f"\n## {section}\n\n")
         doc = cls.__doc__ or ""
         if doc and not doc.startswith(cls.__name__ + "("):  # dataclasses invent a signature docstring
             out.append(_markdown(" ".join(doc.split())) + "\n\n")
-        out.append("| key | type | default | what it is |\n|---|---|---|---|\n")
-        for key, tp, default, comment in rows:
-            out.append(f"| `{key}` | `{tp}` | {_cell(_code(_value(default)))} | {_cell(_markdown(comment))} |\n")
+        out.append("| key | type | default | read by | verl's name | what it is |\n|---|---|---|---|---|---|\n")
+        for key, tp, default, comment, added in rows:
+            out.append(f"| `{key}` | `{tp}` | {_cell(_code(_value(default)))} | {_cell(_read_by(key, found))} | "
+                       f"{_cell(_verl_name(key, added))} | {_cell(_markdown(comment))} |\n")
     return "".join(out)
 
 

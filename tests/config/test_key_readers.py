@@ -1,6 +1,7 @@
 """Every schema key is read: by a rule of the checks (which refuses or bounds it) or by a settings
 constructor at the door (``megarl.settings``), recorded while they run on a few configs that turn
-the optional parts on. There is no hand-kept index of readers: a key that nothing reads any more,
+the optional parts on (``megarl.devtools.key_readers``, which also gives the configuration reference
+its "read by" column). There is no hand-kept index of readers: a key that nothing reads any more,
 after a rename or a removed feature, fails here with its name.
 
 A section handed to a component whole, typed (``typed_config``: the trainer's ``trainer`` and
@@ -9,183 +10,19 @@ the field is used somewhere in the package (an attribute access of its name outs
 """
 from __future__ import annotations
 
-import ast
-import contextlib
-from functools import lru_cache
-from pathlib import Path
+from omegaconf import OmegaConf
 
-from omegaconf import DictConfig, OmegaConf
-
-from megarl.config.screen import SECTION, schema_fields
-from tests.config._fixtures import write_model_config, write_prompts
-
-PACKAGE = Path(__file__).resolve().parents[2] / "megarl"
-
-# Keys that have no effect by nature, with the reason: the only hand-kept list.
-INERT = {
-    "actor_rollout_ref.ref.megatron.use_distributed_optimizer": "the reference model is frozen: it has no optimizer",
-    "actor_rollout_ref.ref.megatron.seed": "the reference runs in the actor's parallel state (seeded by "
-                                           "actor_rollout_ref.actor.megatron.seed) and has no dropout (eval mode)",
-}
+from megarl.devtools.key_readers import INERT, leaf_keys, readers, recorded_reads, recording, unread
 
 
-@contextlib.contextmanager
-def recording():
-    """Record the full key of every value read from a DictConfig (attribute, item, ``get``, iteration) in
-    ``direct``, and of every leaf under a node turned into typed objects (``OmegaConf.to_object``) in ``handed``."""
-    direct, handed = set(), set()
-    get_impl, to_object = DictConfig._get_impl, OmegaConf.to_object
-
-    def read(self, key, default_value, validate_key=True):
-        direct.add(self._get_full_key(key))
-        return get_impl(self, key, default_value, validate_key)
-
-    def typed(cfg):
-        if isinstance(cfg, DictConfig):
-            prefix = cfg._get_full_key(None)
-            handed.update(f"{prefix}.{k}" if prefix else k for k in _leaves(OmegaConf.to_container(cfg)))
-        return to_object(cfg)
-
-    DictConfig._get_impl, OmegaConf.to_object = read, typed
-    try:
-        yield direct, handed
-    finally:
-        DictConfig._get_impl, OmegaConf.to_object = get_impl, to_object
-
-
-def _leaves(tree, prefix=""):
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            yield from _leaves(value, path + ".")
-        else:
-            yield path
-
-
-@lru_cache(maxsize=None)
-def attributes_used() -> frozenset[str]:
-    """Attribute names accessed in the package outside ``megarl/config`` (where the schema defines them)."""
-    names = set()
-    for path in PACKAGE.rglob("*.py"):
-        if path.parent.name == "config":
-            continue
-        names.update(node.attr for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute))
-    return frozenset(names)
-
-
-def leaf_keys() -> list[str]:
-    return [key for key, kind in schema_fields().items() if kind != SECTION]
-
-
-class _Recorded:
-    """Stands in for a process-owning component (the weight sync needs started workers and a fleet)."""
-
-    def __init__(self, *args, **kwargs):
-        self.args, self.kwargs = args, kwargs
-
-
-def read_by_the_door(cfg, tmp_path, monkeypatch) -> None:
-    """Run what a launch runs on ``cfg`` before and while it builds the components' settings: the checks,
-    ``prepare`` (tokenizer, agent loops, data, resume plan), Ray's settings and every settings constructor."""
-    import transformers
-
-    import megarl.settings.sync as sync
-    from megarl.checks import launch_problems
-    from megarl.devtools.tiny_tokenizer import build_tokenizer
-    from megarl.run.build import prepare
-    from megarl.settings.cluster import plan_from_config, ray_settings, reward_pool_from_config
-    from megarl.settings.data import load_tokenizer
-    from megarl.settings.reward_models import reward_engine, settings_from_config
-    from megarl.settings.rewards import reward_manager
-    from megarl.settings.distillation import distillation_settings
-    from megarl.settings.rollout import fleet_arguments
-    from megarl.settings.trainer import trainer_settings
-    from megarl.settings.worker import worker_settings
-
-    monkeypatch.setattr(sync, "WeightSyncSession", _Recorded)
-    monkeypatch.setattr(sync, "AdapterUpdates", _Recorded)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: build_tokenizer("qwen3"))
-    notes: list[str] = []
-    problems = launch_problems(cfg, notes)
-    assert problems == [], problems
-    prepare(cfg, tmp_path / "run", load_tokenizer)
-    ray_settings(cfg)
-    trainer_settings(cfg)
-    plan = plan_from_config(cfg)
-    worker_settings(cfg, plan.trainer_world)
-    fleet_arguments(cfg, plan)
-    sync.weight_updates(cfg, None, None)
-    model = settings_from_config(cfg)
-    if model is not None:
-        reward_engine(cfg, model)
-    reward_pool_from_config(cfg)
-    reward_manager(cfg)
-    distillation_settings(cfg)
-
-
-def configs(tmp_path) -> dict[str, list[str]]:
-    model = write_model_config(tmp_path / "model", architecture="LlamaForCausalLM", model_type="llama")
-    data = write_prompts(tmp_path / "train.parquet", rows=8)
-    base = [f"data.train_files={data}", f"data.val_files={data}", f"actor_rollout_ref.model.path={model}",
-            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
-            "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
-            "trainer.total_training_steps=4", f"trainer.default_local_dir={tmp_path / 'run'}"]
-    return {
-        "grpo": base,
-        "ppo with a critic and a KL loss": [*base, "algorithm.adv_estimator=gae", f"critic.model.path={model}",
-                                            "actor_rollout_ref.actor.use_kl_loss=True"],
-        "fully async": [*base, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
-                        "async_training.partial_rollout=True", "algorithm.rollout_correction.rollout_is=token",
-                        "trainer.placement=split", "trainer.rollout_gpus=1",
-                        "actor_rollout_ref.rollout.tensor_model_parallel_size=1"],
-        "lora, for the critic too": [*base, "actor_rollout_ref.model.lora.rank=8", "algorithm.adv_estimator=gae",
-                                     f"critic.model.path={model}", "critic.model.lora.rank=8",
-                                     *[f"{role}.optim.{k}" for role in ("actor_rollout_ref.actor", "critic")
-                                       for k in ("lr_warmup_steps=-1", "total_training_steps=10")]],
-        "reward model on its own devices": [*base, "reward_model.enable=True", f"reward_model.model.path={model}",
-                                            "reward_model.enable_resource_pool=True", "reward_model.nnodes=1",
-                                            "reward_model.n_gpus_per_node=2"],
-        "verl's rollout pool and global micro-batch size": [
-            *[o for o in base if "actor.ppo_micro_batch_size_per_gpu" not in o],
-            "actor_rollout_ref.actor.ppo_micro_batch_size=4", "async_training.mode=one_step_off",
-            "rollout.nnodes=1", "rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-            "algorithm.rollout_correction.rollout_is=token"],
-        "distillation, as a reward": [*base, "distillation.enabled=True", "distillation.nnodes=1",
-                                      "distillation.n_gpus_per_node=1",
-                                      f"distillation.teacher_models.teacher_model.model_path={model}",
-                                      "distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size=1",
-                                      "distillation.distillation_loss.loss_mode=k1",
-                                      "distillation.distillation_loss.use_policy_gradient=True",
-                                      "distillation.distillation_loss.clip_ratio_low=null"],
-        "overlong penalty, adaptive KL": [*base, "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
-                                          "reward_model.overlong_buffer.len=4",
-                                          "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive"],
-    }
-
-
-def test_every_schema_key_is_read_by_a_check_or_a_settings_constructor(tmp_path, monkeypatch):
-    from megarl.config import compose_config
-
-    direct, handed = set(), set()
-    for name, overrides in configs(tmp_path).items():
-        cfg = compose_config(None, overrides)  # composed and typed; the checks run under the recorder
-        with recording() as (reads, typed):
-            read_by_the_door(cfg, tmp_path, monkeypatch)
-        direct |= reads
-        handed |= typed
+def test_every_schema_key_is_read_by_a_check_or_a_settings_constructor(tmp_path):
+    direct, handed = recorded_reads(tmp_path)
     problems = unread(leaf_keys(), direct, handed)
     assert problems == [], "\n".join(problems)
-
-
-def unread(keys, direct, handed, inert=INERT) -> list[str]:
-    problems = []
-    for key in keys:
-        read = key in direct or (key in handed and key.rsplit(".", 1)[-1] in attributes_used())
-        if not read and key not in inert:
-            problems.append(f"{key}: no check and no settings constructor reads it")
-    return problems
+    found = readers(direct, handed)  # what the configuration reference's "read by" column shows
+    assert found["data.train_batch_size"][0] and "settings.trainer" in found["data.train_batch_size"][0]
+    assert "settings.trainer" in found["trainer.save_freq"][1]  # the trainer section is handed on typed
+    assert all(reads or typed for key, (reads, typed) in found.items() if key not in INERT)
 
 
 def test_the_reader_check_fails_for_a_key_nobody_reads():
@@ -198,4 +35,5 @@ def test_the_reader_check_fails_for_a_key_nobody_reads():
     with recording() as (direct, handed):
         cfg = OmegaConf.create({"a": {"b": 1, "c": {"d": 2}}, "e": 3})
         assert cfg.a.b == 1 and OmegaConf.to_container(cfg.a.c) == {"d": 2}
-    assert direct == {"a", "a.b", "a.c"} and handed == set()  # e and a.c.d were never read
+    assert set(direct) == {"a", "a.b", "a.c"} and not handed  # e and a.c.d were never read
+    assert direct["a.b"] == {""}  # read by no megarl module: this test

@@ -152,7 +152,7 @@ def test_no_key_the_workflows_set_is_accepted_and_ignored(seed_project, monkeypa
     tests/config/test_key_readers.py) and none is inert; on a CPU host the GPU-only
     rollout.gpu_memory_utilization=0.9 is accepted with a note saying so."""
     from megarl.config.screen import in_schema
-    from tests.config.test_key_readers import INERT
+    from megarl.devtools.key_readers import INERT
     from megarl.platform import has_cuda
 
     root, model = seed_project
