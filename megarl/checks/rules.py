@@ -427,6 +427,9 @@ def _check_trainer(cfg, add) -> None:
     if t.max_consecutive_skipped_steps < 0:
         add(f"trainer.max_consecutive_skipped_steps={t.max_consecutive_skipped_steps}: use 0 (never stop) or a "
             "positive step count.")
+    if t.stale_weights_warn_threshold is not None and not t.stale_weights_warn_threshold >= 0:
+        add(f"trainer.stale_weights_warn_threshold={t.stale_weights_warn_threshold}: use null (by the rollout's dtype), "
+            "0 (never warn) or a positive mean log-prob difference.")
     if t.max_restarts < 0:
         add(f"trainer.max_restarts={t.max_restarts}: use 0 (a lost worker stops the run) or the number of times the "
             "run may restart itself from its last checkpoint.")

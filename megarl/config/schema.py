@@ -547,6 +547,11 @@ class TrainerConfig:
     # megarl: stop the run (exit 1, naming the cause and the last checkpoint) after this many training steps in a row
     # whose optimizer steps (actor's or critic's) were all skipped for non-finite gradients; 0: never stop
     max_consecutive_skipped_steps: int = 3
+    # megarl: warn on the console when, after a weight sync, the fleet's log-probs of the sampled tokens differ from the
+    # trainer's by more than this on average (rollout/logprob_diff; stale or partly loaded weights give ~1), at the
+    # first such step and every 10th after; null: by the rollout's dtype, 1e-3 in float32, 0.1 in bfloat16/float16;
+    # 0: never. Not in the asynchronous modes, nor with top_p < 1 or top_k > 0 (the gap is not noise there)
+    stale_weights_warn_threshold: Optional[float] = None
     # megarl: SIGTERM or SIGUSR1 (Slurm's --signal warning) while training steps run saves a checkpoint of the step in
     # progress when it ends, then stops (exit 128 + the signal, as an interrupt); false: they stop the run at once
     save_on_preempt: bool = True

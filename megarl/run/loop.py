@@ -3,7 +3,8 @@
 ``TrainingLoop.run`` resumes (``megarl.trainer.resume`` picks the checkpoint; the newest whole one is
 loaded and the fleet synced to it; what an earlier run logged after that step is dropped from the
 metrics), validates when asked, then runs ``RLTrainer.train_step`` step by step, logging each,
-stopping a run whose optimizer steps keep being skipped (``trainer.max_consecutive_skipped_steps``)
+stopping a run whose optimizer steps keep being skipped (``trainer.max_consecutive_skipped_steps``),
+warning when the sync probe says the fleet serves other weights (``trainer.stale_weights_warn_threshold``)
 and saving every ``trainer.save_freq`` steps (retention after each save; never non-finite weights).
 A SIGTERM or SIGUSR1 received during a step (``megarl.run.preemption``) saves that step at its end
 and stops the run as an interrupt does. Every step logs ``run/restarts``, the times this run was
@@ -12,6 +13,7 @@ follows and feeds the end-of-run summary.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 from megarl.logging.console import say
@@ -22,7 +24,15 @@ from megarl.run.summary import RunSummary
 from megarl.trainer.checkpointing import prune_checkpoints, save_on_workers
 from megarl.trainer.controller import RLTrainer
 from megarl.trainer.resume import load_first_whole, resume_plan
-from megarl.trainer.training_safety import SkippedSteps, refuse_nonfinite_weights
+from megarl.trainer.training_safety import SkippedSteps, StaleWeights, refuse_nonfinite_weights
+
+logger = logging.getLogger(__name__)
+
+
+def _fleet_sampling(fleet) -> tuple:
+    """(the rollout section, the dtype its engines run in) of a started fleet; (None, None) when unknown."""
+    infos = getattr(fleet, "replica_infos", None) or [{}]
+    return getattr(fleet, "config", None), infos[0].get("dtype") if isinstance(infos[0], dict) else None
 
 
 class TrainingLoop:
@@ -42,6 +52,7 @@ class TrainingLoop:
         self.summary = summary if summary is not None else RunSummary(trainer.total_steps)
         self.samples = samples
         self.skips = SkippedSteps.from_section(trainer.settings.trainer)  # non-finite gradients: stop a run that has diverged
+        self.stale = StaleWeights.for_run(trainer.settings, *_fleet_sampling(getattr(trainer, "fleet", None)))
         self.step = 0
         self.preemption = Preemption(enabled=False)
         self.restarts = 0
@@ -155,6 +166,9 @@ class TrainingLoop:
             t.history.append({"step": step, **{k: v for k, v in metrics.items()
                                                if k in ("critic/score/mean", "val/score", "critic/vf_loss")}})
             self.metrics_logger.log(metrics, step=step, progress=progress.text(step, metrics.get("perf/total_num_tokens", 0.0)))
+            stale = self.stale.record(step, metrics)
+            if stale is not None:
+                logger.warning("%s", stale)
             diverged = self.skips.record(step, metrics)
             summary.skipped_steps = self.skips.summary()
             if diverged is not None:

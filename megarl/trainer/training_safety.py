@@ -13,10 +13,17 @@ Two guards, fed by the training loop (``megarl.run.loop.TrainingLoop``):
 
 Both raise ``TrainingHalted``: the entry point prints its message (the cause, where to look, the
 last checkpoint to go back to) and exits with status 1.
+
+One more watch only warns: ``StaleWeights``. Every step that runs the sync probe logs
+``rollout/logprob_diff`` (the mean absolute difference between the fleet's log-probs of the sampled
+tokens and the trainer's, same weights after a correct sync); above
+``trainer.stale_weights_warn_threshold`` the fleet may serve stale or partly loaded weights, and the
+console says so at the first such step and every ``STALE_WEIGHTS_REPEAT``-th after.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 ROLES = ("actor", "critic")
 LOOK_AT = "Look at the learning rate ({lr}), the data, and the checkpoint the run started or resumed from"
@@ -102,3 +109,61 @@ def last_checkpoint_note(trainer, before: int | None = None) -> str:
 
 def _section(role: str) -> str:
     return "actor_rollout_ref.actor" if role == "actor" else "critic"
+
+
+# The mean |fleet - trainer| log-prob a correct sync stays under, by the rollout's dtype: float32 differs by
+# ~1e-6 (the CPU tests), bf16 kernels by a few hundredths; stale or partly loaded weights by ~1.
+STALE_WEIGHTS_THRESHOLDS = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+STALE_WEIGHTS_REPEAT = 10  # warn at the first step over the threshold, then at every 10th such step
+
+
+@dataclass
+class StaleWeights:
+    """Warns when the sync probe says the fleet's weights are not the trainer's (see the module docstring)."""
+
+    threshold: float  # on rollout/logprob_diff; 0: off
+    source: str = ""  # where the threshold comes from, for the message
+    off: str | None = None  # why the watch is off (asynchronous modes, truncated sampling, no probe)
+    every: int = STALE_WEIGHTS_REPEAT
+    steps: list[int] = field(default_factory=list)  # the steps over the threshold so far
+
+    @classmethod
+    def for_run(cls, settings, rollout: Any = None, dtype: str | None = None) -> "StaleWeights":
+        """From ``TrainerSettings`` (``trainer.stale_weights_warn_threshold``, the probe, the async mode), the
+        rollout section (``top_p``, ``top_k``) and the dtype the fleet's engines run in (None: unknown)."""
+        chosen = settings.trainer.stale_weights_warn_threshold
+        dtype = str(dtype).removeprefix("torch.") if dtype else None  # replicas report torch's name: torch.bfloat16
+        if chosen is not None:
+            threshold, source = float(chosen), f"trainer.stale_weights_warn_threshold={chosen}"
+        else:
+            threshold = STALE_WEIGHTS_THRESHOLDS.get(str(dtype), STALE_WEIGHTS_THRESHOLDS["bfloat16"])
+            source = f"the default for {dtype or 'an unknown dtype'}"
+        off = None
+        if not settings.verify_sync:
+            off = "actor_rollout_ref.rollout.weight_sync.verify=False: no probe"
+        elif settings.asynchronous is not None:
+            off = "asynchronous training: samples come from older weights by design"
+        elif rollout is not None and getattr(rollout, "do_sample", True) and (
+                float(getattr(rollout, "top_p", 1.0)) < 1 or int(getattr(rollout, "top_k", -1)) > 0):
+            off = "top_p/top_k sampling: the trainer's log-probs are lower by the mass cut off"
+        elif threshold <= 0:
+            off = "trainer.stale_weights_warn_threshold=0"
+        return cls(threshold, source, off)
+
+    def record(self, step: int, metrics: dict) -> str | None:
+        """The warning to print for this step's metrics, or None."""
+        diff = metrics.get("rollout/logprob_diff")
+        if self.off is not None or diff is None or not diff > self.threshold:
+            return None
+        self.steps.append(step)
+        if (len(self.steps) - 1) % self.every:
+            return None
+        worst = metrics.get("rollout/logprob_diff_max")
+        count = len(self.steps)
+        return (f"step {step}: rollout/logprob_diff={diff:.3g}" + (f" (max {worst:.3g})" if worst is not None else "")
+                + f" is above {self.threshold:g} ({self.source}): the rollout fleet's log-probs of the sampled tokens "
+                "differ from the trainer's, so it may be serving stale or partly loaded weights. Check the weight "
+                "sync's lines in the log (versions, errors), that the fleet and the trainer use the same dtype and "
+                "temperature, and docs/troubleshooting.md (Weight sync mismatch). "
+                + (f"{count} steps over it so far; " if count > 1 else "")
+                + f"said again every {self.every} such steps.")

@@ -1,4 +1,5 @@
-"""The training loop stops a run that has gone numerically bad: skipped optimizer steps, non-finite weights.
+"""The training loop stops a run that has gone numerically bad: skipped optimizer steps, non-finite weights;
+and warns when the sync probe says the fleet serves other weights than the trainer's.
 
 The loop runs over a fake trainer (no processes): its steps report the optimizer steps they tried
 and skipped, and its workers answer the weight check as the trainer ranks would.
@@ -13,7 +14,7 @@ import pytest
 from megarl.checks import ConfigError, load_config
 from megarl.run.loop import TrainingLoop
 from megarl.run.summary import RunSummary
-from megarl.trainer.training_safety import SkippedSteps, TrainingHalted
+from megarl.trainer.training_safety import STALE_WEIGHTS_REPEAT, SkippedSteps, StaleWeights, TrainingHalted
 
 BASE = ["data.train_files=/d/train.parquet", "algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=/m",
         "trainer.n_gpus_per_node=1", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
@@ -137,3 +138,57 @@ def test_the_limit_is_a_checked_key():
     assert load_config(None, BASE).trainer.max_consecutive_skipped_steps == 3
     with pytest.raises(ConfigError, match="trainer.max_consecutive_skipped_steps=-1: use 0"):
         load_config(None, [*BASE, "trainer.max_consecutive_skipped_steps=-1"])
+
+
+def probes(*diffs: float) -> list[dict]:
+    return [{"rollout/logprob_diff": d, "rollout/logprob_diff_max": 10 * d} for d in diffs]
+
+
+def test_stale_weights_warn_at_the_first_step_over_the_threshold_and_then_every_nth():
+    from megarl.settings.trainer import trainer_settings
+
+    settings = trainer_settings(load_config(None, BASE))
+    watch = StaleWeights.for_run(settings, dtype="torch.float32")  # replicas report torch's names
+    assert (watch.threshold, watch.off) == (1e-3, None)
+    history = probes(1e-6, 0.8, 2e-6, *[0.5] * (STALE_WEIGHTS_REPEAT + 1))
+    said = {step: text for step, m in enumerate(history, 1) if (text := watch.record(step, m)) is not None}
+    assert list(said) == [2, 2 + 1 + STALE_WEIGHTS_REPEAT]  # the 1st and the 11th step over it
+    assert said[2].startswith("step 2: rollout/logprob_diff=0.8 (max 8) is above 0.001 (the default for float32): the "
+                              "rollout fleet's log-probs of the sampled tokens differ from the trainer's, so it may be "
+                              "serving stale or partly loaded weights. Check the weight sync's lines"), said[2]
+    assert "docs/troubleshooting.md (Weight sync mismatch)" in said[2]
+    assert f"{STALE_WEIGHTS_REPEAT + 1} steps over it so far; said again every {STALE_WEIGHTS_REPEAT}" in said[13]
+    assert watch.record(20, {}) is None  # a step without the probe (the update measured nothing) says nothing
+
+
+def test_stale_weights_threshold_by_dtype_by_key_and_off_where_the_gap_is_not_noise():
+    from megarl.settings.trainer import trainer_settings
+
+    def watch(*overrides, rollout=None, dtype="bfloat16"):
+        return StaleWeights.for_run(trainer_settings(load_config(None, [*BASE, *overrides])), rollout, dtype)
+
+    bf16 = watch()
+    assert bf16.threshold == 0.1 and bf16.record(1, probes(0.05)[0]) is None  # bf16 kernels' noise
+    assert "above 0.1 (the default for bfloat16)" in bf16.record(2, probes(0.9)[0])
+    assert watch(dtype=None).threshold == 0.1  # a fleet that did not say: the looser default
+    chosen = watch("trainer.stale_weights_warn_threshold=0.01")
+    assert "above 0.01 (trainer.stale_weights_warn_threshold=0.01)" in chosen.record(1, probes(0.05)[0])
+    cfg = load_config(None, BASE)
+    truncated = watch(rollout=cfg.actor_rollout_ref.rollout.copy())
+    assert truncated.off is None
+    cfg.actor_rollout_ref.rollout.top_p = 0.9
+    for off in (watch("trainer.stale_weights_warn_threshold=0"), watch("actor_rollout_ref.rollout.weight_sync.verify=False"),
+                watch(rollout=cfg.actor_rollout_ref.rollout)):
+        assert off.off and off.record(1, probes(5.0)[0]) is None, off
+    with pytest.raises(ConfigError, match="trainer.stale_weights_warn_threshold=-1.0: use null"):
+        load_config(None, [*BASE, "trainer.stale_weights_warn_threshold=-1"])
+
+
+def test_the_loop_says_the_stale_weight_warning_on_the_console(tmp_path, caplog):
+    cfg = load_config(None, [*BASE, f"trainer.default_local_dir={tmp_path}", "trainer.save_freq=-1"])
+    history = [{**s, **p} for s, p in zip(steps(0, 0, 0), probes(1e-6, 0.7, 0.7))]
+    with caplog.at_level("WARNING", logger="megarl.run.loop"):
+        TrainingLoop(_Trainer(cfg, history, _Workers()), _Logger(), str(tmp_path)).run()
+    warned = [r.getMessage() for r in caplog.records if r.name == "megarl.run.loop" and r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith("step 2: rollout/logprob_diff=0.7 (max 7) is above 0.1 "
+                                                     "(the default for an unknown dtype)"), warned
