@@ -56,7 +56,9 @@ class FakeTrainer:
     def __init__(self, total: int, on_step):
         self.total_steps, self.global_step, self.history, self.on_step = total, 0, [], on_step
         self.settings = SimpleNamespace(trainer=SimpleNamespace(max_consecutive_skipped_steps=3, val_only=False,
-                                                                val_before_train=False, test_freq=-1, save_freq=2))
+                                                                val_before_train=False, test_freq=-1, save_freq=2,
+                                                                stale_weights_warn_threshold=None),
+                                        verify_sync=False, asynchronous=None)
         self.val_dataset = None
 
     def train_step(self, step: int) -> dict:
