@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from megarl.checks import ConfigError, load_config
 from megarl.devtools.config_files import write_model_config, write_prompts  # noqa: F401 (re-exported)
 
 
@@ -27,3 +28,12 @@ def write_saved_checkpoint(root: Path, role: str, step: int, latest: bool = True
     if latest:
         (root / role / "latest").write_text(f"step_{step}\n")
     return path
+
+
+def problem_messages(*overrides: str, config: str | None = None, preflight: bool = False) -> list[str]:
+    """The messages of every problem ``overrides`` on ``config`` (None: the default) give; [] when it loads."""
+    try:
+        load_config(config, list(overrides), preflight=preflight)
+    except ConfigError as exc:
+        return [p.message for p in exc.problems]
+    return []

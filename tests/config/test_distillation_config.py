@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.checks import ConfigError, load_config
+from megarl.checks import load_config
+from tests.config._fixtures import problem_messages
 from megarl.settings.distillation import distillation_settings
 from megarl.settings.engine import actor_settings
 
@@ -19,11 +20,7 @@ TWO = [*ON, "+distillation.teacher_models.math.key=math", "+distillation.teacher
 
 
 def problems(*overrides: str) -> list[str]:
-    try:
-        load_config("quickstart", list(overrides))
-    except ConfigError as exc:
-        return [p.message for p in exc.problems]
-    return []
+    return problem_messages(*overrides, config="quickstart")
 
 
 def test_off_by_default():

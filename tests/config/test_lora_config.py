@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from megarl.checks import ConfigError, load_config
+from megarl.checks import load_config
 from megarl.settings.engine import lora_settings
-from tests.config._fixtures import write_model_config, write_prompts
+from tests.config._fixtures import problem_messages, write_model_config, write_prompts
 
 BATCH = ["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=2", "data.train_batch_size=4",
          "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -20,11 +20,7 @@ HERE = Path(__file__).parent / "verl_launches" / "config"
 
 
 def problems(*overrides: str, preflight: bool = False) -> list[str]:
-    try:
-        load_config(None, list(overrides), preflight=preflight)
-    except ConfigError as exc:
-        return [p.message for p in exc.problems]
-    return []
+    return problem_messages(*overrides, preflight=preflight)
 
 
 def test_verls_megatron_lora_keys_are_the_engines_settings():

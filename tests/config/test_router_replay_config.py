@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from megarl.checks import ConfigError, load_config
+from megarl.checks import load_config
+from tests.config._fixtures import problem_messages
 from megarl.checks.router_replay import model_problems
 from megarl.settings.engine import actor_settings
 
@@ -14,11 +15,7 @@ ON_POLICY = ["actor_rollout_ref.actor.ppo_mini_batch_size=16"]  # one optimizer 
 
 
 def problems(*overrides: str) -> list[str]:
-    try:
-        load_config("quickstart", list(overrides))
-    except ConfigError as exc:
-        return [p.message for p in exc.problems]
-    return []
+    return problem_messages(*overrides, config="quickstart")
 
 
 @pytest.mark.parametrize("key", ["actor_rollout_ref.actor.router_replay.mode",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import traceback
 from pathlib import Path
 
 import torch
@@ -21,13 +20,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _engine_data as _data  # noqa: E402
-from _engine_worker import actor_for, dp_coords, gather_dp, weights  # noqa: E402
+from _engine_worker import actor_for, dp_coords, gather_dp, run_worker_mode, weights  # noqa: E402
 
 from megarl.engine import (BatchSettings, CriticSettings, MegatronActor, MegatronCritic,  # noqa: E402
                            MegatronReference, data_parallel_shard, load_checkpoint, save_checkpoint)
 from megarl.models import ParallelLayout, build_model, export_hf_pieces  # noqa: E402
 from megarl.models.lora import LoRASettings, LoRATransform  # noqa: E402
-from megarl.platform import init_distributed, initialize_model_parallel  # noqa: E402
+from megarl.platform import initialize_model_parallel  # noqa: E402
 
 OPTIM = dataclasses.replace(_data.OPTIM, use_distributed_optimizer=False)
 
@@ -142,20 +141,5 @@ def cp2_mp(work: Path, data: dict) -> dict:
     }
 
 
-def main() -> None:
-    mode, work = sys.argv[1], Path(sys.argv[2])
-    init_distributed()
-    data = _data.load(work / "batch.pt")
-    try:
-        results = {"cp2": cp2, "cp2_mp": cp2_mp}[mode](work, data)
-    except Exception:
-        traceback.print_exc()
-        raise
-    if dist.get_rank() == 0:
-        torch.save(results, work / f"{mode}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    run_worker_mode({"cp2": cp2, "cp2_mp": cp2_mp})

@@ -427,12 +427,14 @@ def checkpoint(work: Path, data: dict) -> dict:
     return result
 
 
-def main() -> None:
+def run_worker_mode(modes: dict, **init) -> None:
+    """A worker script's entry, ``<script> MODE WORK_DIR``: ``modes[MODE](work, data)`` on every rank, rank 0's
+    result saved to ``WORK_DIR/MODE.pt`` (``_engine_launch.run_worker`` reads it). ``init``: ``init_distributed``'s."""
     mode, work = sys.argv[1], Path(sys.argv[2])
-    init_distributed()
+    init_distributed(**init)
     data = _data.load(work / "batch.pt")
     try:
-        results = {"single": single, "layouts": layouts}[mode](work, data)
+        results = modes[mode](work, data)
     except Exception:
         traceback.print_exc()
         raise
@@ -443,4 +445,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_worker_mode({"single": single, "layouts": layouts})

@@ -11,7 +11,6 @@ Results go to ``WORK_DIR/memory.pt`` (rank 0).
 from __future__ import annotations
 
 import sys
-import traceback
 import weakref
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from megarl.engine import (MegatronActor, checkpoint_contents, data_parallel_sha
                            save_checkpoint)
 from megarl.engine.offload import Residency, model_offload_groups  # noqa: E402
 from megarl.models import ParallelLayout, build_model, save_hf_checkpoint  # noqa: E402
-from megarl.platform import init_distributed  # noqa: E402
 
 WORLD_TIMEOUT_S, MODEL_PARALLEL_TIMEOUT_S = 4321, 1234
 UNEVEN = ParallelLayout(pp=2, first_stage_layers=1)  # 4 layers: stage 0 holds 1, stage 1 holds 3
@@ -223,20 +221,5 @@ def memory(work: Path, data: dict) -> dict:
             "offload": offload(work, data)}
 
 
-def main() -> None:
-    mode, work = sys.argv[1], Path(sys.argv[2])
-    init_distributed(timeout_s=WORLD_TIMEOUT_S)
-    data = _data.load(work / "batch.pt")
-    try:
-        results = {"memory": memory}[mode](work, data)
-    except Exception:
-        traceback.print_exc()
-        raise
-    if dist.get_rank() == 0:
-        torch.save(results, work / f"{mode}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    _engine.run_worker_mode({"memory": memory}, timeout_s=WORLD_TIMEOUT_S)

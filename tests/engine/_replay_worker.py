@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _engine_data as _data  # noqa: E402
@@ -23,7 +21,6 @@ import _engine_worker as _engine  # noqa: E402
 
 from megarl.engine import MegatronActor, data_parallel_shard  # noqa: E402
 from megarl.models import ParallelLayout, build_model  # noqa: E402
-from megarl.platform import init_distributed  # noqa: E402
 
 # name: (layout, packed micro-batches, megatron overrides)
 LAYOUTS = {
@@ -56,19 +53,5 @@ def replay(work: Path, data: dict) -> dict:
     return results
 
 
-def main() -> None:
-    mode, work = sys.argv[1], Path(sys.argv[2])
-    init_distributed()
-    try:
-        results = {"replay": replay}[mode](work, _data.load(work / "batch.pt"))
-    except Exception:
-        traceback.print_exc()
-        raise
-    if dist.get_rank() == 0:
-        torch.save(results, work / f"{mode}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    _engine.run_worker_mode({"replay": replay})
