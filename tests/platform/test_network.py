@@ -67,8 +67,10 @@ GLOO_PROBE = textwrap.dedent('''
         init_distributed(timeout_s=60)
         dist.all_reduce(torch.ones(1))
         ips = sorted({c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.status == "LISTEN"})
-        print("rank", r, socket.gethostbyname(socket.gethostname()), ips, flush=True)
-        dist.barrier()
+        for turn in range(2):  # one rank at a time: two ranks printing at once interleave their lines
+            if turn == r:
+                print("rank", r, socket.gethostbyname(socket.gethostname()), ips, flush=True)
+            dist.barrier()
 
     if __name__ == "__main__":
         with socket.socket() as sock:
