@@ -17,6 +17,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from megarl.platform.distributed import collective_device
+
 
 def nonfinite_tensors(named: Iterable[tuple[str, torch.Tensor]], group=None) -> tuple[int, list[str]]:
     """(the number of tensors holding inf/NaN on all ranks of ``group``, this rank's in order).
@@ -41,13 +43,7 @@ def _all_ranks(flags: torch.Tensor | None, group) -> int:
     """How many flags are set on all ranks of ``group`` (one host synchronisation)."""
     count = flags.sum() if flags is not None else torch.zeros((), dtype=torch.int64)
     if dist.is_available() and dist.is_initialized():
-        count = count.to(_collective_device(group), torch.int64)
+        count = count.to(collective_device(group), torch.int64)
         dist.all_reduce(count, group=group)
     return int(count.item())
 
-
-def _collective_device(group) -> torch.device:
-    """Where the group's backend reduces: the current GPU for NCCL, the host for gloo."""
-    from megarl.platform import device
-
-    return device() if dist.get_backend(group) == "nccl" else torch.device("cpu")

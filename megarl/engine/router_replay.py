@@ -29,6 +29,8 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from megarl.platform.distributed import collective_device
+
 MODES = ("R2", "R3")
 UNKNOWN = -1  # a token with no recorded choice
 TABLE_DTYPE = torch.int16
@@ -142,7 +144,7 @@ class RoutingReplay:
         """Write what the routers of ``chunk`` chose for ``micro_batch`` into the record table."""
         if self.mode != "record":
             return
-        order = self._token_order(micro_batch.inputs.source)
+        order = self._token_order(micro_batch.inputs.source).cpu()  # the record table is on the host
         real = order >= 0
         columns = micro_batch.batch.input_ids.shape[1]
         rows = torch.as_tensor(micro_batch.rows, dtype=torch.long)[order[real] // columns]
@@ -173,10 +175,12 @@ class RoutingReplay:
             groups.append(parallel_state.get_context_parallel_group())
         if not groups:
             return table
-        wide = table.to(torch.int32)  # gloo reduces no int16
-        for group in groups:
-            dist.all_reduce(wide, op=dist.ReduceOp.MAX, group=group)
-        return wide.to(TABLE_DTYPE)
+        for layer in range(table.shape[2]):  # a layer at a time: the host table may be large; NCCL reduces on the GPU
+            wide = table[:, :, layer].to(collective_device(groups[0]), torch.int32)  # gloo reduces no int16
+            for group in groups:
+                dist.all_reduce(wide, op=dist.ReduceOp.MAX, group=group)
+            table[:, :, layer] = wide.to(table.device, TABLE_DTYPE)
+        return table
 
     def reset_stats(self) -> None:
         for hook in self.layers:
@@ -189,12 +193,14 @@ class RoutingReplay:
                               dtype=torch.float64)
         self.reset_stats()
         if dist.is_initialized():
+            counts = counts.to(collective_device())
             dist.all_reduce(counts)
         replayed, overridden = counts.tolist()
         return {"router_replay_overridden": overridden / replayed if replayed else 0.0,
                 "router_replay_tokens": replayed}
 
     def empty_table(self, batch) -> torch.Tensor:
+        """On the host: the recorded choices go there (``LayerReplay``) and travel on with the batch."""
         return torch.full((*batch.input_ids.shape, self.num_layers, self.topk), UNKNOWN, dtype=TABLE_DTYPE)
 
 

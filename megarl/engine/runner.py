@@ -31,6 +31,7 @@ from megarl.engine.packing import (ModelInputs, gather_response, packed_lengths,
 from megarl.engine.schedule import run_micro_batches, share_from_last_stage
 from megarl.engine.settings import BatchSettings
 from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
+from megarl.platform.distributed import collective_device
 
 
 @dataclass
@@ -94,22 +95,23 @@ class ModelRunner:
     def dp_max(self, value: int) -> int:
         if self.dp_size == 1:
             return value
-        tensor = torch.tensor([value], dtype=torch.long)
+        tensor = torch.tensor([value], dtype=torch.long, device=collective_device(self.dp_group))
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.dp_group)
         return int(tensor.item())
 
     def dp_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.clone()
-        if self.dp_size > 1:
-            dist.all_reduce(tensor, group=self.dp_group)
-        return tensor
+        if self.dp_size == 1:
+            return tensor.clone()
+        summed = tensor.to(collective_device(self.dp_group), copy=True)
+        dist.all_reduce(summed, group=self.dp_group)
+        return summed.to(tensor.device)
 
     def reduce(self, collected: list[dict[str, torch.Tensor]], names: list[str], token_means: Sequence[str] = ()) -> dict[str, float]:
         """Sum per-micro-batch values over micro-batches and data-parallel ranks, the same floats on
         every rank; names in ``token_means`` are then divided by the summed ``tokens``."""
-        local = torch.zeros(len(names), dtype=torch.float64)
+        local = torch.zeros(len(names), dtype=torch.float64, device=collective_device(self.dp_group))
         for values in collected:  # empty except on the last pipeline stage
-            local += torch.stack([values[name].double() for name in names])
+            local += torch.stack([values[name].double() for name in names]).to(local.device)
         totals = share_from_last_stage({"sums": self.dp_sum(local)}, {"sums": local})["sums"]
         result = dict(zip(names, totals.tolist()))
         tokens = max(result.pop("tokens", 1.0), 1.0)
@@ -122,9 +124,9 @@ class ModelRunner:
         the same floats on every rank."""
         if not names:
             return {}
-        local = torch.full((len(names),), float("-inf"), dtype=torch.float64)
+        local = torch.full((len(names),), float("-inf"), dtype=torch.float64, device=collective_device(self.dp_group))
         for values in collected:  # empty except on the last pipeline stage
-            local = torch.maximum(local, torch.stack([values[name].double() for name in names]))
+            local = torch.maximum(local, torch.stack([values[name].double() for name in names]).to(local.device))
         if self.dp_size > 1:
             dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self.dp_group)
         return dict(zip(names, share_from_last_stage({"maxes": local}, {"maxes": local})["maxes"].tolist()))
@@ -223,7 +225,8 @@ class ModelRunner:
         if self.is_last_stage:
             order = restore_order(parts)
             result = {name: torch.cat([c[name] for c in collected])[order].float() for name in names}
-        like = {name: torch.empty(batch.response_mask.shape, dtype=torch.float32) for name in names}
+        like = {name: torch.empty(batch.response_mask.shape, dtype=torch.float32, device=batch.response_mask.device)
+                for name in names}
         shared = share_from_last_stage(result, like)
         if table is not None:
             shared = {**shared, "routed_experts": self.replay.gather_record(table)}

@@ -28,10 +28,12 @@ from megarl.platform.hardware import (
     set_device_rng_state,
     synchronize,
 )
-from megarl.platform.distributed import destroy, init_distributed, initialize_model_parallel, model_parallel_seed
+from megarl.platform.distributed import (collective_device, destroy, init_distributed, initialize_model_parallel,
+                                         model_parallel_seed)
 from megarl.platform.mcore_config import cpu_transformer_config_overrides, transformer_config_overrides
 
 __all__ = [
+    "collective_device",
     "REDIRECTS",
     "Redirect",
     "applied_redirects",

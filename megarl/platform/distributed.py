@@ -119,6 +119,12 @@ def model_parallel_seed(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
+def collective_device(group=None) -> torch.device:
+    """Where ``group``'s backend reduces: the current GPU for NCCL, the host for gloo. A host tensor (a count,
+    a metric, a routing table) goes there for a collective and comes back: NCCL takes device tensors only."""
+    return hardware.device() if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
 def destroy() -> None:
     """Tear down megatron's parallel state and the default process group (each only if present)."""
     from megatron.core import parallel_state

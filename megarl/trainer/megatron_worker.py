@@ -131,22 +131,24 @@ class MegatronWorker(DistributedWorker):
                 "tp": ps.get_tensor_model_parallel_rank(), "pp": ps.get_pipeline_model_parallel_rank()}
 
     def _shard(self, batch):
+        """This data-parallel rank's samples, on the device the models run on."""
+        from megarl import platform
         from megarl.engine import data_parallel_shard
 
-        return data_parallel_shard(batch, self.dp_rank, self.dp_size)
+        return data_parallel_shard(batch, self.dp_rank, self.dp_size).to(platform.device())
 
     # ------------------------------------------------------------------ compute
     def compute_log_prob(self, batch, with_entropy: bool = True):
         """(log-probs, entropy), and with router replay R2 the routers' choices (the update replays them)."""
         self.enter_phase("log_prob")
         record = self.actor.settings.router_replay == "R2"
-        return self.actor.compute_log_prob(self._shard(batch), with_entropy=with_entropy, record_routing=record)
+        return _to_host(self.actor.compute_log_prob(self._shard(batch), with_entropy=with_entropy, record_routing=record))
 
     def compute_ref_log_prob(self, batch):
         if self.ref is None:
             raise RuntimeError("no reference model: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
         self.enter_phase("log_prob" if self.ref_is_actor_base else "ref")
-        return self.ref.compute_ref_log_prob(self._shard(batch))
+        return _to_host(self.ref.compute_ref_log_prob(self._shard(batch)))
 
     def refresh_reference(self) -> None:
         """``trainer.ref_update_freq``: the reference takes the actor's current weights."""
@@ -159,7 +161,7 @@ class MegatronWorker(DistributedWorker):
         if self.critic is None:
             raise RuntimeError("no critic: it is built when critic.enable is true or the estimator needs values")
         self.enter_phase("values")
-        return self.critic.compute_values(self._shard(batch))
+        return _to_host(self.critic.compute_values(self._shard(batch)))
 
     def update_actor(self, batch) -> dict[str, float]:
         self.enter_phase("update_actor")
@@ -318,6 +320,13 @@ def dp_leaders(coords: list[dict[str, Any]]) -> list[int]:
     for index, c in enumerate(coords):
         leaders.setdefault(c["dp"], index)
     return [leaders[dp] for dp in sorted(leaders)]
+
+
+def _to_host(result):
+    """A compute method's tensors (or tuple of them, None kept) on the host: the driver has no GPU."""
+    if isinstance(result, tuple):
+        return tuple(_to_host(part) for part in result)
+    return result.cpu() if result is not None else None
 
 
 def gather_data_parallel(workers, leaders: list[int], method: str, *args) -> Any:
