@@ -44,6 +44,7 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
     if not model:  # the layouts and the memory plan read the model's config.json (megarl.plan; trainer.plan_check)
         from megarl.plan.check import plan_problems
 
+        problems += _override_problems(cfg)
         problems += _layout_problems(cfg)
         problems += plan_problems(cfg)
     problems += _resume_problems(cfg)
@@ -64,6 +65,27 @@ def _quantization_problems(path) -> list[Problem]:
     except (OSError, TypeError, AttributeError):
         return []  # a config that transformers cannot read: the layout checks report it
     return [Problem(fp8_rollout_problem(key, path), key=key)] if quantized else []
+
+
+def _override_problems(cfg: DictConfig) -> list[Problem]:
+    """verl's ``override_config.model_config`` of the actor's (and the critic's) model: fields its config has,
+    none that would change its tensors (``megarl.models.config_overrides``)."""
+    from megarl.models import override_problems
+    from megarl.settings.engine import hf_config_overrides
+
+    sections = [("actor", "actor_rollout_ref.model", cfg.actor_rollout_ref.model.path)]
+    if critic_enabled(cfg):
+        sections.append(("critic", "critic.model", cfg.critic.model.path))
+    problems = []
+    for role, section, path in sections:
+        key = f"{section}.override_config.model_config"
+        try:
+            found = override_problems(key, resolve_model_path(str(path)) or str(path), hf_config_overrides(cfg, role),
+                                      role)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # a config the bridge cannot read: reported by the model checks
+        problems += [Problem(message, key=key) for message in found]
+    return problems
 
 
 def _layout_problems(cfg: DictConfig) -> list[Problem]:

@@ -136,12 +136,21 @@ class ActorLoRAConfig(LoRAConfig):
 
 
 @dataclass
+class ModelOverrideConfig:
+    # verl's key: Hugging Face config fields set before the models are built (every role of this checkpoint,
+    # its HF exports and the rollout engines); fields that would change the tensors are refused
+    # (docs/model-bridge.md: config overrides)
+    model_config: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ModelConfig:
     path: str = MISSING  # HF checkpoint directory, or a hub id already in the HF cache
     tokenizer_path: Optional[str] = None
     trust_remote_code: bool = False  # passed to the vLLM engines
     custom_chat_template: Optional[str] = None  # a Jinja chat template that replaces the tokenizer's
     enable_gradient_checkpointing: bool = False
+    override_config: ModelOverrideConfig = field(default_factory=ModelOverrideConfig)
     lora: ActorLoRAConfig = field(default_factory=ActorLoRAConfig)  # verl's FSDP-style lora_rank/... map here
 
 
@@ -334,6 +343,7 @@ class ActorRolloutRefConfig:
 class CriticModelConfig:
     path: Optional[str] = II("actor_rollout_ref.model.path")
     enable_gradient_checkpointing: bool = False
+    override_config: ModelOverrideConfig = field(default_factory=ModelOverrideConfig)  # the critic's own, as verl's
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # the critic's own adapters; its value head trains whole
 
 

@@ -170,8 +170,6 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "actor_rollout_ref.model.path must hold config.json and the safetensors"),
     Refused((f"{MODEL}.external_lib", "critic.model.external_lib"), "importing external model code",
             "models must belong to a bridge family (megarl.models.families)"),
-    Refused((f"{MODEL}.override_config.model_config.*", "critic.model.override_config.model_config.*"),
-            "overriding Hugging Face config fields", "edit config.json in a copy of the checkpoint"),
     Refused((f"{MODEL}.override_config.moe_config.freeze_moe_router",
              "critic.model.override_config.moe_config.freeze_moe_router"),
             "freezing the MoE router", "the router trains with the rest of the model", off=(False,)),

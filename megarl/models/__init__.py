@@ -10,6 +10,7 @@ Public API:
   FAMILIES, FamilySpec, ParamMap, family_for,      -- families/: the per-family declarative maps
   register_family
   build_model, default_transformer_impl            -- build.py: GPTModel chunks for a rank (actor/ref/critic)
+  apply_overrides, override_problems               -- config_overrides.py: verl's override_config.model_config
   load_hf_weights, LoadReport                      -- loading.py: sliced, per-rank safetensors loading
   export_hf_pieces, gather_hf_tensors,             -- export.py: HF-named pieces / full tensors / checkpoint
   save_hf_checkpoint, ExportedPiece
@@ -18,6 +19,8 @@ Public API:
 # Imported on first use (PEP 562), so that `megarl.models.layout` or `.dims` alone (the planner, the
 # config checks) does not pay for megatron-core and torch.
 _HOMES = {
+    "apply_overrides": "megarl.models.config_overrides",
+    "override_problems": "megarl.models.config_overrides",
     "ExportedPiece": "megarl.models.export",
     "FAMILIES": "megarl.models.families",
     "FamilySpec": "megarl.models.families",
@@ -73,6 +76,8 @@ __getattr__ = lazy_exports(__name__, _HOMES)
 
 
 __all__ = [
+    "apply_overrides",
+    "override_problems",
     "FAMILIES",
     "ExportedPiece",
     "FamilySpec",

@@ -35,6 +35,7 @@ import torch
 from transformers import PretrainedConfig
 
 from megarl.models.config import build_transformer_config, gpt_model_kwargs, transformer_config_kwargs
+from megarl.models.config_overrides import apply_overrides
 from megarl.models.dims import LinearRope, Llama3Rope, ModelDims, TransformersRope, load_hf_config
 from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
@@ -106,6 +107,7 @@ def build_model(
     config_overrides: dict | None = None,
     value_head_seed: int = 0,
     transforms: Sequence[ModelTransform] = (),
+    hf_overrides: dict | None = None,
 ) -> list:
     """This rank's GPTModel chunks (one per VPP chunk, in chunk order).
 
@@ -114,7 +116,9 @@ def build_model(
     built from a causal-LM checkpoint keeps its freshly initialised value head.
     ``params_dtype`` defaults to the platform's (bf16 on GPU, fp32 on CPU). ``config_overrides``
     are TransformerConfig fields applied last (e.g. ``recompute_granularity``). ``transforms``
-    run last, in order, on the loaded chunks (see the module docstring).
+    run last, in order, on the loaded chunks (see the module docstring). ``hf_overrides`` are HF config
+    fields set before the bridge reads the config (verl's ``override_config.model_config``;
+    ``megarl.models.config_overrides``).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -128,7 +132,7 @@ def build_model(
     if role not in ROLES:
         raise ValueError(f"role={role!r}; expected one of {ROLES}")
     ensure_platform()  # the CPU compatibility layer (a no-op with CUDA)
-    config = load_hf_config(hf_config_or_dir)
+    config = apply_overrides(load_hf_config(hf_config_or_dir), hf_overrides)
     family = family_for(config)
     dims = family.read_dims(config)
     check_layout(dims, layout)

@@ -81,6 +81,7 @@ class ReplicaRequest:
     sleep_mode: bool | None = None
     spans_nodes: bool = False  # a replica's TP covers whole nodes
     lora_rank: int = 0  # > 0: adapter-only LoRA updates of this rank
+    hf_overrides: dict | None = None  # HF config fields the trainer's models are built with (override_config)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,9 @@ class RolloutFleet:
     and to 1 on CPU. ``use_gpu`` defaults to "the Ray cluster has GPUs". ``cpus_per_replica`` (default:
     TP on CPU, 1 on GPU) is the bundle's CPU count; on CPU it is also the engine's thread count.
     ``cpu_kv_cache_gib`` sizes the KV cache on CPU, where ``gpu_memory_utilization`` would be a
-    fraction of host RAM. Ray must be initialised first (``megarl.cluster.ray_cluster.init_ray``).
+    fraction of host RAM. ``hf_overrides``: HF config fields the engines apply to the checkpoint's
+    config (verl's ``override_config.model_config``, as the trainer's models). Ray must be initialised
+    first (``megarl.cluster.ray_cluster.init_ray``).
     """
 
     def __init__(self, config: Any, model_path: str, *, num_replicas: int | None = None,
@@ -70,7 +72,7 @@ class RolloutFleet:
                  cpus_per_replica: int | None = None, cpu_kv_cache_gib: float = 1.0,
                  trust_remote_code: bool = False, logprobs_mode: str | None = None,
                  start_timeout_s: float = 600.0, slots: Sequence[Any] | None = None,
-                 sleep_mode: bool | None = None, lora_rank: int = 0):
+                 sleep_mode: bool | None = None, lora_rank: int = 0, hf_overrides: Mapping[str, Any] | None = None):
         import ray
 
         if not ray.is_initialized():
@@ -88,7 +90,7 @@ class RolloutFleet:
             config, str(model_path), self.use_gpu, tokenizer_path=tokenizer_path, cpus_per_replica=cpus_per_replica,
             cpu_kv_cache_gib=cpu_kv_cache_gib, trust_remote_code=trust_remote_code, logprobs_mode=logprobs_mode,
             sleep_mode=sleep_mode, spans_nodes=any(getattr(slot, "spans_nodes", False) for slot in slots or ()),
-            lora_rank=lora_rank))
+            lora_rank=lora_rank, hf_overrides=dict(hf_overrides or {})))
         self.slots = list(slots) if slots is not None else None
         if self.slots is not None:
             if num_replicas is not None and num_replicas != len(self.slots):

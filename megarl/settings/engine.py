@@ -136,6 +136,13 @@ def model_overrides(cfg, role: str, typed: bool = True) -> dict:
                                  typed)
 
 
+def hf_config_overrides(cfg, role: str) -> dict:
+    """The HF config fields ``role`` (actor | ref | critic) is built with: verl's ``override_config.model_config``
+    of its model section (the actor's and the reference's: ``actor_rollout_ref.model``)."""
+    model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
+    return plain(model.override_config.model_config) or {}
+
+
 def lora_settings(cfg, role: str):
     """The ``LoRASettings`` of ``role``: the actor's ``actor_rollout_ref.model.lora.*``, the critic's
     ``critic.model.lora.*``; None when its rank is 0 (and always for the reference, which is the

@@ -13,9 +13,11 @@ def fleet_arguments(cfg: Any, plan) -> dict[str, Any]:
     """``RolloutFleet`` keyword arguments for the run's fleet (``plan``: the placement plan); the slots come
     from the placement."""
     from megarl.settings import typed_config
+    from megarl.settings.engine import hf_config_overrides
 
     model, rollout = cfg.actor_rollout_ref.model, cfg.actor_rollout_ref.rollout
     return dict(config=typed_config(cfg.actor_rollout_ref.rollout), model_path=str(model.path),
                 tokenizer_path=model.tokenizer_path, trust_remote_code=bool(model.trust_remote_code),
                 sleep_mode=plan.mode == "colocated" and bool(rollout.free_cache_engine),
-                lora_rank=int(model.lora.rank) if adapter_only(cfg) else 0)
+                lora_rank=int(model.lora.rank) if adapter_only(cfg) else 0,
+                hf_overrides=hf_config_overrides(cfg, "actor"))

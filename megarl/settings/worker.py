@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from megarl.settings.engine import (actor_settings, critic_settings, initial_checkpoints, layout_from_config,
-                                    lora_settings, model_overrides, needs_reference, offload_flags,
-                                    reference_settings)
+from megarl.settings.engine import (actor_settings, critic_settings, hf_config_overrides, initial_checkpoints,
+                                    layout_from_config, lora_settings, model_overrides, needs_reference,
+                                    offload_flags, reference_settings)
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class RoleSettings:
     hf_path: str  # its HF checkpoint: the architecture, and the weights unless ``start`` is given
     start: str | None = None  # a megatron dist checkpoint it starts from (any layout)
     overrides: dict = field(default_factory=dict)  # megatron TransformerConfig fields (typed)
+    hf_overrides: dict = field(default_factory=dict)  # HF config fields (<model>.override_config.model_config)
     lora: Any = None  # LoRASettings, or None
     adapter_path: str | None = None  # a PEFT adapter the LoRA model starts from
     save_contents: tuple[str, ...] = ("model", "optimizer", "extra")  # <role>.checkpoint.save_contents
@@ -55,7 +56,8 @@ def worker_settings(cfg, world_size: int):
         lora = lora_settings(cfg, name)
         checkpoint = section.checkpoint if name != "ref" else None
         return RoleSettings(
-            hf_path=str(hf_path), start=start[name], overrides=model_overrides(cfg, name), lora=lora,
+            hf_path=str(hf_path), start=start[name], overrides=model_overrides(cfg, name),
+            hf_overrides=hf_config_overrides(cfg, name), lora=lora,
             adapter_path=(lora_section.adapter_path or None) if lora is not None else None,
             save_contents=tuple(checkpoint.save_contents) if checkpoint is not None else (),
             load_contents=tuple(checkpoint.load_contents) if checkpoint is not None else ())

@@ -105,11 +105,12 @@ class MegatronWorker(DistributedWorker):
                                           log=self.rank == 0)
         transforms = build_transforms(spec.lora, spec.hf_path, overrides)
         if spec.start is None:
-            chunks = build_model(spec.hf_path, self.layout, role, config_overrides=overrides, transforms=transforms)
+            chunks = build_model(spec.hf_path, self.layout, role, config_overrides=overrides, transforms=transforms,
+                                 hf_overrides=spec.hf_overrides)
         else:
             check_same_architecture(spec.start, (checkpoint_extra(spec.start) or {}).get("hf_config"), spec.hf_path)
             chunks = build_model(spec.hf_path, self.layout, role, load_weights=False, config_overrides=overrides,
-                                 transforms=transforms)
+                                 transforms=transforms, hf_overrides=spec.hf_overrides)
             load_checkpoint(spec.start, chunks, load_rng=False)  # with LoRA: the base (the adapters stay new)
         if spec.adapter_path:
             load_adapter(spec.adapter_path, chunks, spec.hf_path, self.layout, spec.lora, role)
@@ -216,10 +217,14 @@ class MegatronWorker(DistributedWorker):
         from megarl.models.export import copy_tokenizer_files
         from megarl.models import default_transformer_impl, save_hf_checkpoint
 
-        hf_path = self.settings.role(role).hf_path
+        from megarl.models import apply_overrides, load_hf_config
+
+        spec = self.settings.role(role)
+        hf_path = spec.hf_path
+        config = apply_overrides(load_hf_config(hf_path), spec.hf_overrides)  # the export's config.json says them too
         chunks = [unwrap(m) for m in engine.model]
         with self.residency.also((f"{role}.params",), f"{role} hf export"):  # the gather runs collectives
-            save_hf_checkpoint(chunks, hf_path, self.layout, out, role=role, transformer_impl=default_transformer_impl())
+            save_hf_checkpoint(chunks, config, self.layout, out, role=role, transformer_impl=default_transformer_impl())
         if dist.get_rank() == 0:
             copy_tokenizer_files(Path(hf_path), Path(out))
 

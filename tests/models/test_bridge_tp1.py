@@ -432,3 +432,24 @@ def test_qwen3_5_text_checkpoint_with_the_language_model_prefix(world, model_zoo
     ids = _reference(model_zoo, "qwen3_5")["input_ids"]
     with torch.no_grad():
         assert (_forward(model, ids) - vlm(input_ids=ids).logits).abs().max().item() <= TOLERANCE
+
+
+def test_hf_config_overrides_change_the_model_as_they_change_hugging_faces(world, model_zoo):
+    """verl's override_config.model_config: the fields are set before the bridge reads the config, so megatron
+    computes what transformers computes from the same overridden config (and not what the checkpoint says)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from megarl.models import apply_overrides
+
+    overrides = {"rms_norm_eps": 0.3, "rope_parameters": {"rope_type": "default", "rope_theta": 10.0}}
+    [model] = build_model(model_zoo / "qwen3", ParallelLayout(), hf_overrides=overrides)
+    reference = _reference(model_zoo, "qwen3")
+    config = apply_overrides(AutoConfig.from_pretrained(str(model_zoo / "qwen3")), overrides)
+    hf = AutoModelForCausalLM.from_pretrained(str(model_zoo / "qwen3"), config=config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf(reference["input_ids"]).logits
+    logits = _forward(model, reference["input_ids"])
+    assert (logits - expected).abs().max().item() <= TOLERANCE
+    assert (logits - reference["output"]).abs().max().item() > 1e-3  # the overrides did change the model
+    with pytest.raises(ValueError, match="no field 'rms_norm_epsilon'"):
+        apply_overrides(config, {"rms_norm_epsilon": 0.1})

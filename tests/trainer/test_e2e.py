@@ -48,6 +48,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 '''
 
 
+OVERRIDE = "actor_rollout_ref.model.override_config.model_config"  # verl's HF config overrides
 CURVE_STEPS = 120  # the quickstart's run: the long learning curves, in make test-all (marker "curve")
 
 
@@ -291,13 +292,15 @@ def test_remax_with_dapo_dynamic_sampling_runs(quickstart_inputs, tmp_path):
 @pytest.mark.timeout(900)
 def test_grpo_runs_on_the_hf_rollout_backend(quickstart_inputs, tmp_path):
     """rollout.name=hf: the quickstart's GRPO with transformers generating in the replicas, 3 steps and
-    validation before and after; the fleet serves the trainer's weights after every sync."""
+    validation before and after; the fleet serves the trainer's weights after every sync. With verl's
+    override_config.model_config (an RMSNorm epsilon far from the checkpoint's): the replicas build their model
+    from the overridden config as the trainer does, or the sync probe would be far off."""
     from megarl.run.train import run
 
     out = tmp_path / "hf"
     run(load_config("quickstart", overrides(quickstart_inputs, out, "actor_rollout_ref.rollout.name=hf",
                                             "trainer.total_training_steps=3", "trainer.save_freq=-1",
-                                            "trainer.test_freq=3")))
+                                            "trainer.test_freq=3", f"+{OVERRIDE}.rms_norm_eps=0.05")))
     logged = scalars(out)
     assert len(logged["actor/pg_loss"]) == 3 and [s for s, _ in logged["val/score"]] == [0, 3]
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
@@ -319,7 +322,8 @@ def test_grpo_trains_deepseek_v3_with_expert_parallelism(quickstart_inputs, tmp_
     under EP=2 on 2 ranks: 3 GRPO steps with finite, changing losses and the fleet in sync after
     every step (the router bias, which megatron moves every step, travels with the weights).
     With router replay R2 (verl's key, mainline spelling): each step's old-log-prob pass records the
-    routing of every token in every MoE layer and both mini-batches' updates route by it."""
+    routing of every token in every MoE layer and both mini-batches' updates route by it. An RMSNorm epsilon
+    overridden (verl's override_config.model_config) reaches vLLM beside the model's own hf_overrides."""
     from megarl.devtools.tiny_model import make_tiny_model
     from megarl.run.train import run
 
@@ -331,7 +335,7 @@ def test_grpo_trains_deepseek_v3_with_expert_parallelism(quickstart_inputs, tmp_
         {**quickstart_inputs, "model": model}, out, "trainer.n_gpus_per_node=2", f"custom_reward_function.path={reward_file}",
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2", "actor_rollout_ref.rollout.num_replicas=1",
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.megatron.router_replay.mode=R2",
+        "actor_rollout_ref.actor.megatron.router_replay.mode=R2", f"+{OVERRIDE}.rms_norm_eps=0.05",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.optim.lr=1e-3",
         "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=false"))

@@ -38,6 +38,7 @@ class HFReplicaSpec:
     max_num_batched_tokens: int = 8192  # tokens per forward: one per running sequence + admitted prompts
     gpu_memory_utilization: float = 0.5  # GPU: this process's share of the device memory
     disable_log_stats: bool = True
+    hf_overrides: tuple[tuple[str, Any], ...] = ()  # HF config fields set on the checkpoint's (override_config)
 
 
 def spec_for(request: ReplicaRequest) -> HFReplicaSpec:
@@ -66,7 +67,8 @@ def spec_for(request: ReplicaRequest) -> HFReplicaSpec:
         trust_remote_code=request.trust_remote_code,
         max_num_batched_tokens=int(_get(config, "max_num_batched_tokens") or 8192),
         gpu_memory_utilization=float(_get(config, "gpu_memory_utilization") or 0.5),
-        disable_log_stats=bool(_get(config, "disable_log_stats", True)))
+        disable_log_stats=bool(_get(config, "disable_log_stats", True)),
+        hf_overrides=tuple(sorted((request.hf_overrides or {}).items())))
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:

@@ -77,9 +77,17 @@ class HFReplica(GatedReplica):
             limit_memory_fraction(spec.gpu_memory_utilization, self.device)
         else:
             torch.set_num_threads(spec.cpu_threads)
+        extra = {}
+        if spec.hf_overrides:  # the trainer's models are built with these fields too (override_config.model_config)
+            from transformers import AutoConfig
+
+            from megarl.models import apply_overrides
+
+            config = AutoConfig.from_pretrained(spec.model_path, trust_remote_code=spec.trust_remote_code)
+            extra["config"] = apply_overrides(config, dict(spec.hf_overrides))
         model = AutoModelForCausalLM.from_pretrained(
             spec.model_path, dtype=resolve_dtype(spec.dtype, self.on_gpu), trust_remote_code=spec.trust_remote_code,
-            attn_implementation="sdpa" if self.on_gpu else "eager").to(self.device).eval()
+            attn_implementation="sdpa" if self.on_gpu else "eager", **extra).to(self.device).eval()
         tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path or spec.model_path,
                                                   trust_remote_code=spec.trust_remote_code)
         longest = getattr(model.config.get_text_config(), "max_position_embeddings", None)

@@ -127,7 +127,8 @@ class ReplicaSpec:
     scheduling_policy: str = "fcfs"
     disable_log_stats: bool = True
     engine_kwargs: dict = field(default_factory=dict)  # rollout.engine_kwargs.vllm, checked
-    hf_overrides: tuple[tuple[str, Any], ...] = ()  # config fields vLLM needs that the checkpoint may lack
+    # config fields vLLM needs that the checkpoint may lack, and the run's override_config.model_config
+    hf_overrides: tuple[tuple[str, Any], ...] = ()
     mla: bool = False  # multi-latent attention (DeepSeek-V3): on CPU in fp32 it needs vLLM's CPU_MLA backend
     max_lora_rank: int = 0  # > 0: vLLM's LoRA is on (adapter-only weight updates, lora.merge=False), one adapter
 
@@ -143,7 +144,8 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
     for split placement, where the engines keep their GPUs to themselves. ``logprobs_mode``
     defaults to ``rollout.logprobs_mode``. ``rollout.engine_kwargs.vllm`` must pass
     ``vllm_engine_kwargs`` (the config check reports its problems before anything starts).
-    ``hf_overrides`` and ``mla`` are facts of the model (``megarl.models.vllm_hf_overrides`` / ``uses_mla``).
+    ``hf_overrides`` (facts of the model, ``megarl.models.vllm_hf_overrides``, and the run's
+    ``override_config.model_config``) and ``mla`` (``uses_mla``) come from the model.
     ``lora_rank > 0`` turns vLLM's LoRA on for one adapter of that rank (adapter-only weight updates).
     """
     tp = int(config.tensor_model_parallel_size)

@@ -13,7 +13,8 @@ def spec_for(request: ReplicaRequest) -> ReplicaSpec:
         cpus_per_replica=request.cpus_per_replica, cpu_kv_cache_gib=request.cpu_kv_cache_gib,
         trust_remote_code=request.trust_remote_code, logprobs_mode=request.logprobs_mode,
         sleep_mode=request.sleep_mode, ray_executor=request.spans_nodes,
-        hf_overrides=vllm_hf_overrides(request.model_path), mla=uses_mla(request.model_path),
+        hf_overrides={**vllm_hf_overrides(request.model_path), **(request.hf_overrides or {})},
+        mla=uses_mla(request.model_path),
         lora_rank=request.lora_rank)
 
 
