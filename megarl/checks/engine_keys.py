@@ -76,6 +76,19 @@ def engine_key_problems(cfg, with_critic: bool) -> list:
     return problems
 
 
+def _unsupported_architecture(path: Path) -> bool:
+    """config.json names an architecture no bridge family has (the model check refuses it)."""
+    import json
+
+    from megarl.models.families import supported_architectures
+
+    try:
+        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return bool(architectures) and architectures[0] not in supported_architectures()
+
+
 def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
     """(the TransformerConfig fields the bridge derives for the model, problems found with its dims).
 
@@ -87,7 +100,12 @@ def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
     from megarl.settings.engine import layout_from_config
 
     path = Path(cfg.actor_rollout_ref.model.path)
-    hf_config = load_hf_config(path)
+    try:
+        hf_config = load_hf_config(path)
+    except ValueError:
+        if _unsupported_architecture(path):
+            return {}, []  # transformers cannot read a model no bridge has: the pre-flight check refuses it
+        raise
     try:
         family = family_for(hf_config)
     except ValueError:

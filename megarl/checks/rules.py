@@ -265,7 +265,9 @@ def _check_rollout(cfg, add) -> None:
 
     if rollout.n < 1:
         add(f"actor_rollout_ref.rollout.n={rollout.n}: must be >= 1.")
-    elif grouped_estimator(cfg) and rollout.n < 2:
+    elif grouped_estimator(cfg) and rollout.n < 2 and not (
+            cfg.distillation.enabled and not cfg.distillation.distillation_loss.use_task_rewards):
+        # (distilling without task rewards: the distillation loss is the whole loss, the advantages go unused)
         add(f"algorithm.adv_estimator={a.adv_estimator!r} compares responses within a group, so "
             f"actor_rollout_ref.rollout.n={rollout.n} gives all-zero advantages; set rollout.n >= 2.")
     if not 0 < rollout.gpu_memory_utilization <= 1:

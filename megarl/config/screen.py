@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from megarl.config.errors import Problem, refusal
 from megarl.config.schema import MegaRLConfig
-from megarl.config.verl_keys import (POINTERS, Alias, Mapped, Noted, Parameters, Refused, Renamed, alias_target,
-                                     mapped_targets, rule_for)
+from megarl.config.verl_keys import (ICEPOP, POINTERS, THRESHOLD_STRINGS, Alias, Mapped, Noted, Parameters, Refused,
+                                     Renamed, alias_target, mapped_targets, rule_for, threshold_pair)
 
 SECTION, LEAF, FREE = "section", "leaf", "free"  # FREE: a Dict field; whatever is under it belongs to it
 
@@ -114,7 +114,33 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
         _delete(tree, key)
     for (feature, instead, issue), keys in refused.items():
         problems.append(refusal(", ".join(keys), feature, instead, issue))
+    _threshold_strings(tree, problems)
     return [f"{', '.join(keys)}: {note}" for note, keys in notes.items()]
+
+
+def _threshold_strings(tree: DictConfig, problems: list[Problem]) -> None:
+    """verl's string forms of the ratio thresholds (``verl_keys.THRESHOLD_STRINGS``) as megarl's floats."""
+    for key, lower_key in THRESHOLD_STRINGS.items():
+        try:
+            value = OmegaConf.select(tree, key, default=None)
+        except Exception:  # an interpolation that does not resolve here: the typed build reports it
+            continue
+        if not isinstance(value, str) or value.startswith("${") or (pair := threshold_pair(value)) is None:
+            continue  # a float, or not a threshold (the typed build reports it)
+        lower, upper = pair
+        with open_dict(tree):
+            OmegaConf.update(tree, key, upper, merge=False, force_add=True)
+        if lower is None:
+            continue
+        if lower_key is None:
+            problems.append(refusal(f"{key}={value}", *ICEPOP))
+            continue
+        given = OmegaConf.select(tree, lower_key, default=None)
+        if given is not None and given != lower:
+            problems.append(Problem(f"{key}={value} sets {lower_key}={lower}, but {lower_key}={given} is given; "
+                                    "give one of them", key=key))
+        with open_dict(tree):
+            OmegaConf.update(tree, lower_key, lower, merge=False, force_add=True)
 
 
 def _follow_aliases(key: str) -> tuple[Any, str]:

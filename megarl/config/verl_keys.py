@@ -132,6 +132,20 @@ ALIASES: tuple[Alias, ...] = (
 
 RULES: tuple[Rule, ...] = ALIASES + (
     Parameters(("_target_", "*._target_"), of="verl's config class names"),
+    # ---------------------------------------------------------------- verl's 2026 engine selector and groups
+    # verl >= mid-2026 picks the training engine with a top-level Hydra group (`model_engine=megatron`; the
+    # deprecated ppo_megatron_trainer.yaml sets it) and composes actor/ref/critic from `<engine>_actor` etc.;
+    # megatron is what megarl always runs, so that value is honoured and every other engine is refused
+    Refused(("model_engine", *_each(ENGINES, "model_engine")), "training engines other than megatron-core",
+            "megarl trains every role with megatron-core, which is verl's model_engine=megatron "
+            "(set model_engine=megatron or leave it out)", off=("megatron",)),
+    Refused(_each(ENGINES, "megatron.use_megatron_fsdp"), "Megatron-FSDP (megatron-core's fully sharded "
+            "data parallelism)", "megarl shards the optimizer state with the distributed optimizer and can offload "
+            "(megatron.param_offload, grad_offload, optimizer_offload)", off=(False,)),
+    Refused(_each(TRAINED, "checkpoint.strict"), "lenient checkpoint loads (missing or unexpected tensors skipped)",
+            "megarl loads a checkpoint strictly: every tensor of the model must be in it", off=(True,)),
+    Refused(_each(TRAINED, "checkpoint.mbridge_config.*"), "mbridge's checkpoint options",
+            "megarl saves and exports through its own bridge (megarl/models)"),
     # ---------------------------------------------------------------- model and bridge
     Noted(_each(ENGINES, "megatron.use_mbridge", "megatron.vanilla_mbridge")
           + ("reward_model.megatron.use_mbridge", "reward_model.megatron.vanilla_mbridge"),
@@ -243,9 +257,12 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused((f"{ROLLOUT}.load_format",), "vLLM load formats other than auto", "the engines load model.path's "
             "safetensors, then receive the trainer's weights", off=("auto", "dummy", "safetensors")),
     Refused((f"{ROLLOUT}.data_parallel_size",), "data parallelism inside one rollout engine",
-            "set actor_rollout_ref.rollout.num_replicas: each replica is one engine", off=(1,)),
+            "set actor_rollout_ref.rollout.num_replicas: each replica is one engine", off=(1,), issue=26),
     Refused((f"{ROLLOUT}.expert_parallel_size",), "expert parallelism in the rollout engines",
-            "vLLM splits the experts over the replica's tensor-parallel ranks", off=(1,)),
+            "vLLM splits the experts over the replica's tensor-parallel ranks", off=(1,), issue=26),
+    Refused((f"{ROLLOUT}.moe_tensor_parallel_size",), "a tensor-parallel size for the rollout's experts apart "
+            "from the engine's", "vLLM splits the experts over the replica's tensor-parallel ranks "
+            "(actor_rollout_ref.rollout.tensor_model_parallel_size)", off=(1,), issue=26),
     Refused((f"{ROLLOUT}.pipeline_model_parallel_size",), "pipeline parallelism in the rollout engines",
             "raise actor_rollout_ref.rollout.tensor_model_parallel_size (a replica may span nodes)", off=(1,)),
     Refused((f"{ROLLOUT}.cudagraph_capture_sizes",), "this key for CUDA-graph sizes",
@@ -413,6 +430,15 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Parameters(("transfer_queue.*",), of="TransferQueue"),
     Refused(("hydra.*",), "Hydra's job settings (run directories, job logging)",
             "megarl writes under trainer.default_local_dir and logs to the console"),
+    # verl's 2026 launches run the driver and Ray's workers through `uv run --extra <rollout> --extra megatron`
+    # and say so here; megarl's workers run in the driver's interpreter, i.e. in that same uv environment when
+    # megarl is launched under `uv run` (a cluster started beforehand: the interpreter that started it)
+    Refused(("ray_kwargs.ray_init.runtime_env.py_executable",), "running Ray's workers under another interpreter",
+            "megarl's workers run in the driver's Python environment (or the one that started the cluster): "
+            "launch megarl under the interpreter you need",
+            off=lambda value, get: isinstance(value, str) and value.split()[:1] == ["uv"] and " run" in value,
+            note="megarl's Ray workers run in the driver's interpreter: launched under `uv run ...`, that is the "
+                 "uv environment this key names"),
     Refused(("ray_kwargs.ray_init.runtime_env.*",), "Ray runtime environments set from the config",
             "start Ray in the environment you need (launch/ray_local.sh, slurm/launch.sh)"),
 )
@@ -438,6 +464,30 @@ POINTERS = {
     "epochs": "trainer.total_epochs", "num_epochs": "trainer.total_epochs",
     "gpus_per_node": "trainer.n_gpus_per_node", "num_nodes": "trainer.nnodes",
 }
+
+
+# verl (2026) lets these ratio thresholds be strings: a float-like string is the upper bound, and
+# "lower_upper" (e.g. "0.5_5.0") a pair of bounds. megarl's keys are floats: screen_keys converts them
+# (rollout_rs_threshold's pair sets rollout_rs_threshold_lower too; rollout_is_threshold's pair is verl's
+# IcePop weighting, refused).
+THRESHOLD_STRINGS = {
+    "algorithm.rollout_correction.rollout_is_threshold": None,
+    "algorithm.rollout_correction.rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold_lower",
+}
+ICEPOP = ("IcePop importance weights (zero outside [lower, upper]: verl's 'lower_upper' rollout_is_threshold)",
+          "a float rollout_is_threshold truncates the weights at that bound (TIS); to drop the tokens whose ratio "
+          "lies outside [lower, upper], set algorithm.rollout_correction.rollout_rs=token with "
+          "rollout_rs_threshold=upper and rollout_rs_threshold_lower=lower")
+
+
+def threshold_pair(value: str) -> tuple[float | None, float] | None:
+    """verl's string form of a ratio threshold -> (lower or None, upper); None if it is neither form."""
+    spec = value.strip()
+    lower, sep, upper = spec.partition("_")
+    try:
+        return (float(lower), float(upper)) if sep else (None, float(spec))
+    except ValueError:
+        return None
 
 
 def mapped_targets(rule: Mapped, key: str, value: Any) -> dict | None:
