@@ -78,6 +78,8 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
 
     for key, value in list(_leaves(tree)):
         if in_schema(key):
+            if value is None and key.startswith("reward_model.") and select(defaults, key) is not None:
+                _delete(tree, key)  # verl 2026 leaves its deprecated reward_model section null (reward.* is read)
             continue
         rule, target = _follow_aliases(key)
         if isinstance(rule, Alias) and rule.active is not None and not rule.active(lambda p: select(as_given, p)):

@@ -255,3 +255,15 @@ def test_verls_2026_launch_counts():
         argv = launch["argv"]
         assert ("model_engine=megatron" in argv or "--config-name=ppo_megatron_trainer.yaml" in argv
                 or "actor_rollout_ref.actor.strategy=megatron" in argv), launch["script"]
+
+
+def test_verls_2026_default_config_loads_as_a_yaml():
+    """verl's August-2026 fully resolved Megatron config (the engine groups' new keys, the v1 trainer, the null deprecated reward_model section) at its defaults."""
+    notes: list[str] = []
+    cfg = load_config("_generated_ppo_megatron_trainer", [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"],
+        config_path=HERE / "config-2026-08", notes=notes)
+    assert cfg.async_training.mode == "sync"  # trainer.v1.trainer_mode=sync; the sampler's bounds stay inert
+    assert cfg.reward_model.model.trust_remote_code is False  # null in verl's deprecated section: the default
+    assert any("pad_to_length" in note for note in notes) and any("entropy" in note for note in notes)

@@ -1,0 +1,103 @@
+"""verl's 2026 schema (verl-project/verl, August 2026), key by key: what megarl honours, maps and refuses.
+
+The launches themselves are in test_verl_launches.py; here each new form is shown on its own.
+"""
+from __future__ import annotations
+
+import pytest
+
+from megarl.checks import ConfigError, load_config
+
+ACTOR, ROLLOUT, RC = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm.rollout_correction"
+VALID = ["data.train_files=/d/train.parquet", "actor_rollout_ref.model.path=/m", "algorithm.adv_estimator=grpo",
+         "trainer.n_gpus_per_node=2", "data.train_batch_size=4", f"{ROLLOUT}.n=2",
+         f"{ACTOR}.ppo_mini_batch_size=2", f"{ACTOR}.ppo_micro_batch_size_per_gpu=2",
+         f"{ROLLOUT}.tensor_model_parallel_size=1"]
+
+
+def load(*overrides: str, notes: list | None = None):
+    return load_config(None, [*VALID, *overrides], notes=notes)
+
+
+def problems(*overrides: str) -> list:
+    with pytest.raises(ConfigError) as info:
+        load(*overrides)
+    return info.value.problems
+
+
+@pytest.mark.parametrize("key", ["model_engine", f"{ACTOR}.model_engine", "critic.model_engine"])
+def test_model_engine_megatron_is_what_megarl_runs_and_other_engines_are_refused(key):
+    load(f"{key}=megatron")
+    for engine in ("dp", "fsdp", "veomni", "torchtitan"):
+        (refused,) = problems(f"{key}={engine}")
+        assert refused.is_refusal and refused.feature == "training engines other than megatron-core"
+        assert "megarl trains every role with megatron-core" in refused.message and f"{key}={engine}" in refused.message
+
+
+def test_the_old_spellings_keep_working_next_to_the_selector():
+    cfg = load("model_engine=megatron", f"{ACTOR}.strategy=megatron")
+    assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size >= 1
+
+
+def test_a_float_like_threshold_string_is_the_float():
+    cfg = load(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold='3.5'")
+    assert cfg.algorithm.rollout_correction.rollout_is_threshold == 3.5
+
+
+def test_a_lower_upper_rejection_threshold_sets_both_bounds():
+    cfg = load(f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=0.5_4.0")
+    rc = cfg.algorithm.rollout_correction
+    assert (rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower) == (4.0, 0.5)
+    (clash,) = problems(f"{RC}.rollout_rs=token", f"{RC}.rollout_rs_threshold=0.5_4.0",
+                        f"{RC}.rollout_rs_threshold_lower=0.25")
+    assert "give one of them" in clash.message
+
+
+def test_a_lower_upper_importance_threshold_is_icepop_and_refused_with_the_alternatives():
+    (refused,) = problems(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_4.0")
+    assert refused.is_refusal and "IcePop" in refused.feature
+    assert "rollout_rs=token" in refused.message and "rollout_rs_threshold_lower" in refused.message
+
+
+@pytest.mark.parametrize("override, feature", [
+    (f"{ACTOR}.megatron.use_megatron_fsdp=True", "Megatron-FSDP"),
+    (f"{ACTOR}.checkpoint.strict=False", "lenient checkpoint loads"),
+    (f"{ACTOR}.megatron.dynamic_context_parallel=True", "dynamic context-parallel"),
+    (f"{ACTOR}.megatron.qat.enable=True", "quantization-aware training"),
+    (f"{ACTOR}.optim.exp_avg_dtype=bf16", "low-precision"),
+    (f"{ROLLOUT}.moe_tensor_parallel_size=2", "tensor-parallel size for the rollout's experts"),
+    (f"{ROLLOUT}.disaggregation.enabled=True", "disaggregation"),
+    ("ray_kwargs.ray_init.runtime_env.py_executable=/opt/py/bin/python3", "another interpreter"),
+    ("algorithm.filter_groups.max_inflight_gen_batches=2", "in flight"),
+    (f"{ACTOR}.router_replay.mode=R3", "router replay from the rollout engine"),
+])
+def test_new_keys_that_ask_for_a_missing_feature_are_refused_by_name(override, feature):
+    refusals = [p for p in problems(override) if p.is_refusal]
+    assert any(feature in p.feature for p in refusals), [p.message for p in refusals]
+
+
+def test_verls_defaults_of_the_new_keys_ask_for_nothing():
+    load(f"{ACTOR}.megatron.use_megatron_fsdp=False", f"{ACTOR}.checkpoint.strict=True",
+         f"{ACTOR}.optim.exp_avg_dtype=fp32", f"{ROLLOUT}.moe_tensor_parallel_size=1",
+         f"{ROLLOUT}.disaggregation.enabled=False", "algorithm.filter_groups.max_inflight_gen_batches=1",
+         f"{ACTOR}.optim.use_layer_wise_distributed_optimizer=False")
+
+
+def test_verls_uv_launch_wrapper_is_accepted_with_a_note():
+    notes: list[str] = []
+    load("ray_kwargs.ray_init.runtime_env.py_executable='uv -v run --frozen --all-packages --extra vllm "
+         "--extra megatron'", notes=notes)
+    assert any("driver's interpreter" in note for note in notes), notes
+
+
+def test_precision_aware_optimizer_key_is_megatron_cores_field():
+    cfg = load(f"{ACTOR}.optim.use_precision_aware_optimizer=True")
+    assert cfg.actor_rollout_ref.actor.optim.override_optimizer_config["use_precision_aware_optimizer"] is True
+    cfg = load(f"{ACTOR}.optim.use_precision_aware_optimizer=False")  # verl's default: megatron-core's default
+    assert "use_precision_aware_optimizer" not in cfg.actor_rollout_ref.actor.optim.override_optimizer_config
+
+
+def test_the_rollout_pool_size_under_the_rollout_section_is_the_pool():
+    cfg = load(f"{ROLLOUT}.nnodes=1", f"{ROLLOUT}.n_gpus_per_node=2", "async_training.mode=one_step_off",
+               f"{RC}.bypass_mode=True")
+    assert (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node) == (1, 2)
