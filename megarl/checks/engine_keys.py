@@ -14,7 +14,7 @@ from pathlib import Path
 
 from megarl.settings import plain
 
-from megarl.engine.overrides import (PIPELINE_SPLIT_FIELDS, RECOMPUTE_FIELDS, optimizer_override_problems,
+from megarl.engine.overrides import (LAYOUT_FIELDS, PIPELINE_SPLIT_FIELDS, RECOMPUTE_FIELDS, optimizer_override_problems,
                                      transformer_override_problems, transformer_overrides)
 from megarl.trainer.checkpointing import contents_problems, retention_problems
 
@@ -55,7 +55,11 @@ def engine_key_problems(cfg, with_critic: bool) -> list:
         key = f"{section}.megatron.override_transformer_config"
         overrides = _plain(megatron.override_transformer_config)
         if section != REF or overrides != actor_overrides:  # the reference inherits the actor's by default
-            add(transformer_override_problems(overrides, key, derived, vpp, model.enable_gradient_checkpointing))
+            # a layout field repeated here with the engine key's own value (verl's Ascend launches) says nothing new
+            repeated = {name for name, value in overrides.items() if name in LAYOUT_FIELDS
+                        and value == megatron.get(LAYOUT_FIELDS[name].split(".", 1)[1])}
+            add(transformer_override_problems({k: v for k, v in overrides.items() if k not in repeated}, key, derived,
+                                              vpp, model.enable_gradient_checkpointing))
         split = {k: v for k, v in overrides.items() if k in PIPELINE_SPLIT_FIELDS}
         if split and split != actor_split:
             problems.append(f"{key}: pipeline stage sizes {split} differ from the actor's {actor_split or '(even)'}; "

@@ -212,9 +212,9 @@ def _check_context_parallel(cfg, add) -> None:
         roles.append(("critic", cfg.critic.megatron))
     for section, megatron in roles:
         if not megatron.use_remove_padding:
-            add(f"{section}.megatron.use_remove_padding=False, but context_parallel_size={cp} splits packed "
-                f"sequences over the CP ranks; set {section}.megatron.use_remove_padding=True (verl's default).",
-                f"{section}.megatron.use_remove_padding")
+            add(refusal(f"{section}.megatron.use_remove_padding=False", "context parallelism over padded (BSHD) "
+                        "batches", f"context_parallel_size={cp} splits packed sequences over the CP ranks: set "
+                        f"{section}.megatron.use_remove_padding=True (verl's default)"))
 
 
 def _check_agent(add, rollout) -> None:

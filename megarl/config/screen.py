@@ -18,8 +18,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from megarl.config.errors import Problem, refusal
 from megarl.config.schema import MegaRLConfig
-from megarl.config.verl_keys import (ICEPOP, POINTERS, THRESHOLD_STRINGS, Alias, Mapped, Noted, Parameters, Refused,
-                                     Renamed, alias_target, mapped_targets, rule_for, threshold_pair)
+from megarl.config.verl_keys import (ENGINE_ARG_KEYS, ICEPOP, POINTERS, THRESHOLD_STRINGS, Alias, Mapped, Noted,
+                                     Parameters, Refused, Renamed, alias_target, mapped_targets, rule_for,
+                                     threshold_pair)
 
 SECTION, LEAF, FREE = "section", "leaf", "free"  # FREE: a Dict field; whatever is under it belongs to it
 
@@ -117,6 +118,12 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
     for (feature, instead, issue), keys in refused.items():
         problems.append(refusal(", ".join(keys), feature, instead, issue))
     _threshold_strings(tree, problems)
+    for key, target in ENGINE_ARG_KEYS.items():
+        value = select(tree, key)
+        if value is not None and _move(tree, key, target, value, defaults, problems):
+            _delete(tree, key)
+            if spellings is not None:
+                spellings[target] = key
     return [f"{', '.join(keys)}: {note}" for note, keys in notes.items()]
 
 

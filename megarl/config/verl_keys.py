@@ -556,6 +556,14 @@ POINTERS = {
 }
 
 
+# vLLM engine arguments verl's launches pass in rollout.engine_kwargs.vllm that are megarl keys of their own:
+# moved there (given both ways with different values: an error). Other such arguments stay errors that name
+# the key (megarl.rollout.vllm.engine_config.OWNED_ENGINE_ARGS).
+ENGINE_ARG_KEYS = {
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len": "actor_rollout_ref.rollout.max_model_len",
+}
+
+
 # verl (2026) lets these ratio thresholds be strings: a float-like string is the upper bound, and
 # "lower_upper" (e.g. "0.5_5.0") a pair of bounds. megarl's keys are floats: screen_keys converts them
 # (rollout_rs_threshold's pair sets rollout_rs_threshold_lower too; rollout_is_threshold's pair is verl's

@@ -179,6 +179,9 @@ def transformer_override_problems(overrides: Mapping[str, Any], key: str, derive
         elif name == "moe_grouped_gemm" and value:
             problems.append(refusal(f"{key}.{name}={value}", "grouped-GEMM experts (TEGroupedMLP)",
                                     "the bridge maps per-expert weights (SequentialMLP): drop moe_grouped_gemm"))
+        elif name == "pipeline_model_parallel_layout" and value is not None:
+            problems.append(refusal(f"{key}.{name}={value}", "pipeline layouts by layer-type string "
+                                    "(pipeline_model_parallel_layout)", REFUSED_TRANSFORMER_FIELDS[name][1]))
         elif name in REFUSED_TRANSFORMER_FIELDS and value not in (None, REFUSED_TRANSFORMER_FIELDS[name][0]):
             problems.append(f"{key}.{name}={value}: {REFUSED_TRANSFORMER_FIELDS[name][1]}.")
         elif derived is not None and name in derived and name not in TRAINING_FIELDS and value is not None \

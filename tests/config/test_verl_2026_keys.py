@@ -101,3 +101,39 @@ def test_the_rollout_pool_size_under_the_rollout_section_is_the_pool():
     cfg = load(f"{ROLLOUT}.nnodes=1", f"{ROLLOUT}.n_gpus_per_node=2", "async_training.mode=one_step_off",
                f"{RC}.bypass_mode=True")
     assert (cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node) == (1, 2)
+
+
+def test_max_model_len_in_vllms_engine_arguments_is_the_rollouts_key():
+    cfg = load("+actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=4096")
+    assert cfg.actor_rollout_ref.rollout.max_model_len == 4096
+    assert "max_model_len" not in cfg.actor_rollout_ref.rollout.engine_kwargs["vllm"]
+    clash = problems("+actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=4096",
+                     "actor_rollout_ref.rollout.max_model_len=2048")
+    assert any("give one of them" in p.message for p in clash)
+
+
+def _override_problems(overrides: dict, megatron: dict | None = None) -> list:
+    """The engine-key check's problems for the actor's override_transformer_config (no model config here)."""
+    from megarl.checks.engine_keys import engine_key_problems
+
+    cfg = load()
+    for name, value in (megatron or {}).items():
+        cfg.actor_rollout_ref.actor.megatron[name] = value
+    cfg.actor_rollout_ref.actor.megatron.override_transformer_config = overrides
+    return engine_key_problems(cfg, with_critic=False)
+
+
+@pytest.mark.parametrize("name, value, feature", [
+    ("use_flash_attn", True, "MindSpeed"), ("use_fused_rmsnorm", True, "MindSpeed"), ("swiglu", True, "MindSpeed"),
+    ("apply_dsa_kernel_fusion", True, "DeepSeek-V4"), ("use_fused_mhc", True, "DeepSeek-V4"),
+    ("pipeline_model_parallel_layout", "Et*6|t*6L", "pipeline layouts by layer-type string"),
+])
+def test_other_megatron_builds_fields_are_refused_by_what_they_belong_to(name, value, feature):
+    found = _override_problems({name: value})
+    assert any(getattr(p, "feature", None) and feature in p.feature for p in found), found
+
+
+def test_a_layout_field_repeated_in_the_overrides_with_the_same_value_is_accepted():
+    assert not _override_problems({"sequence_parallel": True}, {"sequence_parallel": True})
+    assert any("set it with" in str(p) for p in _override_problems({"sequence_parallel": False},
+                                                                      {"sequence_parallel": True}))

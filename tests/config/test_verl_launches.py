@@ -212,21 +212,15 @@ def test_verls_fully_resolved_default_config_loads_as_a_yaml():
 # they were taken): `model_engine=megatron`, verl's string thresholds, the new engine and checkpoint keys
 LAUNCHES_2026 = [json.loads(line) for line in
                  (HERE / "megatron-example-launches-2026-08.jsonl").read_text().splitlines()]
-# what megarl still reports that is not a refusal, by launch: each a mistake by megarl's checks in verl's own
-# example (not a key megarl misreads); the test fails when one goes away, so the list stays true
+# what megarl still reports that is not a refusal, by launch: each a setting of the example's own defaults that
+# megarl's layout and optimizer checks reject (the test fails when one goes away, so the list stays true)
 OTHER_PROBLEMS_2026 = {
-    # Ascend launches: CP and SP repeated inside override_transformer_config (megarl: set on megatron.*)
-    "ascend_extras/grpo_trainer/run_qwen3_235b_256k_megatron": ["override_transformer_config.context_parallel_size: set it with",
-                                     "actor.megatron.override_transformer_config.sequence_parallel: set it with",
-                                     "ref.megatron.override_transformer_config.sequence_parallel: set it with"],
-    "ascend_extras/grpo_trainer/run_qwen3_5_122b_a10b_32k_megatron": ["actor.megatron.use_remove_padding=False, but context_parallel_size=4",
-                                           "ref.megatron.use_remove_padding=False, but context_parallel_size=4",
-                                           "override_transformer_config.sequence_parallel: set it with"],
-    "grpo_trainer/run_deepseek_v4_flash_megatron": ["pipeline_model_parallel_layout=", "optimizer_cpu_offload=True needs"],
-    # the scripts' defaults put EP x ETP over more devices than one pipeline stage has
+    # optimizer_cpu_offload without use_precision_aware_optimizer (the DeepSeek-V3 launch sets both)
+    "grpo_trainer/run_deepseek_v4_flash_megatron": ["optimizer_cpu_offload=True needs"],
+    # expert_tensor_parallel_size unset is TP (verl's "null to be same as TP"): EP x ETP exceeds a pipeline stage,
+    # which megatron-core's initialize_model_parallel rejects as well
     "grpo_trainer/run_qwen3_235b_a22b_megatron": ["expert_model_parallel_size x expert_tensor_parallel_size = 4 x 4"],
     "grpo_trainer/run_qwen3_30b_a3b_megatron": ["expert_model_parallel_size x expert_tensor_parallel_size = 2 x 4"],
-    "grpo_trainer/run_qwen3_5_122b_a10b_megatron": ["engine_kwargs.vllm.max_model_len: megarl sets this engine argument"],
 }
 
 
