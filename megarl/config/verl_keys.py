@@ -578,6 +578,14 @@ ICEPOP = ("IcePop importance weights (zero outside [lower, upper]: verl's 'lower
           "rollout_rs_threshold=upper and rollout_rs_threshold_lower=lower")
 
 
+# verl 2026 names rollout_rs's levels by the divergence they bound; its ratio-bound (k1) levels are megarl's
+ROLLOUT_RS_NAMES = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
+ROLLOUT_RS_DIVERGENCES = (
+    "rejection by a divergence bound (verl's k2 / k3 and seq_max levels) or by several levels at once",
+    "megarl rejects by ratio bounds at one level: rollout_rs=token (verl: token_k1), sequence (seq_sum_k1) or "
+    "geometric (seq_mean_k1)")
+
+
 def threshold_pair(value: str) -> tuple[float | None, float] | None:
     """verl's string form of a ratio threshold -> (lower or None, upper); None if it is neither form."""
     spec = value.strip()

@@ -137,3 +137,19 @@ def test_a_layout_field_repeated_in_the_overrides_with_the_same_value_is_accepte
     assert not _override_problems({"sequence_parallel": True}, {"sequence_parallel": True})
     assert any("set it with" in str(p) for p in _override_problems({"sequence_parallel": False},
                                                                       {"sequence_parallel": True}))
+
+
+@pytest.mark.parametrize("verl_name, level", [("token_k1", "token"), ("seq_sum_k1", "sequence"),
+                                              ("seq_mean_k1", "geometric")])
+def test_verls_ratio_bound_rejection_levels_are_megarls_levels(verl_name, level):
+    notes: list[str] = []
+    cfg = load(f"{RC}.rollout_rs={verl_name}", f"{RC}.rollout_rs_threshold=0.5_2.0", notes=notes)
+    rc = cfg.algorithm.rollout_correction
+    assert (rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower) == (level, 2.0, 0.5)
+    assert any(f"read as {RC}.rollout_rs={level}" in note for note in notes)
+
+
+@pytest.mark.parametrize("value", ["token_k2", "seq_max_k3", "'token_k1,seq_sum_k1'"])
+def test_divergence_bound_and_combined_rejection_levels_are_refused(value):
+    refusals = [p for p in problems(f"{RC}.rollout_rs={value}", f"{RC}.rollout_rs_threshold=2.0") if p.is_refusal]
+    assert any("divergence bound" in p.feature and "seq_sum_k1" in p.message for p in refusals), refusals
