@@ -14,7 +14,7 @@ from pathlib import Path
 
 from megarl.settings import plain
 
-from megarl.engine.overrides import (PIPELINE_SPLIT_FIELDS, RECOMPUTE_FIELDS, optimizer_override_problems,
+from megarl.engine.overrides import (LAYOUT_FIELDS, PIPELINE_SPLIT_FIELDS, RECOMPUTE_FIELDS, optimizer_override_problems,
                                      transformer_override_problems, transformer_overrides)
 from megarl.trainer.checkpointing import contents_problems, retention_problems
 
@@ -55,7 +55,11 @@ def engine_key_problems(cfg, with_critic: bool) -> list:
         key = f"{section}.megatron.override_transformer_config"
         overrides = _plain(megatron.override_transformer_config)
         if section != REF or overrides != actor_overrides:  # the reference inherits the actor's by default
-            add(transformer_override_problems(overrides, key, derived, vpp, model.enable_gradient_checkpointing))
+            # a layout field repeated here with the engine key's own value (verl's Ascend launches) says nothing new
+            repeated = {name for name, value in overrides.items() if name in LAYOUT_FIELDS
+                        and value == megatron.get(LAYOUT_FIELDS[name].split(".", 1)[1])}
+            add(transformer_override_problems({k: v for k, v in overrides.items() if k not in repeated}, key, derived,
+                                              vpp, model.enable_gradient_checkpointing))
         split = {k: v for k, v in overrides.items() if k in PIPELINE_SPLIT_FIELDS}
         if split and split != actor_split:
             problems.append(f"{key}: pipeline stage sizes {split} differ from the actor's {actor_split or '(even)'}; "
@@ -76,6 +80,19 @@ def engine_key_problems(cfg, with_critic: bool) -> list:
     return problems
 
 
+def _unsupported_architecture(path: Path) -> bool:
+    """config.json names an architecture no bridge family has (the model check refuses it)."""
+    import json
+
+    from megarl.models.families import supported_architectures
+
+    try:
+        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return False
+    return bool(architectures) and architectures[0] not in supported_architectures()
+
+
 def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
     """(the TransformerConfig fields the bridge derives for the model, problems found with its dims).
 
@@ -87,7 +104,12 @@ def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
     from megarl.settings.engine import layout_from_config
 
     path = Path(cfg.actor_rollout_ref.model.path)
-    hf_config = load_hf_config(path)
+    try:
+        hf_config = load_hf_config(path)
+    except ValueError:
+        if _unsupported_architecture(path):
+            return {}, []  # transformers cannot read a model no bridge has: the pre-flight check refuses it
+        raise
     try:
         family = family_for(hf_config)
     except ValueError:

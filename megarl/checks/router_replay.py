@@ -7,7 +7,7 @@ experts) is checked by ``model_problems`` with the other layout checks.
 """
 from __future__ import annotations
 
-from megarl.config.errors import Problem
+from megarl.config.errors import Problem, refusal
 from megarl.settings.derived import old_log_prob_pass
 
 KEY = "actor_rollout_ref.actor.router_replay.mode"
@@ -19,9 +19,9 @@ def router_replay_problems(cfg, notes: list[str]) -> list[Problem]:
     if mode not in MODES:
         return [Problem(f"{KEY}={mode!r} is not one of {MODES}", key=KEY)]
     if mode == "R3":
-        return [Problem(f"{KEY}=R3 replays the routing of the rollout engine, which megarl's fleet does not return "
-                        "yet (vLLM's enable_return_routed_experts); use R2, which replays the old-log-prob pass's "
-                        "routing in the update", key=KEY)]
+        return [refusal(f"{KEY}=R3", "router replay from the rollout engine (R3)", "megarl's fleet does not return "
+                        "the rollout's routing yet (vLLM's enable_return_routed_experts); use R2, which replays the "
+                        "old-log-prob pass's routing in the update")]
     if mode == "disabled":
         return []
     problems = []

@@ -212,9 +212,9 @@ def _check_context_parallel(cfg, add) -> None:
         roles.append(("critic", cfg.critic.megatron))
     for section, megatron in roles:
         if not megatron.use_remove_padding:
-            add(f"{section}.megatron.use_remove_padding=False, but context_parallel_size={cp} splits packed "
-                f"sequences over the CP ranks; set {section}.megatron.use_remove_padding=True (verl's default).",
-                f"{section}.megatron.use_remove_padding")
+            add(refusal(f"{section}.megatron.use_remove_padding=False", "context parallelism over padded (BSHD) "
+                        "batches", f"context_parallel_size={cp} splits packed sequences over the CP ranks: set "
+                        f"{section}.megatron.use_remove_padding=True (verl's default)"))
 
 
 def _check_agent(add, rollout) -> None:
@@ -265,7 +265,9 @@ def _check_rollout(cfg, add) -> None:
 
     if rollout.n < 1:
         add(f"actor_rollout_ref.rollout.n={rollout.n}: must be >= 1.")
-    elif grouped_estimator(cfg) and rollout.n < 2:
+    elif grouped_estimator(cfg) and rollout.n < 2 and not (
+            cfg.distillation.enabled and not cfg.distillation.distillation_loss.use_task_rewards):
+        # (distilling without task rewards: the distillation loss is the whole loss, the advantages go unused)
         add(f"algorithm.adv_estimator={a.adv_estimator!r} compares responses within a group, so "
             f"actor_rollout_ref.rollout.n={rollout.n} gives all-zero advantages; set rollout.n >= 2.")
     if not 0 < rollout.gpu_memory_utilization <= 1:

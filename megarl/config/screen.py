@@ -18,8 +18,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from megarl.config.errors import Problem, refusal
 from megarl.config.schema import MegaRLConfig
-from megarl.config.verl_keys import (POINTERS, Alias, Mapped, Noted, Parameters, Refused, Renamed, alias_target,
-                                     mapped_targets, rule_for)
+from megarl.config.verl_keys import (ENGINE_ARG_KEYS, ICEPOP, POINTERS, ROLLOUT_RS_DIVERGENCES, ROLLOUT_RS_NAMES,
+                                     THRESHOLD_STRINGS, Alias, Mapped, Noted, Parameters, Refused, Renamed,
+                                     alias_target, mapped_targets, rule_for, threshold_pair)
 
 SECTION, LEAF, FREE = "section", "leaf", "free"  # FREE: a Dict field; whatever is under it belongs to it
 
@@ -78,6 +79,8 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
 
     for key, value in list(_leaves(tree)):
         if in_schema(key):
+            if value is None and key.startswith("reward_model.") and select(defaults, key) is not None:
+                _delete(tree, key)  # verl 2026 leaves its deprecated reward_model section null (reward.* is read)
             continue
         rule, target = _follow_aliases(key)
         if isinstance(rule, Alias) and rule.active is not None and not rule.active(lambda p: select(as_given, p)):
@@ -114,7 +117,61 @@ def screen_keys(tree: DictConfig, source: str, problems: list[Problem], defaults
         _delete(tree, key)
     for (feature, instead, issue), keys in refused.items():
         problems.append(refusal(", ".join(keys), feature, instead, issue))
+    _threshold_strings(tree, problems)
+    _rollout_rs_names(tree, problems, notes)
+    for key, target in ENGINE_ARG_KEYS.items():
+        value = select(tree, key)
+        if value is not None and _move(tree, key, target, value, defaults, problems):
+            _delete(tree, key)
+            if spellings is not None:
+                spellings[target] = key
     return [f"{', '.join(keys)}: {note}" for note, keys in notes.items()]
+
+
+def _rollout_rs_names(tree: DictConfig, problems: list[Problem], notes: dict[str, list[str]]) -> None:
+    """verl 2026's rollout_rs level names: its ratio-bound (k1) levels are megarl's levels; others refused."""
+    key = "algorithm.rollout_correction.rollout_rs"
+    try:
+        value = OmegaConf.select(tree, key, default=None)
+    except Exception:  # an interpolation that does not resolve here: the typed build reports it
+        return
+    if not isinstance(value, str) or value.startswith("${"):
+        return
+    names = list(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    if len(names) == 1 and names[0] in ROLLOUT_RS_NAMES:
+        with open_dict(tree):
+            OmegaConf.update(tree, key, ROLLOUT_RS_NAMES[names[0]], merge=False, force_add=True)
+        notes.setdefault(f"read as {key}={ROLLOUT_RS_NAMES[names[0]]} (verl 2026's name of that level)",
+                         []).append(f"{key}={value}")
+    elif len(names) > 1 or (names and any(n in ROLLOUT_RS_NAMES or "_k" in n for n in names)):
+        problems.append(refusal(f"{key}={value}", *ROLLOUT_RS_DIVERGENCES))
+        with open_dict(tree):
+            OmegaConf.update(tree, key, None, merge=False, force_add=True)
+
+
+def _threshold_strings(tree: DictConfig, problems: list[Problem]) -> None:
+    """verl's string forms of the ratio thresholds (``verl_keys.THRESHOLD_STRINGS``) as megarl's floats."""
+    for key, lower_key in THRESHOLD_STRINGS.items():
+        try:
+            value = OmegaConf.select(tree, key, default=None)
+        except Exception:  # an interpolation that does not resolve here: the typed build reports it
+            continue
+        if not isinstance(value, str) or value.startswith("${") or (pair := threshold_pair(value)) is None:
+            continue  # a float, or not a threshold (the typed build reports it)
+        lower, upper = pair
+        with open_dict(tree):
+            OmegaConf.update(tree, key, upper, merge=False, force_add=True)
+        if lower is None:
+            continue
+        if lower_key is None:
+            problems.append(refusal(f"{key}={value}", *ICEPOP))
+            continue
+        given = OmegaConf.select(tree, lower_key, default=None)
+        if given is not None and given != lower:
+            problems.append(Problem(f"{key}={value} sets {lower_key}={lower}, but {lower_key}={given} is given; "
+                                    "give one of them", key=key))
+        with open_dict(tree):
+            OmegaConf.update(tree, lower_key, lower, merge=False, force_add=True)
 
 
 def _follow_aliases(key: str) -> tuple[Any, str]:

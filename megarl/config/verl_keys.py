@@ -61,6 +61,10 @@ def _fsdp_lora_aliases(model: str) -> tuple[Alias, ...]:
         ("exclude_modules", "exclude_modules"), ("lora_adapter_path", "adapter_path")))
 
 
+def _v1_async(get: Callable[[str], Any]) -> bool:
+    return get("trainer.v1.trainer_mode") not in (None, "sync")
+
+
 @dataclass(frozen=True)
 class Mapped:
     keys: tuple[str, ...]
@@ -126,18 +130,72 @@ ALIASES: tuple[Alias, ...] = (
           note="read as reward_model.rollout.max_num_batched_tokens: tokens per step of the reward model's vLLM engines"),
     Alias(f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes", f"{ROLLOUT}.weight_sync.bucket_mb"),
     Alias(f"{ACTOR}.megatron.router_replay.mode", f"{ACTOR}.router_replay.mode"),  # verl's mainline spelling
+    # verl 2026: the separate rollout pool's size also under actor_rollout_ref.rollout (one-step-off / fully async)
+    Alias(f"{ROLLOUT}.nnodes", "rollout.nnodes"),
+    Alias(f"{ROLLOUT}.n_gpus_per_node", "rollout.n_gpus_per_node"),
+    Alias("data.function_tool_path", f"{ROLLOUT}.multi_turn.function_tool_path"),  # verl 2026 repeats it under data
+    # verl 2026's optim.use_precision_aware_optimizer is megatron-core's OptimizerConfig field of that name
+    *(Alias(f"{role}.optim.use_precision_aware_optimizer",
+            f"{role}.optim.override_optimizer_config.use_precision_aware_optimizer",
+            active=lambda get, role=role: get(f"{role}.optim.use_precision_aware_optimizer") is True)
+      for role in TRAINED),
     *_fsdp_lora_aliases(MODEL),
     *_fsdp_lora_aliases("critic.model"),
 )
 
 RULES: tuple[Rule, ...] = ALIASES + (
     Parameters(("_target_", "*._target_"), of="verl's config class names"),
+    # ---------------------------------------------------------------- verl's 2026 engine selector and groups
+    # verl >= mid-2026 picks the training engine with a top-level Hydra group (`model_engine=megatron`; the
+    # deprecated ppo_megatron_trainer.yaml sets it) and composes actor/ref/critic from `<engine>_actor` etc.;
+    # megatron is what megarl always runs, so that value is honoured and every other engine is refused
+    Refused(("model_engine", *_each(ENGINES, "model_engine")), "training engines other than megatron-core",
+            "megarl trains every role with megatron-core, which is verl's model_engine=megatron "
+            "(set model_engine=megatron or leave it out)", off=("megatron",)),
+    Refused(_each(ENGINES, "megatron.use_megatron_fsdp"), "Megatron-FSDP (megatron-core's fully sharded "
+            "data parallelism)", "megarl shards the optimizer state with the distributed optimizer and can offload "
+            "(megatron.param_offload, grad_offload, optimizer_offload)", off=(False,)),
+    Refused(_each(TRAINED, "checkpoint.strict"), "lenient checkpoint loads (missing or unexpected tensors skipped)",
+            "megarl loads a checkpoint strictly: every tensor of the model must be in it", off=(True,)),
+    Refused(_each(TRAINED, "checkpoint.mbridge_config.*"), "mbridge's checkpoint options",
+            "megarl saves and exports through its own bridge (megarl/models)"),
+    Refused(_each(ENGINES, "megatron.dist_ckpt_optim_fully_reshardable"), "fully reshardable optimizer checkpoints "
+            "(resuming the optimizer state under another TP/PP/EP layout)", "megarl saves the optimizer state in "
+            "megatron-core's default dist-checkpoint format; the weights reshard through the bridge", off=(False,)),
+    Parameters(_each(ENGINES, "megatron.distrib_optim_fully_reshardable_mem_efficient"),
+               of="fully reshardable optimizer checkpoints"),
+    Refused(_each(ENGINES, "megatron.dynamic_context_parallel"), "dynamic context-parallel scheduling",
+            "context parallelism splits every packed micro-batch over megatron.context_parallel_size ranks",
+            off=(False,)),
+    Parameters(_each(ENGINES, "megatron.max_seqlen_per_dp_cp_rank"), of="dynamic context parallelism"),
+    Noted(_each(ENGINES, "megatron.pad_to_length", "megatron.pad_to_length_bucket", "megatron.pad_bshd_to_minibatch_max"),
+          "verl's padding-shape options (fewer kernel recompilations; speed only): megarl packs each micro-batch's "
+          "sequences (THD) with its own padding"),
+    Noted(_each(ENGINES, "entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size",
+                "megatron.entropy_from_logits_with_chunking", "megatron.entropy_from_logits_chunk_size"),
+          "megarl computes entropy with its own vocab-parallel kernels, a TP shard of the vocabulary at a time "
+          "(verl's chunking saves the same memory)"),
+    Refused(_each(ENGINES, "megatron.qat.enable", "qat.enable") + (f"{ROLLOUT}.qat",),
+            "quantization-aware training (QAT)", "megarl trains in bf16 and serves the trainer's weights in "
+            "rollout.dtype", off=(False,)),
+    Parameters(_each(ENGINES, "megatron.qat.*", "qat.*"), of="quantization-aware training"),
+    Refused(_each(TRAINED, "optim.use_layer_wise_distributed_optimizer"), "megatron-core's layer-wise distributed "
+            "optimizer", "the distributed optimizer shards the optimizer state over data-parallel ranks",
+            off=(False,)),
+    Refused(_each(TRAINED, "optim.main_grads_dtype", "optim.exp_avg_dtype", "optim.exp_avg_sq_dtype"),
+            "low-precision gradient buffers or Adam moments", "the optimizer keeps fp32 main gradients and moments "
+            "(megatron-core's defaults); to save memory, offload them (megatron.optimizer_offload)",
+            off=("fp32", "float32")),
+    Parameters(_each(TRAINED, "optim.muon_*"), of="the Muon optimizer (picked by optim.optimizer)"),
+    Refused((f"{ACTOR}.calculate_sum_pi_squared",), "the sum of squared token probabilities (verl's optimal token "
+            "baseline)", "megarl computes the log-probs and the entropy of each token", off=(False,)),
     # ---------------------------------------------------------------- model and bridge
     Noted(_each(ENGINES, "megatron.use_mbridge", "megatron.vanilla_mbridge")
           + ("reward_model.megatron.use_mbridge", "reward_model.megatron.vanilla_mbridge"),
           "megarl loads and exports Hugging Face checkpoints with its own bridge (megarl/models); "
           "mbridge and Megatron-Bridge are not used"),
-    Noted((f"{MODEL}.use_fused_kernels", f"{ACTOR}.use_fused_kernels", f"{MODEL}.fused_kernel_options.*"),
+    Noted((f"{MODEL}.use_fused_kernels", f"{ACTOR}.use_fused_kernels", f"{MODEL}.fused_kernel_options.*",
+           "critic.model.use_fused_kernels", "critic.model.fused_kernel_options.*"),
           "megarl computes log-probs and entropy with its own vocab-parallel kernels (full-vocab logits are "
           "never gathered over TP); verl's fused kernels are not used"),
     Noted((f"{MODEL}.use_remove_padding", "critic.model.use_remove_padding"),
@@ -145,8 +203,8 @@ RULES: tuple[Rule, ...] = ALIASES + (
           "by <role>.megatron.use_remove_padding (actor, ref, critic; default True)"),
     Noted(_each((ACTOR, REF), "use_torch_compile"), "megarl does not torch.compile its kernels (speed only)"),
     Noted(_each(ENGINES, "calculate_entropy"), "megarl computes the entropy metric every step"),
-    Noted((f"{MODEL}.use_shm", "data.use_shm"), "megarl reads checkpoints and data files in place"),
-    Noted((f"{MODEL}.use_liger", f"{MODEL}.tiled_mlp.*"),
+    Noted((f"{MODEL}.use_shm", "data.use_shm", "critic.model.use_shm"), "megarl reads checkpoints and data files in place"),
+    Noted((f"{MODEL}.use_liger", f"{MODEL}.tiled_mlp.*", "critic.model.use_liger", "critic.model.tiled_mlp.*"),
           "FSDP-only options in verl; its Megatron workers do not use them either"),
     Refused(("critic.model.tokenizer_path",), "a critic tokenizer apart from the actor's",
             "the critic scores the actor's token ids", off=lambda value, get: value in (
@@ -166,23 +224,30 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "the bridge derives the GPTModel from config.json"),
     Refused(_each(ENGINES, "load_weight"), "random initialisation instead of the checkpoint's weights",
             "the models start from model.path (or a dist checkpoint)", off=(True,)),
-    Refused((f"{MODEL}.hf_config_path",), "a config.json apart from the weights",
+    Refused((f"{MODEL}.hf_config_path", "critic.model.hf_config_path"), "a config.json apart from the weights",
             "actor_rollout_ref.model.path must hold config.json and the safetensors"),
     Refused((f"{MODEL}.external_lib", "critic.model.external_lib"), "importing external model code",
             "models must belong to a bridge family (megarl.models.families)"),
     Refused((f"{MODEL}.override_config.moe_config.freeze_moe_router",
              "critic.model.override_config.moe_config.freeze_moe_router"),
             "freezing the MoE router", "the router trains with the rest of the model", off=(False,)),
-    Refused((f"{MODEL}.enable_activation_offload",), "activation offload",
+    Refused((f"{MODEL}.override_config.*", "critic.model.override_config.*"), "overriding Hugging Face config "
+            "fields", "edit config.json in a copy of the checkpoint", off=lambda value, get: False),
+    Refused((f"{MODEL}.enable_activation_offload", "critic.model.enable_activation_offload"), "activation offload",
             "use activation recompute (megatron.override_transformer_config.recompute_*)", off=(False,)),
-    Refused((f"{MODEL}.mtp.enable", f"{MODEL}.mtp.enable_train", f"{MODEL}.mtp.enable_rollout"),
+    Refused(_each((MODEL, "critic.model"), "mtp.enable", "mtp.enable_train", "mtp.enable_rollout"),
             "multi-token prediction (MTP) layers", "a checkpoint's MTP tensors are skipped and named in one log line "
             "(DeepSeek-V3, Kimi-K2, GLM-4.5, Qwen3-Next): megarl trains and serves the main model, and an export "
             "leaves them out", off=(False,), issue=24),
-    Parameters((f"{MODEL}.mtp.*", f"{ROLLOUT}.mtp"), of="multi-token prediction"),
+    Parameters((f"{MODEL}.mtp.*", "critic.model.mtp.*", f"{ROLLOUT}.mtp"), of="multi-token prediction"),
+    Refused(("critic.model.custom_chat_template",), "a critic chat template apart from the actor's",
+            "the critic scores the actor's token ids", off=lambda value, get: value == get(f"{MODEL}.custom_chat_template")),
+    Noted(("critic.model.lora.merge",), "the critic's weights never reach a rollout engine: lora.merge applies to "
+          "the actor's adapters only"),
     Refused((f"{ACTOR}.freeze_vision_tower",), "vision-language models",
             "megarl trains text-only causal LMs", off=(False,)),
-    Parameters(("data.image_key", "data.video_key", "data.image_patch_size", "data.return_multi_modal_inputs"),
+    Parameters(("data.image_key", "data.video_key", "data.audio_key", "data.image_patch_size",
+                "data.return_multi_modal_inputs", "data.mm_processor_kwargs"),
                of="vision-language data (refused by the model check)"),
     # ---------------------------------------------------------------- LoRA (the FSDP-style lora_rank, ...: ALIASES)
     Refused(_each((MODEL, "critic.model"), "lora.a2a_experimental"), "Megatron-Bridge's experimental all-to-all "
@@ -192,7 +257,7 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Parameters(_each((MODEL, "critic.model"), "lora.freeze_vision_model", "lora.freeze_vision_projection",
                      "lora.freeze_language_model"), of="vision-language LoRA (lora.type=vlm_lora is refused)"),
     # ---------------------------------------------------------------- actor loss and optimizer
-    Refused((f"{ACTOR}.loss_scale_factor",), "a custom loss_scale_factor",
+    Refused((f"{ACTOR}.loss_scale_factor", "critic.loss_scale_factor"), "a custom loss_scale_factor",
             "seq-mean-token-sum-norm divides by the padded response length (verl's default)"),
     Refused((f"{ACTOR}.use_prefix_grouper",), "the prefix grouper (shared-prompt attention)",
             "each sample is computed with its own prompt", off=(False,)),
@@ -234,16 +299,48 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "profiling inside the workers", PROFILING, off=(False,)),
     Parameters(_each(PROFILED, "profiler.*") + ("global_profiler.*",), of="profiling"),
     # ---------------------------------------------------------------- rollout
-    Noted((f"{ROLLOUT}.multi_stage_wake_up",), "megarl always wakes the weights first, then the KV cache"),
+    Noted((f"{ROLLOUT}.multi_stage_wake_up", "reward_model.rollout.multi_stage_wake_up"),
+          "megarl always wakes the weights first, then the KV cache"),
+    Noted((f"{ROLLOUT}.layered_summon", "reward_model.rollout.layered_summon"), "an FSDP option of verl's (gathering "
+          "the weights layer by layer): megarl sends the weights bucket by bucket (rollout.weight_sync.bucket_mb)"),
+    Refused((f"{ROLLOUT}.full_determinism", "reward_model.rollout.full_determinism"), "bitwise-deterministic "
+            "rollouts", "the engines are seeded (rollout.seed), not batch-invariant", off=(False,)),
+    Refused((f"{ROLLOUT}.moe_load_balance_metrics_interval",), "the rollout's MoE load-balance metrics",
+            "they need the rollout's routing, which the fleet does not return (enable_rollout_routing_replay)",
+            off=(0,)),
+    Refused((f"{ROLLOUT}.disaggregation.enabled", "reward_model.rollout.disaggregation.enabled"),
+            "prefill/decode disaggregation", "each replica prefills and decodes its own requests", off=(False,)),
+    Parameters((f"{ROLLOUT}.disaggregation.*", "reward_model.rollout.disaggregation.*"), of="disaggregated serving"),
+    Refused((f"{ROLLOUT}.checkpoint_engine.custom_backend_module",), "verl's checkpoint engines",
+            "megarl syncs weights with its own layer: set actor_rollout_ref.rollout.weight_sync.transport "
+            "(auto, nccl, gloo or cuda_ipc)"),
+    # verl 2026's reward-model engines take the rollout's sampling keys; megarl's judge and reward-model requests
+    # carry their own (temperature 0 unless reward_model.judge says otherwise), so only verl's defaults pass
+    Refused(("reward_model.rollout.do_sample", "reward_model.rollout.temperature", "reward_model.rollout.top_k",
+             "reward_model.rollout.top_p", "reward_model.rollout.n", "reward_model.rollout.ignore_eos"),
+            "engine-wide sampling settings for the reward model", "a judge's requests carry their sampling "
+            "(reward_model.judge; greedy by default) and a reward model scores without sampling",
+            off=(True, False, 1.0, 1, -1)),
+    Refused(("reward_model.rollout.scheduling_policy",), "a scheduling policy for the reward model's engines",
+            "they serve requests first come, first served", off=("fcfs",)),
+    Refused(("reward_model.rollout.pipeline_model_parallel_size",), "pipeline parallelism in the reward model's "
+            "engines", "raise reward_model.rollout.tensor_model_parallel_size", off=(1,)),
+    Refused(("reward_model.rollout.quantization",), "quantized reward-model weights",
+            "the engines serve reward_model.model.path's weights in reward_model.rollout.dtype"),
+    Parameters(("reward_model.rollout.quantization_config_file", "reward_model.rollout.mtp"),
+               of="quantized or speculative reward-model serving"),
     Noted((f"{ROLLOUT}.skip_tokenizer_init",), "the fleet keeps vLLM's tokenizer (stop strings and response texts need it)"),
     Noted((f"{ROLLOUT}.calculate_log_probs",), "the fleet always returns the sampled tokens' log-probs (rollout/logprob_diff)"),
     Noted((f"{ROLLOUT}.layer_name_map.*",), "megarl derives vLLM's fused parameter names from the model family"),
     Refused((f"{ROLLOUT}.load_format",), "vLLM load formats other than auto", "the engines load model.path's "
             "safetensors, then receive the trainer's weights", off=("auto", "dummy", "safetensors")),
     Refused((f"{ROLLOUT}.data_parallel_size",), "data parallelism inside one rollout engine",
-            "set actor_rollout_ref.rollout.num_replicas: each replica is one engine", off=(1,)),
+            "set actor_rollout_ref.rollout.num_replicas: each replica is one engine", off=(1,), issue=26),
     Refused((f"{ROLLOUT}.expert_parallel_size",), "expert parallelism in the rollout engines",
-            "vLLM splits the experts over the replica's tensor-parallel ranks", off=(1,)),
+            "vLLM splits the experts over the replica's tensor-parallel ranks", off=(1,), issue=26),
+    Refused((f"{ROLLOUT}.moe_tensor_parallel_size",), "a tensor-parallel size for the rollout's experts apart "
+            "from the engine's", "vLLM splits the experts over the replica's tensor-parallel ranks "
+            "(actor_rollout_ref.rollout.tensor_model_parallel_size)", off=(1,), issue=26),
     Refused((f"{ROLLOUT}.pipeline_model_parallel_size",), "pipeline parallelism in the rollout engines",
             "raise actor_rollout_ref.rollout.tensor_model_parallel_size (a replica may span nodes)", off=(1,)),
     Refused((f"{ROLLOUT}.cudagraph_capture_sizes",), "this key for CUDA-graph sizes",
@@ -336,6 +433,9 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "SGLang and TensorRT-LLM engine arguments", "the reward model's engine is vLLM: use "
             "reward_model.rollout.engine_kwargs.vllm"),
     # ---------------------------------------------------------------- algorithm
+    Refused(("algorithm.filter_groups.max_inflight_gen_batches",), "several DAPO generation batches in flight",
+            "DAPO generates further batches one after another until enough groups remain "
+            "(algorithm.filter_groups.max_num_gen_batches bounds them)", off=(1,)),
     Refused(("algorithm.use_pf_ppo",), "PF-PPO (reweighted sampling of the batch)",
             "every sample of the batch is trained on once per epoch", off=(False,)),
     Parameters(("algorithm.pf_ppo.*",), of="PF-PPO"),
@@ -344,10 +444,13 @@ RULES: tuple[Rule, ...] = ALIASES + (
         "sync": {"async_training.mode": "sync"},
         "colocate_async": {"async_training.mode": "fully_async", "trainer.placement": "colocated"},
         "separate_async": {"async_training.mode": "fully_async", "trainer.placement": "split"}}),
-    Alias("trainer.v1.sampler.max_off_policy_threshold", "async_training.staleness_threshold"),
-    Alias("trainer.v1.sampler.max_off_policy_strategy", "async_training.max_off_policy_strategy"),
-    Alias("trainer.v1.separate_async.parameter_sync_step", "async_training.trigger_parameter_sync_step"),
-    Alias("trainer.v1.colocate_async.parameter_sync_step", "async_training.trigger_parameter_sync_step"),
+    # (the sampler's bounds mean something in verl's asynchronous modes only: its sync trainer is on-policy)
+    Alias("trainer.v1.sampler.max_off_policy_threshold", "async_training.staleness_threshold", active=_v1_async),
+    Alias("trainer.v1.sampler.max_off_policy_strategy", "async_training.max_off_policy_strategy", active=_v1_async),
+    Alias("trainer.v1.separate_async.parameter_sync_step", "async_training.trigger_parameter_sync_step",
+          active=lambda get: get("trainer.v1.trainer_mode") == "separate_async"),
+    Alias("trainer.v1.colocate_async.parameter_sync_step", "async_training.trigger_parameter_sync_step",
+          active=lambda get: get("trainer.v1.trainer_mode") == "colocate_async"),
     Alias("async_training.use_rollout_log_probs", "algorithm.rollout_correction.bypass_mode",
           note="read as algorithm.rollout_correction.bypass_mode (the rollout's log-probs are the old log-probs)"),
     Alias(f"{ACTOR}.use_rollout_log_probs", "algorithm.rollout_correction.bypass_mode",
@@ -363,6 +466,10 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "allows from the first step on", off=(1,)),
     Refused(("trainer.v1.sampler.custom_sampler.path",), "custom replay-buffer samplers",
             "groups train earliest deadline first (async_training.max_off_policy_strategy)"),
+    Refused(("trainer.v1.separate_async.hybrid_rollout.enable_switch",), "lending idle trainer GPUs to generation "
+            "(verl's hybrid rollout switch)", "the split placement keeps trainer and rollout devices apart "
+            "(trainer.rollout_gpus sizes the rollout's share)", off=(False,)),
+    Parameters(("trainer.v1.separate_async.hybrid_rollout.*",), of="verl's hybrid rollout switch"),
     Refused(("trainer.v1.*",), "this option of verl's v1 trainer", "megarl's asynchronous loop is configured by "
             "async_training.* (docs/training.md, Asynchronous training)", off=(False, 0)),
     Parameters(("trainer.v1.sampler.custom_sampler.*",), of="custom samplers"),
@@ -411,6 +518,15 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Parameters(("transfer_queue.*",), of="TransferQueue"),
     Refused(("hydra.*",), "Hydra's job settings (run directories, job logging)",
             "megarl writes under trainer.default_local_dir and logs to the console"),
+    # verl's 2026 launches run the driver and Ray's workers through `uv run --extra <rollout> --extra megatron`
+    # and say so here; megarl's workers run in the driver's interpreter, i.e. in that same uv environment when
+    # megarl is launched under `uv run` (a cluster started beforehand: the interpreter that started it)
+    Refused(("ray_kwargs.ray_init.runtime_env.py_executable",), "running Ray's workers under another interpreter",
+            "megarl's workers run in the driver's Python environment (or the one that started the cluster): "
+            "launch megarl under the interpreter you need",
+            off=lambda value, get: isinstance(value, str) and value.split()[:1] == ["uv"] and " run" in value,
+            note="megarl's Ray workers run in the driver's interpreter: launched under `uv run ...`, that is the "
+                 "uv environment this key names"),
     Refused(("ray_kwargs.ray_init.runtime_env.*",), "Ray runtime environments set from the config",
             "start Ray in the environment you need (launch/ray_local.sh, slurm/launch.sh)"),
 )
@@ -436,6 +552,46 @@ POINTERS = {
     "epochs": "trainer.total_epochs", "num_epochs": "trainer.total_epochs",
     "gpus_per_node": "trainer.n_gpus_per_node", "num_nodes": "trainer.nnodes",
 }
+
+
+# vLLM engine arguments verl's launches pass in rollout.engine_kwargs.vllm that are megarl keys of their own:
+# moved there (given both ways with different values: an error). Other such arguments stay errors that name
+# the key (megarl.rollout.vllm.engine_config.OWNED_ENGINE_ARGS).
+ENGINE_ARG_KEYS = {
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len": "actor_rollout_ref.rollout.max_model_len",
+}
+
+
+# verl (2026) lets these ratio thresholds be strings: a float-like string is the upper bound, and
+# "lower_upper" (e.g. "0.5_5.0") a pair of bounds. megarl's keys are floats: screen_keys converts them
+# (rollout_rs_threshold's pair sets rollout_rs_threshold_lower too; rollout_is_threshold's pair is verl's
+# IcePop weighting, refused).
+THRESHOLD_STRINGS = {
+    "algorithm.rollout_correction.rollout_is_threshold": None,
+    "algorithm.rollout_correction.rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold_lower",
+}
+ICEPOP = ("IcePop importance weights (zero outside [lower, upper]: verl's 'lower_upper' rollout_is_threshold)",
+          "a float rollout_is_threshold truncates the weights at that bound (TIS); to drop the tokens whose ratio "
+          "lies outside [lower, upper], set algorithm.rollout_correction.rollout_rs=token with "
+          "rollout_rs_threshold=upper and rollout_rs_threshold_lower=lower")
+
+
+# verl 2026 names rollout_rs's levels by the divergence they bound; its ratio-bound (k1) levels are megarl's
+ROLLOUT_RS_NAMES = {"token_k1": "token", "seq_sum_k1": "sequence", "seq_mean_k1": "geometric"}
+ROLLOUT_RS_DIVERGENCES = (
+    "rejection by a divergence bound (verl's k2 / k3 and seq_max levels) or by several levels at once",
+    "megarl rejects by ratio bounds at one level: rollout_rs=token (verl: token_k1), sequence (seq_sum_k1) or "
+    "geometric (seq_mean_k1)")
+
+
+def threshold_pair(value: str) -> tuple[float | None, float] | None:
+    """verl's string form of a ratio threshold -> (lower or None, upper); None if it is neither form."""
+    spec = value.strip()
+    lower, sep, upper = spec.partition("_")
+    try:
+        return (float(lower), float(upper)) if sep else (None, float(spec))
+    except ValueError:
+        return None
 
 
 def mapped_targets(rule: Mapped, key: str, value: Any) -> dict | None:

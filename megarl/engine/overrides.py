@@ -131,6 +131,19 @@ def _fields(classes: list[type]) -> dict[str, Any]:
     return hints
 
 
+# override_transformer_config fields of other Megatron builds that verl's 2026 launches set: refused by what
+# they belong to (only while the installed megatron-core lacks them), not reported as misspellings
+_MINDSPEED = ("MindSpeed's (Ascend NPU) TransformerConfig options",
+              "megarl runs megatron-core on CUDA GPUs (or CPU), where these fused kernels and flags do not exist: "
+              "drop them")
+_DEEPSEEK_V4 = ("DeepSeek-V4's sparse-attention kernels and mHC (a newer megatron-core)",
+                "megarl's megatron-core has no DeepSeek-V4 layers, and DeepseekV4ForCausalLM has no bridge family")
+FOREIGN_FIELDS = {**{name: _MINDSPEED for name in (
+    "use_flash_attn", "use_fused_rmsnorm", "swiglu", "use_fused_swiglu", "use_naive_l2norm",
+    "use_distributed_optimizer", "context_parallel_algo", "use_fused_rotary_pos_emb", "use_fused_ring_attention_update")},
+                  **{name: _DEEPSEEK_V4 for name in ("apply_dsa_kernel_fusion", "use_fused_mhc")}}
+
+
 def _unknown(name: str, known: Collection[str], key: str, what: str) -> str:
     close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
     hint = f"; closest: {', '.join(close)}" if close else ""
@@ -154,6 +167,9 @@ def transformer_override_problems(overrides: Mapping[str, Any], key: str, derive
         if name in VOCAB_FIELDS:
             problems.append(f"{key}.{name}: the vocabulary comes from the HF config at actor_rollout_ref.model.path; "
                             "its padding is set by actor_rollout_ref.actor.megatron.make_vocab_size_divisible_by.")
+        elif name not in known and name in FOREIGN_FIELDS:
+            feature, instead = FOREIGN_FIELDS[name]
+            problems.append(refusal(f"{key}.{name}={value}", feature, instead))
         elif name not in known:
             problems.append(_unknown(name, known, key, "TransformerConfig"))
         elif name in LAYOUT_FIELDS:
@@ -163,6 +179,9 @@ def transformer_override_problems(overrides: Mapping[str, Any], key: str, derive
         elif name == "moe_grouped_gemm" and value:
             problems.append(refusal(f"{key}.{name}={value}", "grouped-GEMM experts (TEGroupedMLP)",
                                     "the bridge maps per-expert weights (SequentialMLP): drop moe_grouped_gemm"))
+        elif name == "pipeline_model_parallel_layout" and value is not None:
+            problems.append(refusal(f"{key}.{name}={value}", "pipeline layouts by layer-type string "
+                                    "(pipeline_model_parallel_layout)", REFUSED_TRANSFORMER_FIELDS[name][1]))
         elif name in REFUSED_TRANSFORMER_FIELDS and value not in (None, REFUSED_TRANSFORMER_FIELDS[name][0]):
             problems.append(f"{key}.{name}={value}: {REFUSED_TRANSFORMER_FIELDS[name][1]}.")
         elif derived is not None and name in derived and name not in TRAINING_FIELDS and value is not None \

@@ -44,6 +44,10 @@ MOONLIGHT = dict(hidden_size=2048, num_hidden_layers=27, num_attention_heads=16,
                  kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=163840,
                  routed_scaling_factor=2.446, scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True,
                  rope_theta=50000.0, max_position_embeddings=8192)
+QWEN3_8B = dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                intermediate_size=12288, vocab_size=151936)
+QWEN3_32B = dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=25600, vocab_size=151936)
 MODELS = {
     "Qwen2": ("Qwen2ForCausalLM", "qwen2", QWEN2_7B),
     "Qwen2.5-3B": ("Qwen2ForCausalLM", "qwen2", dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
@@ -63,6 +67,14 @@ MODELS = {
     "DeepSeek-V3": ("DeepseekV3ForCausalLM", "deepseek_v3", DEEPSEEK_V3),
     "dsv3": ("DeepseekV3ForCausalLM", "deepseek_v3", DEEPSEEK_V3),
     "Moonlight": ("DeepseekV3ForCausalLM", "deepseek_v3", MOONLIGHT),
+    # verl's August-2026 launches
+    "Qwen3-8B": ("Qwen3ForCausalLM", "qwen3", QWEN3_8B),
+    "Qwen3-32B": ("Qwen3ForCausalLM", "qwen3", QWEN3_32B),
+    "Qwen3.5": ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", {}),
+    "DeepSeek-V4": ("DeepseekV4ForCausalLM", "deepseek_v4", {}),
+    "Hy3": ("HYV3ForCausalLM", "hy_v3", {}),
+    "Nemotron-3-Nano": ("NemotronHForCausalLM", "nemotron_h", {}),
+    "MiMo-7B": ("MiMoForCausalLM", "mimo", {}),
 }
 # dataset directory or file name -> the data_source verl's preprocessing writes
 DATA_SOURCES = {"gsm8k": "openai/gsm8k", "math": "DigitalLearningGmbH/MATH-lighteval", "dapo-math": "math_dapo",
@@ -114,7 +126,7 @@ def rewrite(argv: list[str], fixtures: Fixtures, script: str, out: Path) -> list
         name = key.lstrip("+~")
         if key.startswith("--config-path") and value.startswith("/"):
             arg = f"{key}={HERE / 'config'}"
-        elif name.endswith("model.path"):
+        elif name.endswith("model.path") or name.endswith("teacher_model.model_path"):
             arg = f"{key}={fixtures.model(value, script)}"
         elif name in ("data.train_files", "data.val_files"):
             files = [v.strip().strip("'\"") for v in value.strip("[]").split(",")] if value.startswith("[") else [value]
@@ -128,6 +140,23 @@ def rewrite(argv: list[str], fixtures: Fixtures, script: str, out: Path) -> list
             arg = f"{key}={out}"
         args.append(arg)
     return args
+
+
+
+def check_launch(launch: dict, fixtures: Fixtures, out: Path) -> tuple[list[str] | None, list[str]]:
+    """One launch through megarl's command line and every pre-flight check: (None when it validates,
+    else the refused features; the problems that are not refusals)."""
+    script = launch["script"].rsplit("/", 1)[-1]
+    assert launch["argv"][:2] == ["-m", "verl.trainer.main_ppo"]
+    cmd = parse_command_line(rewrite(launch["argv"], fixtures, script, out))
+    # the launches are for GPU nodes: whether they would fit this CPU host (megarl.plan.cpu_host) is not the point
+    cmd.overrides.append("trainer.plan_check=False")
+    try:
+        load_config(cmd.name, cmd.overrides, config_path=cmd.config_path, preflight=True)
+    except ConfigError as exc:
+        return (sorted({f"{p.feature} ({'issue %d' % p.issue if p.issue else 'not planned'})" for p in exc.refusals}),
+                [p.message for p in exc.problems if not p.is_refusal])
+    return None, []
 
 
 @pytest.fixture()
@@ -146,19 +175,13 @@ def test_every_verl_megatron_launch_validates_or_is_refused_for_a_missing_featur
     validated, refused, wrong = [], {}, {}
     for i, launch in enumerate(LAUNCHES):
         script = launch["script"].rsplit("/", 1)[-1]
-        assert launch["argv"][:2] == ["-m", "verl.trainer.main_ppo"]
-        cmd = parse_command_line(rewrite(launch["argv"], fixtures, script, tmp_path / f"run{i}"))
-        # the launches are for GPU nodes: whether they would fit this CPU host (megarl.plan.cpu_host) is not the point
-        cmd.overrides.append("trainer.plan_check=False")
-        try:
-            load_config(cmd.name, cmd.overrides, config_path=cmd.config_path, preflight=True)
+        features, others = check_launch(launch, fixtures, tmp_path / f"run{i}")
+        if others:
+            wrong[script] = others
+        if features is None:
             validated.append(script)
-        except ConfigError as exc:
-            others = [p.message for p in exc.problems if not p.is_refusal]
-            if others:
-                wrong[script] = others
-            refused[script] = sorted({f"{p.feature} ({'issue %d' % p.issue if p.issue else 'not planned'})"
-                                      for p in exc.refusals})
+        else:
+            refused[script] = features
     print(f"\n{len(validated)} of {len(LAUNCHES)} verl Megatron launches validate: {', '.join(validated)}")
     print("the others are refused for:")
     for script, features in refused.items():
@@ -183,3 +206,58 @@ def test_verls_fully_resolved_default_config_loads_as_a_yaml():
     assert cfg.actor_rollout_ref.rollout.logprobs_mode == "processed_logprobs"  # verl's value, honoured
     assert list(cfg.trainer.logger) == ["console", "wandb"] and cfg.data.filter_overlong_prompts is False
     assert any("use_mbridge" in note for note in notes) and any("data.seed=null" in note for note in notes)
+
+
+# verl's newest Megatron example launches (verl-project/verl, August 2026; README.md in verl_launches/ says how
+# they were taken): `model_engine=megatron`, verl's string thresholds, the new engine and checkpoint keys
+LAUNCHES_2026 = [json.loads(line) for line in
+                 (HERE / "megatron-example-launches-2026-08.jsonl").read_text().splitlines()]
+# what megarl still reports that is not a refusal, by launch: each a setting of the example's own defaults that
+# megarl's layout and optimizer checks reject (the test fails when one goes away, so the list stays true)
+OTHER_PROBLEMS_2026 = {
+    # optimizer_cpu_offload without use_precision_aware_optimizer (the DeepSeek-V3 launch sets both)
+    "grpo_trainer/run_deepseek_v4_flash_megatron": ["optimizer_cpu_offload=True needs"],
+    # expert_tensor_parallel_size unset is TP (verl's "null to be same as TP"): EP x ETP exceeds a pipeline stage,
+    # which megatron-core's initialize_model_parallel rejects as well
+    "grpo_trainer/run_qwen3_235b_a22b_megatron": ["expert_model_parallel_size x expert_tensor_parallel_size = 4 x 4"],
+    "grpo_trainer/run_qwen3_30b_a3b_megatron": ["expert_model_parallel_size x expert_tensor_parallel_size = 2 x 4"],
+}
+
+
+@pytest.fixture(scope="module")
+def fixtures_2026(tmp_path_factory):
+    return Fixtures(tmp_path_factory.mktemp("fixtures"))
+
+
+@pytest.mark.parametrize("launch", LAUNCHES_2026, ids=[launch["script"].split("/", 1)[1] for launch in LAUNCHES_2026])
+def test_verls_2026_megatron_launch_validates_or_is_refused_for_a_missing_feature(launch, fixtures_2026, tmp_path,
+                                                                                  monkeypatch, wandb_installed):
+    monkeypatch.chdir(tmp_path)
+    assert launch["commit"] and launch["source"].endswith(".sh")
+    features, others = check_launch(launch, fixtures_2026, tmp_path / "run")
+    print(f"\n{launch['script']}: " + ("validates" if features is None else "refused for " + "; ".join(features)))
+    expected = OTHER_PROBLEMS_2026.get(launch["script"].split("/", 1)[1], [])
+    assert len(others) == len(expected) and all(any(e in o for o in others) for e in expected), others
+    if features is not None:
+        assert features, "a failed launch names the features it asks for"
+
+
+def test_verls_2026_launch_counts():
+    """verl's August-2026 launches: each picks megatron by model_engine=megatron, or the deprecated ppo_megatron_trainer config, or strategy=megatron."""
+    assert len(LAUNCHES_2026) == 29
+    for launch in LAUNCHES_2026:
+        argv = launch["argv"]
+        assert ("model_engine=megatron" in argv or "--config-name=ppo_megatron_trainer.yaml" in argv
+                or "actor_rollout_ref.actor.strategy=megatron" in argv), launch["script"]
+
+
+def test_verls_2026_default_config_loads_as_a_yaml():
+    """verl's August-2026 fully resolved Megatron config (the engine groups' new keys, the v1 trainer, the null deprecated reward_model section) at its defaults."""
+    notes: list[str] = []
+    cfg = load_config("_generated_ppo_megatron_trainer", [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"],
+        config_path=HERE / "config-2026-08", notes=notes)
+    assert cfg.async_training.mode == "sync"  # trainer.v1.trainer_mode=sync; the sampler's bounds stay inert
+    assert cfg.reward_model.model.trust_remote_code is False  # null in verl's deprecated section: the default
+    assert any("pad_to_length" in note for note in notes) and any("entropy" in note for note in notes)
