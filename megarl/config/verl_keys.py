@@ -231,8 +231,10 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused((f"{MODEL}.override_config.moe_config.freeze_moe_router",
              "critic.model.override_config.moe_config.freeze_moe_router"),
             "freezing the MoE router", "the router trains with the rest of the model", off=(False,)),
-    Refused((f"{MODEL}.override_config.*", "critic.model.override_config.*"), "overriding Hugging Face config "
-            "fields", "edit config.json in a copy of the checkpoint", off=lambda value, get: False),
+    Refused((f"{MODEL}.override_config.*", "critic.model.override_config.*"), "Hugging Face config fields "
+            "directly under override_config (verl's FSDP form)", "set them under <model>.override_config.model_config, "
+            "where megarl reads them for every model of the run, as verl's Megatron workers do",
+            off=lambda value, get: False),
     Refused((f"{MODEL}.enable_activation_offload", "critic.model.enable_activation_offload"), "activation offload",
             "use activation recompute (megatron.override_transformer_config.recompute_*)", off=(False,)),
     Refused(_each((MODEL, "critic.model"), "mtp.enable", "mtp.enable_train", "mtp.enable_rollout"),
