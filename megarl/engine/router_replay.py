@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from megarl.platform.distributed import collective_device
 
-MODES = ("R2", "R3")
+MODES = ("R2", "R3")  # verl's router_replay.mode values megarl's engine takes (besides off)
 UNKNOWN = -1  # a token with no recorded choice
 TABLE_DTYPE = torch.int16
 
@@ -50,7 +50,9 @@ class LayerReplay:
         self.recorded: list[torch.Tensor] = []  # record: [tokens, k] per forward, in forward order
         self.targets: list[torch.Tensor] = []  # replay: [tokens, k] per forward (-1 rows: live choice)
         self._forward = self._backward = 0
-        self.replayed = self.overridden = 0  # tokens replayed, and of those the ones the live router would route elsewhere
+        # tokens replayed, and of those the ones the live router would route elsewhere: device tensors once counting
+        # starts, so a forward never waits on the device; ``RoutingReplay.take_stats`` reads them once per update
+        self.replayed = self.overridden = 0
 
     def reset(self, mode: str | None) -> None:
         self.mode, self.recorded, self.targets = mode, [], []
@@ -75,8 +77,8 @@ class LayerReplay:
             known = target[:, :1] >= 0
             if not recompute:
                 moved = (indices.sort(-1).values != target.sort(-1).values).any(-1, keepdim=True) & known
-                self.replayed += int(known.sum())
-                self.overridden += int(moved.sum())
+                self.replayed = self.replayed + known.sum()
+                self.overridden = self.overridden + moved.sum()
             indices = torch.where(known, target, indices)
             values = scores.gather(1, indices)
         return values, indices
@@ -189,11 +191,11 @@ class RoutingReplay:
     def take_stats(self) -> dict[str, float]:
         """Since the last call, over every rank: the share of replayed routing choices (token x layer) that the
         live router would have made differently (``actor/router_replay_overridden``), and how many were replayed."""
-        counts = torch.tensor([sum(h.replayed for h in self.layers), sum(h.overridden for h in self.layers)],
-                              dtype=torch.float64)
+        place = collective_device() if dist.is_initialized() else torch.device("cpu")
+        counts = torch.stack([torch.as_tensor(sum(getattr(h, name) for h in self.layers), dtype=torch.float64).to(place)
+                              for name in ("replayed", "overridden")])
         self.reset_stats()
         if dist.is_initialized():
-            counts = counts.to(collective_device())
             dist.all_reduce(counts)
         replayed, overridden = counts.tolist()
         return {"router_replay_overridden": overridden / replayed if replayed else 0.0,

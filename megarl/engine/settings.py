@@ -105,7 +105,9 @@ class ActorSettings:
     router_replay: str | None = None
 
     def __post_init__(self) -> None:
-        if self.router_replay not in (None, "R2", "R3"):
+        from megarl.engine.router_replay import MODES
+
+        if self.router_replay not in (None, *MODES):
             raise ValueError(f"router_replay must be None, 'R2' or 'R3', got {self.router_replay!r}")
 
 
