@@ -435,6 +435,9 @@ def _check_trainer(cfg, add) -> None:
     if t.max_restarts < 0:
         add(f"trainer.max_restarts={t.max_restarts}: use 0 (a lost worker stops the run) or the number of times the "
             "run may restart itself from its last checkpoint.")
+    if t.max_replica_failures < 0:
+        add(f"trainer.max_replica_failures={t.max_replica_failures}: use 0 (a lost rollout replica stops the run) or "
+            "the number of replica losses the run may survive.")
     if not t.save_timeout_s > 0:
         add(f"trainer.save_timeout_s={t.save_timeout_s}: must be > 0 (seconds a checkpoint save may take).")
     unknown = sorted(set(t.logger) - set(SINKS))

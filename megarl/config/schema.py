@@ -568,6 +568,10 @@ class TrainerConfig:
     # megarl: a worker process of the run that dies (a trainer rank killed, its node lost) restarts the whole run from
     # its last complete checkpoint, in the same driver, at most this many times; 0: the run stops, naming the rank
     max_restarts: int = 0
+    # megarl: rollout replicas the run may lose (an engine or its actor dies, its node goes) and replace before it
+    # stops: a lost replica's requests go to the others, a replacement starts in its slot before the next weight sync
+    # and serves after it (fleet/replica_failures, fleet/replicas_alive); 0: the first loss stops the run
+    max_replica_failures: int = 3
 
 
 @dataclass

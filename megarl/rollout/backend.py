@@ -28,9 +28,10 @@ async; a backend with the ``pooling`` trait also has ``POOLING_METHODS``):
     generate_tokens(prompt_ids, sampling_kwargs, seed) -> Generation       # one request (agent loops)
     generate_group(prompt_ids, sampling_kwargs, seed) -> [Generation]      # n samples, k-th seeded seed + k
     score(sequences, skip) -> [[log-prob of each token after the first `skip`]]
-    sync_connect(plan, first_rank, world, addr, port, transport, timeout_s) / sync_receive(version, in_flight)
-        / sync_close()                                                      # the weight sync's receiving end
+    sync_connect(plan, first_rank, world, addr, port, transport, timeout_s, position)
+        / sync_receive(version, in_flight) / sync_close()                  # the weight sync's receiving end
     weights_version() -> int; pause(in_flight) / resume(); sleep(level) / wake_up(tags)
+    alive() -> True, or raises ReplicaLost (the fleet's health check; GatedReplica has it)
     load_adapter(adapter, version)                                          # with the ``adapters`` trait
     close()
     classify(sequences) -> [float]; serve_http(host) -> "host:port"        # with the ``pooling`` trait
@@ -54,7 +55,7 @@ ROLLOUT_BACKENDS = Registry("rollout backend", "actor_rollout_ref.rollout.name",
                             traits={"needs_gpu": False, "sleeps": False, "adapters": False, "pooling": False})
 # What the fleet, its clients and the weight sync call on a replica actor (the list above).
 REPLICA_METHODS = ("info", "generate", "generate_tokens", "generate_group", "score", "sync_connect", "sync_receive",
-                   "sync_close", "weights_version", "pause", "resume", "sleep", "wake_up", "load_adapter", "close")
+                   "sync_close", "weights_version", "alive", "pause", "resume", "sleep", "wake_up", "load_adapter", "close")
 POOLING_METHODS = ("classify", "serve_http")  # reward models' replicas (``pooling`` trait)
 # Engines verl runs that megarl does not, with what to use instead (checked before anything starts).
 REFUSED_BACKENDS = {

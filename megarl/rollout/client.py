@@ -4,22 +4,54 @@
 replica's async engine and returns one ``Generation`` (token ids and their log-probs out); many
 such requests from many trajectories run concurrently and vLLM batches them. The client is
 sticky: it always talks to the same replica, so the turns of a trajectory reuse its prefix cache.
-It holds only a Ray actor handle and a few numbers, so it can be sent to agent-loop workers.
+It holds only Ray actor handles and a few numbers, so it can be sent to agent-loop workers.
+
+If its replica is lost (its actor or its engine died), a request fails over: the client sends it
+again, whole and with the same seed, to the next replica of the list it was given, and keeps
+talking to that one. The turns a trajectory already has stay as they are (tokens and versions);
+the fleet learns of the loss by its own health check (``RolloutFleet.restore``).
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
+from megarl.rollout.replica_table import is_replica_lost, lost_cause
 from megarl.rollout.sample import Generation
 from megarl.rollout.sampling import Sampling
 
+logger = logging.getLogger(__name__)
+
 
 class GenerateClient:
-    def __init__(self, handle: Any, replica: int, max_model_len: int, vocab_size: int):
-        self._handle = handle
-        self.replica = replica
+    """``replicas``: ``(slot, handle)`` of the serving replicas; ``position``: the one to talk to."""
+
+    def __init__(self, replicas: Sequence[tuple[int, Any]], position: int, max_model_len: int, vocab_size: int):
+        if not 0 <= position < len(replicas):
+            raise ValueError(f"position={position}: the client was given {len(replicas)} replicas")
+        self._replicas = list(replicas)
+        self._position = position
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+
+    @property
+    def replica(self) -> int:
+        """The slot of the replica this client talks to now."""
+        return self._replicas[self._position][0]
+
+    async def _call(self, method: str, *args):
+        """``method(*args)`` on the current replica; on the next one if it is lost (all tried once)."""
+        for _ in range(len(self._replicas)):
+            slot, handle = self._replicas[self._position]
+            try:
+                return await getattr(handle, method).remote(*args)
+            except Exception as exc:  # noqa: BLE001 - only a lost replica is routed around
+                if not is_replica_lost(exc) or len(self._replicas) == 1:
+                    raise
+                self._position = (self._position + 1) % len(self._replicas)
+                logger.warning("rollout replica %d lost (%s): its request goes to replica %d", slot,
+                               lost_cause(exc), self.replica)
+        raise RuntimeError(f"every rollout replica this client knows ({[s for s, _ in self._replicas]}) is lost")
 
     def room(self, num_tokens: int) -> int:
         """How many tokens the engine can still generate after a context of ``num_tokens``."""
@@ -31,7 +63,7 @@ class GenerateClient:
         at most ``max_tokens`` tokens (default ``sampling.max_tokens``), seeded with ``seed``."""
         ids, limit = self._check(prompt_ids, sampling, max_tokens)
         kwargs = {**sampling.engine_kwargs(), "n": 1, "max_tokens": limit}
-        return await self._handle.generate_tokens.remote(ids, kwargs, int(seed))
+        return await self._call("generate_tokens", ids, kwargs, int(seed))
 
     async def generate_group(self, prompt_ids: Sequence[int], sampling: Sampling, seed: int, n: int,
                              max_tokens: int | None = None) -> list[Generation]:
@@ -41,7 +73,7 @@ class GenerateClient:
             raise ValueError(f"n={n}: ask for at least one completion")
         ids, limit = self._check(prompt_ids, sampling, max_tokens)
         kwargs = {**sampling.engine_kwargs(), "n": int(n), "max_tokens": limit}
-        return await self._handle.generate_group.remote(ids, kwargs, int(seed))
+        return await self._call("generate_group", ids, kwargs, int(seed))
 
     def _check(self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int | None) -> tuple[list[int], int]:
         ids = [int(t) for t in prompt_ids]

@@ -11,12 +11,7 @@ The engine is the backend ``actor_rollout_ref.rollout.name`` picks (``megarl.rol
     generation = await client.generate(prompt_ids, sampling, seed)
     fleet.shutdown()
 
-Placement: the trainer passes ``slots`` (``megarl.cluster.placement``): replica ``i`` starts in
-the bundle of its first device slot, and on GPU it makes exactly its slots' GPUs visible to vLLM,
-whose "mp" executor runs the TP workers on them (see engine_config); a replica whose TP covers
-whole nodes runs them with vLLM's Ray executor in its slots' bundles. Standalone (no slots), the
-fleet reserves one placement group per replica with one bundle, ``{"CPU": c}`` on CPU and
-``{"CPU": c, "GPU": tp}`` on GPU (TP within one node), which the replica actor takes whole.
+Placement (``replica_places``): the trainer's device slots, or one placement group per replica.
 
 Requests: prompts are split into contiguous, equal-count chunks, one per replica; all n samples
 of a prompt go to the same replica (they share its prefix cache). Results come back in prompt
@@ -28,6 +23,13 @@ replica's prefix cache (a sticky session).
 Weights reach the replicas only through the sharded weight sync (``megarl.weight_sync``): each
 replica's ``ReceiverEndpoint`` holds its version; ``WeightSyncSession`` drives them through
 ``call_async``.
+
+Lost replicas (``replica_table``): a replica whose actor or engine died is taken out of service
+the moment a call to it fails (``generate``, ``compute_log_probs``; an agent loop's client moves
+to the next replica by itself) or ``check_health`` finds it; its unfinished requests go to the
+others, with the same seeds, so they sample what it would have. ``restore`` (the trainer calls it
+before each weight sync) starts a replacement in its slot; the replacement joins the next sync
+world and serves once that sync gave it the trainer's weights (``admit``).
 """
 from __future__ import annotations
 
@@ -37,21 +39,12 @@ from typing import Any, Mapping, Sequence
 
 from megarl.rollout.backend import ReplicaRequest, rollout_backend
 from megarl.rollout.client import GenerateClient
+from megarl.rollout.replica_places import ReplicaPlaces
+from megarl.rollout.replica_table import Replica, ReplicaTable, split_evenly
 from megarl.rollout.sample import RolloutSample
 from megarl.rollout.sampling import Sampling, request_seed, resolve_sampling
 
 logger = logging.getLogger(__name__)
-
-
-def split_evenly(count: int, parts: int) -> list[range]:
-    """``count`` items as ``parts`` contiguous ranges whose sizes differ by at most one."""
-    base, extra = divmod(count, parts)
-    ranges, start = [], 0
-    for part in range(parts):
-        size = base + (1 if part < extra else 0)
-        ranges.append(range(start, start + size))
-        start += size
-    return ranges
 
 
 class RolloutFleet:
@@ -64,7 +57,8 @@ class RolloutFleet:
     ``cpu_kv_cache_gib`` sizes the KV cache on CPU, where ``gpu_memory_utilization`` would be a
     fraction of host RAM. ``hf_overrides``: HF config fields the engines apply to the checkpoint's
     config (verl's ``override_config.model_config``, as the trainer's models). Ray must be initialised
-    first (``megarl.cluster.ray_cluster.init_ray``).
+    first (``megarl.cluster.ray_cluster.init_ray``). ``max_replica_failures``: how many replica losses the
+    fleet survives (``trainer.max_replica_failures``; None: no bound).
     """
 
     def __init__(self, config: Any, model_path: str, *, num_replicas: int | None = None,
@@ -72,7 +66,8 @@ class RolloutFleet:
                  cpus_per_replica: int | None = None, cpu_kv_cache_gib: float = 1.0,
                  trust_remote_code: bool = False, logprobs_mode: str | None = None,
                  start_timeout_s: float = 600.0, slots: Sequence[Any] | None = None,
-                 sleep_mode: bool | None = None, lora_rank: int = 0, hf_overrides: Mapping[str, Any] | None = None):
+                 sleep_mode: bool | None = None, lora_rank: int = 0, hf_overrides: Mapping[str, Any] | None = None,
+                 max_replica_failures: int | None = None):
         import ray
 
         if not ray.is_initialized():
@@ -95,15 +90,16 @@ class RolloutFleet:
         if self.slots is not None:
             if num_replicas is not None and num_replicas != len(self.slots):
                 raise ValueError(f"num_replicas={num_replicas} but {len(self.slots)} placement slots were given")
-            self.num_replicas = len(self.slots)
+            self.size = len(self.slots)
         else:
-            self.num_replicas = self._count_replicas(num_replicas, resources, tp)
+            self.size = self._count_replicas(num_replicas, resources, tp)
         self.bundle = {"CPU": cpus_per_replica, **({"GPU": tp} if self.use_gpu else {})}
         if self.slots is None:
             self._check_fits(resources)
 
-        self._groups: list = []
-        self._replicas: list = []
+        self.places = None  # ReplicaPlaces: where each slot's actor runs (its bundle or device slot)
+        self.table = ReplicaTable([], max_replica_failures)
+        self.start_timeout_s = float(start_timeout_s)
         self._warned_sleep = False
         self.last_generate_stats: dict[str, float] = {}
         try:
@@ -131,94 +127,112 @@ class RolloutFleet:
                 raise ValueError(f"rollout.tensor_model_parallel_size={self.bundle['GPU']} does not fit one node "
                                  f"(at most {most:g} GPUs per node): a replica's TP stays within a node")
         for name, per_replica in self.bundle.items():
-            need, have = per_replica * self.num_replicas, resources.get(name, 0)
+            need, have = per_replica * self.size, resources.get(name, 0)
             if need > have:
                 raise ValueError(
-                    f"{self.num_replicas} rollout replicas x {per_replica} {name} = {need} {name}, but the Ray "
+                    f"{self.size} rollout replicas x {per_replica} {name} = {need} {name}, but the Ray "
                     f"cluster has {have}; lower num_replicas, tensor_model_parallel_size or cpus_per_replica")
 
     def _start(self, timeout_s: float) -> None:
-        import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         start = time.perf_counter()
-        if self.slots is None:  # standalone: one placement group per replica
-            self._groups = [placement_group([dict(self.bundle)], strategy="PACK") for _ in range(self.num_replicas)]
-            ready, _ = ray.wait([g.ready() for g in self._groups], num_returns=len(self._groups), timeout=timeout_s)
-            if len(ready) < len(self._groups):
-                raise TimeoutError(f"the Ray cluster could not place {self.num_replicas} rollout bundles of "
-                                   f"{self.bundle} within {timeout_s:.0f} s: {ray.cluster_resources()}")
-            placements = [(dict(num_cpus=self.bundle["CPU"], num_gpus=self.bundle.get("GPU", 0),
-                                scheduling_strategy=PlacementGroupSchedulingStrategy(g, placement_group_bundle_index=0)),
-                           (), {}) for g in self._groups]
-        else:
-            placements = [(slot.options(), () if slot.spans_nodes else tuple(slot.device_ids), slot.vllm_env())
-                          for slot in self.slots]
-        actor_class = ray.remote(self.backend.actor_class())
-        env = self.backend.replica_env(self.spec, self.use_gpu)
-        for i, (options, device_ids, extra_env) in enumerate(placements):
-            self._replicas.append(actor_class.options(**options, runtime_env={"env_vars": {**env, **extra_env}})
-                                  .remote(i, self.spec, device_ids))
-        from megarl.logging.progress import Progress
-
-        refs = {replica.info.remote(): i for i, replica in enumerate(self._replicas)}  # engines start in parallel
-        infos: list = [None] * len(refs)
-        pending = list(refs)
-        with Progress(f"starting {len(refs)} {self.backend.name} engine(s)", total=len(refs), unit="engines") as progress:
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, timeout_s - progress.elapsed))
-                if not done:
-                    raise RuntimeError(f"rollout replicas {sorted(refs[r] for r in pending)} did not start their {self.backend.name} "
-                                       f"engines for {self.spec.model_path} within {timeout_s:.0f} s")
-                i = refs[done[0]]
-                try:
-                    infos[i] = ray.get(done[0])
-                except Exception as exc:
-                    raise RuntimeError(f"rollout replica {i} failed to start its {self.backend.name} engine for "
-                                       f"{self.spec.model_path}: {exc}") from exc
-                progress.update()
+        self.places = ReplicaPlaces(self.backend, self.spec, self.use_gpu, self.bundle, self.slots, self.size, timeout_s)
+        for i in range(self.size):  # the table holds each actor at once: a failed start shuts the started ones down
+            self.table.replicas.append(Replica(i, self.places.launch(i)))
+        infos = self.places.await_started([r.handle for r in self.table.replicas], timeout_s)
+        if any(isinstance(info, BaseException) for info in infos):
+            i, exc = next((i, e) for i, e in enumerate(infos) if isinstance(e, BaseException))
+            raise RuntimeError(f"rollout replica {i} failed to start its {self.backend.name} engine for "
+                               f"{self.spec.model_path}: {exc}") from exc
         self.max_model_len = infos[0]["max_model_len"]
         self.vocab_size = infos[0]["vocab_size"]
         self.replica_infos = infos
         logger.info("rollout fleet: %d %s replica(s) x TP=%d (%s, %s) ready in %.1f s; engine starts %s s",
-                    self.num_replicas, self.backend.name, self.spec.tensor_parallel_size, "GPU" if self.use_gpu else "CPU",
+                    self.size, self.backend.name, self.spec.tensor_parallel_size, "GPU" if self.use_gpu else "CPU",
                     infos[0]["dtype"], time.perf_counter() - start,
                     [round(info["start_seconds"], 1) for info in infos])
 
     def shutdown(self) -> None:
         """Stop every engine, kill the replica actors and remove their placement groups (idempotent)."""
         import ray
-        from ray.util.placement_group import remove_placement_group
 
+        members = [r.handle for r in self.table.members()]
         closing = []
-        for replica in self._replicas:  # every engine stops at once (each takes seconds to end its processes)
+        for replica in members:  # every engine stops at once (each takes seconds to end its processes)
             try:
                 closing.append(replica.close.remote())
             except Exception as exc:  # noqa: BLE001 - a dead replica is killed below all the same
                 closing.append(None)
                 logger.warning("rollout replica did not close cleanly: %s", exc)
         deadline = time.monotonic() + 60
-        for replica, ref in zip(self._replicas, closing):
+        for replica, ref in zip(members, closing):
             if ref is not None:
                 try:
                     ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
                 except Exception as exc:  # a dead or stuck replica is killed below all the same
                     logger.warning("rollout replica did not close cleanly: %s", exc)
             ray.kill(replica)
-        for group in self._groups:
-            remove_placement_group(group)
-        self._replicas, self._groups = [], []
+        if self.places is not None:
+            self.places.remove()
+        self.table = ReplicaTable([], self.table.max_failures)
 
     def call_async(self, method: str, *args, replicas: Sequence[int] | None = None) -> list:
-        """Start the replica actors' ``method(*args)`` on every replica (or those listed); their Ray refs in order."""
-        handles = self._live_replicas()
+        """Start ``method(*args)`` on every member replica (serving or joining: ``replica_table``), or on the
+        members at the positions listed; their Ray refs in order."""
+        handles = [r.handle for r in self._members()]
         chosen = range(len(handles)) if replicas is None else replicas
         return [getattr(handles[i], method).remote(*args) for i in chosen]
 
+    @property
+    def num_replicas(self) -> int:
+        """The replicas ``call_async`` reaches (the members of the weight-sync world); the fleet's size
+        until a replica is lost."""
+        return len(self.table.members()) if self.table.replicas else self.size
+
     def actor_ids(self) -> list[str]:
         """The replicas' Ray actor ids (for logs and the shutdown check)."""
-        return [r._actor_id.hex() for r in self._replicas]  # noqa: SLF001
+        return [r.handle._actor_id.hex() for r in self.table.members()]  # noqa: SLF001
+
+    # ------------------------------------------------------------------ lost replicas
+    def check_health(self, timeout_s: float = 30.0) -> None:
+        """Ask every member whether its engine is alive; one that is not, or does not answer within
+        ``timeout_s``, is lost (``replica_table``)."""
+        self._members()
+        self.table.check_health(timeout_s)
+
+    def restore(self) -> list[int]:
+        """Check the members' health and start a replacement in every lost replica's slot; the slots
+        restarted. A replacement joins the next weight-sync world and serves only after that sync
+        (``admit``); one that fails to start leaves its slot lost (the next ``restore`` tries again)."""
+        self.check_health()
+        lost = self.table.lost()
+        if not lost:
+            return []
+        import ray
+
+        handles = [self.places.launch(r.index) for r in lost]
+        infos = self.places.await_started(handles, self.start_timeout_s)
+        for replica, handle, info in zip(lost, handles, infos):
+            if isinstance(info, BaseException):
+                ray.kill(handle)
+                logger.warning("rollout replica %d: its replacement did not start (%s); %d replica(s) serve on",
+                               replica.index, info, len(self.table.serving()))
+            else:
+                self.table.replaced(replica, handle)
+                logger.info("rollout replica %d: a replacement started in its slot (engine start %.1f s); it serves "
+                            "after the next weight sync", replica.index, info["start_seconds"])
+        return [r.index for r, info in zip(lost, infos) if not isinstance(info, BaseException)]
+
+    def admit(self) -> list[int]:
+        """Put the replacements that received the trainer's weights into service; their slots."""
+        return self.table.admit()
+
+    def membership(self) -> tuple:
+        """Who is in the weight-sync world: changes when a replica is lost or replaced."""
+        return self.table.membership()
+
+    def health_metrics(self) -> dict[str, float]:
+        return {"fleet/replica_failures": float(self.table.failures),
+                "fleet/replicas_alive": float(len(self.table.serving()))}
 
     def __enter__(self) -> "RolloutFleet":
         return self
@@ -237,17 +251,13 @@ class RolloutFleet:
         ``step`` enters the request seeds, so each training step samples afresh and a rerun of a
         step samples the same.
         """
-        import ray
-
         params = resolve_sampling(self.config, sampling, n, validate)
         prompts = self._check_token_lists(prompt_token_ids, "prompt_token_ids", self.max_model_len - 1)
         start = time.perf_counter()
-        refs = []
-        for replica, chunk in zip(self._live_replicas(), split_evenly(len(prompts), self.num_replicas)):
-            if len(chunk):
-                requests = [(i, prompts[i], request_seed(self.spec.seed, step, i)) for i in chunk]
-                refs.append(replica.generate.remote(requests, params.engine_kwargs()))
-        samples = [s for batch in ray.get(refs) for s in batch]
+        kwargs = params.engine_kwargs()
+        batches = self.spread("generate", len(prompts), lambda chunk: (
+            [(i, prompts[i], request_seed(self.spec.seed, step, i)) for i in chunk], kwargs))
+        samples = [s for batch in batches for s in batch]
         samples.sort(key=lambda s: (s.prompt_index, s.sample_index))
         self._record_stats(samples, params, time.perf_counter() - start)
         return samples
@@ -256,17 +266,18 @@ class RolloutFleet:
         """The replica that serves prompt ``prompt_index`` of ``num_prompts`` (the split ``generate`` uses)."""
         if not 0 <= prompt_index < num_prompts:
             raise ValueError(f"prompt_index={prompt_index} is outside [0, {num_prompts})")
-        for replica, chunk in enumerate(split_evenly(num_prompts, self.num_replicas)):
+        for replica, chunk in enumerate(split_evenly(num_prompts, len(self._serving()))):
             if prompt_index in chunk:
                 return replica
         raise AssertionError("split_evenly covers every prompt")
 
     def client(self, replica: int) -> GenerateClient:
-        """A per-request (token in, token out) client of one replica; picklable, for agent-loop workers."""
-        handles = self._live_replicas()
-        if not 0 <= replica < len(handles):
-            raise ValueError(f"replica={replica}: the fleet has {len(handles)} replicas")
-        return GenerateClient(handles[replica], replica, self.max_model_len, self.vocab_size)
+        """A per-request (token in, token out) client of the ``replica``-th serving replica; picklable, for
+        agent-loop workers. If that replica is lost, the client moves to the next serving one."""
+        serving = self._serving()
+        if not 0 <= replica < len(serving):
+            raise ValueError(f"replica={replica}: the fleet has {len(serving)} serving replicas")
+        return GenerateClient([(r.index, r.handle) for r in serving], replica, self.max_model_len, self.vocab_size)
 
     def _record_stats(self, samples: list[RolloutSample], params: Sampling, seconds: float) -> None:
         response_tokens = sum(len(s.response_ids) for s in samples)
@@ -289,8 +300,6 @@ class RolloutFleet:
         A pair may fill ``max_model_len`` (one token less with ``topk``); an empty response gives an
         empty result.
         """
-        import ray
-
         from megarl.rollout.sample import TopkScores
 
         prompts = self._check_token_lists(prompt_ids, "prompt_ids", self.max_model_len - 1)
@@ -300,16 +309,21 @@ class RolloutFleet:
         self._check_token_lists(sequences, "prompt + response", self.max_model_len - (1 if topk else 0))
         scored = [i for i, r in enumerate(response_ids) if len(r)]  # an empty response has nothing to score
         result: list = [TopkScores([], [], []) if topk else [] for _ in prompts]
-        refs, order = [], []
-        for replica, chunk in zip(self._live_replicas(), split_evenly(len(scored), self.num_replicas)):
-            if len(chunk):
-                indices = [scored[j] for j in chunk]
-                refs.append(replica.score.remote([sequences[i] for i in indices], [len(prompts[i]) for i in indices],
-                                                 topk))
-                order.extend(indices)
-        for i, row in zip(order, [row for batch in ray.get(refs) for row in batch]):
+        if not scored:
+            return result
+        batches = self.spread("score", len(scored), lambda chunk: (
+            [sequences[scored[j]] for j in chunk], [len(prompts[scored[j]]) for j in chunk], topk))
+        for i, row in zip(scored, [row for batch in batches for row in batch]):
             result[i] = row
         return result
+
+    def spread(self, method: str, count: int, args_of) -> list:
+        """Split ``count`` items into contiguous, equal-count chunks, one per serving replica; call
+        ``method(*args_of(chunk))`` (``chunk``: a range of item indices) on each; the results in chunk
+        order. A chunk whose replica is lost meanwhile goes to the next serving replica (the same
+        request seeds: it samples what the lost one would have)."""
+        self._serving()
+        return self.table.spread(method, count, args_of)
 
     def _check_token_lists(self, lists: Sequence[Sequence[int]], what: str, max_len: int) -> list[list[int]]:
         """Plain int lists, each non-empty, at most ``max_len`` long and inside the vocabulary."""
@@ -332,10 +346,18 @@ class RolloutFleet:
             checked.append(ids)
         return checked
 
-    def _live_replicas(self) -> list:
-        if not self._replicas:
+    def _members(self) -> list[Replica]:
+        if not self.table.replicas:
             raise RuntimeError("the rollout fleet has been shut down")
-        return self._replicas
+        return self.table.members()
+
+    def _serving(self) -> list[Replica]:
+        if not self.table.replicas:
+            raise RuntimeError("the rollout fleet has been shut down")
+        serving = self.table.serving()
+        if not serving:
+            raise RuntimeError(f"no rollout replica is serving; the last loss: {self.table.last_failure}")
+        return serving
 
     # ------------------------------------------------------------------ weights
     @property
@@ -365,7 +387,7 @@ class RolloutFleet:
         if not self.spec.max_lora_rank:
             raise RuntimeError("this fleet was started without LoRA (lora_rank=0); it cannot load adapters")
         ref = adapter if isinstance(adapter, ray.ObjectRef) else ray.put(adapter)
-        return ray.get([r.load_adapter.remote(ref, int(version)) for r in self._live_replicas()])
+        return ray.get(self.call_async("load_adapter", ref, int(version)))
 
     def version(self) -> int:
         """The weights version every replica serves; raises if they disagree."""
@@ -403,7 +425,7 @@ class RolloutFleet:
             raise ValueError(f"sleep level {level!r}: use 1 (offload weights to host memory) or 2 (discard them)")
         if self._sleep_unsupported():
             return
-        ray.get([r.sleep.remote(level) for r in self._live_replicas()])
+        ray.get(self.call_async("sleep", level))
 
     def wake_up(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
         """Bring the engines back: the weights first, then the KV cache (whatever order ``tags`` has).
@@ -419,7 +441,7 @@ class RolloutFleet:
         if self._sleep_unsupported():
             return
         for tag in [t for t in ("weights", "kv_cache") if t in tags]:
-            ray.get([r.wake_up.remote([tag]) for r in self._live_replicas()])
+            ray.get(self.call_async("wake_up", [tag]))
 
     def _sleep_unsupported(self) -> bool:
         if not self.use_gpu:

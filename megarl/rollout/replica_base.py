@@ -17,6 +17,11 @@ from megarl.weight_sync.endpoints import ReceiverEndpoint
 IN_FLIGHT = ("wait", "abort")  # what a sync does to running requests: let them finish, or abort and resume them
 
 
+class ReplicaLost(RuntimeError):
+    """The replica's engine died while its actor lives on (a killed vLLM engine core): the fleet treats
+    the replica as lost, as it treats a dead actor (``megarl.rollout.replica_table.is_replica_lost``)."""
+
+
 def check_finish(index: int, finish_reason: str | None, what: str, allow_abort: bool = False) -> None:
     """A completion must have stopped or hit its length; an abort only where the request is resumed."""
     allowed = ("stop", "length", "abort") if allow_abort else ("stop", "length")
@@ -59,6 +64,17 @@ class GatedReplica:
     def _abort_running(self) -> Any:
         raise NotImplementedError
 
+    def _engine_failure(self) -> str | None:
+        """Why the engine cannot serve any more (it died), or None while it can."""
+        return None
+
+    async def alive(self) -> bool:
+        """The fleet's health check: True, or ``ReplicaLost`` naming why the engine is gone."""
+        failure = self._engine_failure()
+        if failure:
+            raise ReplicaLost(f"replica {self.index}: {failure}")
+        return True
+
     async def _after_receive(self) -> None:
         """Called with the gate closed, after the weights arrived."""
 
@@ -77,10 +93,12 @@ class GatedReplica:
             self.gate.leave(request_id)
 
     async def sync_connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
-                           transport: str, timeout_s: float) -> list[int]:
-        """Join the weight-sync world with every engine rank; return their sync ranks."""
+                           transport: str, timeout_s: float, position: int | None = None) -> list[int]:
+        """Join the weight-sync world with every engine rank; return their sync ranks. ``position``: this
+        replica's place among the world's replicas (default its index; after a replica was lost the
+        world holds fewer, or a replacement, and the places move)."""
         return await self.weights.connect(plan, first_rank, world_size, master_addr, master_port, transport,
-                                          timeout_s)
+                                          timeout_s, self.index if position is None else position)
 
     async def sync_receive(self, version: int, in_flight: str = "wait") -> dict[str, float]:
         """Receive one weight sync (see ``ReceiverEndpoint.receive``).

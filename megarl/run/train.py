@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from megarl.cluster.process_watch import WorkerDied
     from megarl.data import DataFormatError
+    from megarl.rollout.replica_table import ReplicaFailuresExceeded
     from megarl.run.restarts import log_tail
     from megarl.trainer.training_safety import TrainingHalted
 
@@ -293,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         limit = cfg.trainer.max_restarts
         restarted = f" (after {limit} restart(s), trainer.max_restarts)" if limit else ""
         print(f"error: {exc}{restarted}" + (f"\n{tail}" if tail else ""), file=sys.stderr)
+        return 1
+    except ReplicaFailuresExceeded as exc:  # trainer.max_replica_failures: which replica, why, its last log lines
+        tail = log_tail(exc, Path(cfg.trainer.default_local_dir) / "logs")
+        print(f"error: {exc}" + (f"\n{tail}" if tail else ""), file=sys.stderr)
         return 1
     except DataFormatError as exc:  # a data file or row, found while the prompts load (before any process starts)
         print(f"error: {exc}", file=sys.stderr)

@@ -20,4 +20,5 @@ def fleet_arguments(cfg: Any, plan) -> dict[str, Any]:
                 tokenizer_path=model.tokenizer_path, trust_remote_code=bool(model.trust_remote_code),
                 sleep_mode=plan.mode == "colocated" and bool(rollout.free_cache_engine),
                 lora_rank=int(model.lora.rank) if adapter_only(cfg) else 0,
-                hf_overrides=hf_config_overrides(cfg, "actor"))
+                hf_overrides=hf_config_overrides(cfg, "actor"),
+                max_replica_failures=int(cfg.trainer.max_replica_failures))

@@ -271,6 +271,7 @@ class RLTrainer:
                                          f"sync the weights to the rollout fleet after step {step}", self.settings)
                 with timer(timings, "sync"):
                     self.rollout_memory.wake_for_sync()
+                    self.fleet.restore()  # lost replicas: replacements start; this sync gives them the weights
                     metrics.update(self.weight_sync.sync(in_flight=self.in_flight))
                 self.weights_published = True
                 if self.batches is not None:
@@ -293,6 +294,7 @@ class RLTrainer:
         metrics["training/global_step"] = step
         metrics["training/epoch"] = self.train_loader.sampler.epoch
         metrics["rollout/weight_version"] = self.weight_sync.version
+        metrics.update(self.fleet.health_metrics())
         return metrics
 
     def _reference_refresh_due(self, step: int) -> bool:

@@ -300,8 +300,8 @@ class MegatronWorker(DistributedWorker):
         chunks = [unwrap(m) for m in self.actor.model]
         return adapter_update(chunks, self.settings.actor_role.hf_path, self.layout, self.lora["actor"])
 
-    def sync_close(self) -> None:
-        self.sync.close()
+    def sync_close(self, peers_lost: bool = False) -> None:
+        self.sync.close(peers_lost)
 
 
 def named_weights(chunks) -> list[tuple[str, torch.Tensor]]:

@@ -56,6 +56,7 @@ class AdapterUpdates:
         except (ray.exceptions.RayError, StopIteration) as exc:
             raise SyncError(f"adapter update to version {version} failed: {exc}") from exc
         self.version = version
+        self.fleet.admit()  # replacements that just loaded the adapter serve from now on
         sent = sum(t.numel() * t.element_size() for t in adapter["tensors"].values()) * len(reports)
         return {"weight_sync/seconds": time.perf_counter() - start, "weight_sync/bytes_sent": float(sent),
                 "weight_sync/bytes_received": float(sum(r["bytes"] for r in reports)),

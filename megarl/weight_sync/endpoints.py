@@ -55,8 +55,12 @@ class SenderEndpoint:
             stats = self.transport.run(self.plan, self.rank, get_region=region_reader(self.shards()))
         return {"seconds": stats.seconds, "bytes": stats.bytes_sent, "version": version}
 
-    def close(self) -> None:
+    def close(self, peers_lost: bool = False) -> None:
+        """Leave the sync world; ``peers_lost``: some receivers died (a lost replica), so the store's
+        host waits for the others only briefly."""
         if self.transport is not None:
+            if peers_lost and hasattr(self.transport, "abandon"):
+                self.transport.abandon("a rollout replica of this sync world was lost")
             self.transport.close()
         self.transport = None
 
@@ -79,9 +83,11 @@ class ReceiverEndpoint:
                                "stale weights; a successful sync clears this.")
 
     async def connect(self, plan, first_rank: int, world_size: int, master_addr: str, master_port: int,
-                      transport: str, timeout_s: float) -> list[int]:
-        """Join the weight-sync world with every TP worker; return their sync ranks."""
-        self.ranks = await self.rpc("megarl_sync_connect", plan, first_rank, self.index, world_size, master_addr,
+                      transport: str, timeout_s: float, position: int | None = None) -> list[int]:
+        """Join the weight-sync world with every TP worker as the world's ``position``-th replica (default
+        ``index``); return their sync ranks."""
+        where = self.index if position is None else position
+        self.ranks = await self.rpc("megarl_sync_connect", plan, first_rank, where, world_size, master_addr,
                                     master_port, transport, timeout_s)
         return self.ranks
 

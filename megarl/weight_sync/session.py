@@ -16,6 +16,11 @@ replica's ``ReceiverEndpoint``) together and waits for all of them: a failure an
 and every wait is bounded by ``rollout.weight_sync.timeout_s``. It talks to the two sides through
 ``WorkerGroup`` and ``RolloutFleet`` only. The session publishes the versions: ``version`` is the
 last one every replica confirmed.
+
+When the fleet's members change (a replica lost, a replacement started: ``RolloutFleet.restore``),
+the next ``sync`` first builds a new world for the members there are (a new plan and rendezvous;
+the old world is left with a short wait, as after a failed sync, since a dead member never leaves
+it); the replacements receive that sync, and then serve (``RolloutFleet.admit``).
 """
 from __future__ import annotations
 
@@ -38,39 +43,48 @@ class WeightSyncSession:
 
     def __init__(self, workers, fleet, model_path: str, *, bucket_mb: int = 512, transport: str = "auto",
                  timeout_s: float = 600.0):
+        self.timeout_s = float(timeout_s)
+        self.workers, self.fleet = workers, fleet
+        self.model_path, self.bucket_mb, self.requested_transport = model_path, bucket_mb, transport
+        self.reconnects = 0
+        self._connect()
+        self.version = fleet.version()  # what the replicas serve now (0 for a fresh fleet)
+
+    def _connect(self) -> None:
+        """Plan the sync for the fleet's members now and connect every participant to a new world."""
         import ray
 
         from megarl.models import hf_tensor_shapes
 
-        self.timeout_s = float(timeout_s)
-        self.workers, self.fleet = workers, fleet
+        workers, fleet = self.workers, self.fleet
         start = time.perf_counter()
+        self.membership = fleet.membership()
 
         reports = workers.call("sync_sources")
         sources, dtypes = [], {}
         for rank, report in enumerate(reports):
             dtypes.update(report["dtypes"])
             sources += [Piece(rank, name, region) for name, regions in report["regions"].items() for region in regions]
-        shapes = {name: tuple(shape) for name, shape in hf_tensor_shapes(model_path).items()}
+        shapes = {name: tuple(shape) for name, shape in hf_tensor_shapes(self.model_path).items()}
         splits = fleet.tensor_splits()
         mode = "full" if splits is None else "shard"
         layout = RolloutLayout(fleet.num_replicas, fleet.tensor_parallel_size, mode=mode, first_rank=workers.world_size)
         needs = rollout_needs(shapes, layout, splits or {})
         meta = {name: TensorMeta(shape, _ITEMSIZE[dtypes.get(name, "float32")], dtypes.get(name, "float32"))
                 for name, shape in shapes.items()}
-        self.plan = plan_sync(sources, needs, meta, bucket_bytes=int(bucket_mb) << 20)
+        self.plan = plan_sync(sources, needs, meta, bucket_bytes=int(self.bucket_mb) << 20)
         self.plan.check()
         self.layout = layout
         world = workers.world_size + len(layout.ranks)
-        transport = choose_transport(transport, fleet.use_gpu)
+        transport = choose_transport(self.requested_transport, fleet.use_gpu)
         self.transport, self.mode = transport, mode
         addr, port = workers.call_rank(0, "sync_address")
         plan_ref = ray.put(self.plan)
         refs = workers.call_async("sync_connect", plan_ref, world, addr, port, transport, self.timeout_s)
-        refs += fleet.call_async("sync_connect", plan_ref, layout.first_rank, world, addr, port, transport,
-                                 self.timeout_s)
+        for position in range(layout.replicas):  # each replica joins at its place among the members
+            refs += fleet.call_async("sync_connect", plan_ref, layout.first_rank, world, addr, port, transport,
+                                     self.timeout_s, position, replicas=[position])
         self._wait(refs, "connecting the weight-sync world")
-        self.version = fleet.version()  # what the replicas serve now (0 for a fresh fleet)
         logger.info("weight sync: %s, %d trainer rank(s) -> %d replica(s) x TP=%d (%s mode), %d buckets, %.1f MB "
                     "per sync (minimum %.1f MB), set up in %.1f s", transport, workers.world_size, layout.replicas,
                     layout.tp, mode, len(self.plan.buckets), self.plan.bytes_sent / 2**20,
@@ -94,8 +108,10 @@ class WeightSyncSession:
         (they finish on the old weights first) or ``abort`` (partial rollouts: they continue on
         the new weights after the sync, every token stamped with its version).
         """
-        version = self.version + 1
         start = time.perf_counter()
+        if self.fleet.membership() != self.membership:
+            self._reconnect()
+        version = self.version + 1
         send = self.workers.call_async("sync_send", version)
         recv = self.fleet.call_async("sync_receive", version, in_flight)
         results = self._wait(send + recv, f"weight sync to version {version}")
@@ -104,6 +120,7 @@ class WeightSyncSession:
         if versions != {version}:
             raise SyncError(f"replicas report weight versions {sorted(versions)} after syncing version {version}")
         self.version = version
+        self.fleet.admit()  # replacements that just received the weights serve from now on
         return {"weight_sync/seconds": time.perf_counter() - start,
                 "weight_sync/drain_seconds": max(r["drain_seconds"] for r in replicas),
                 "weight_sync/bytes_sent": float(sum(r["bytes"] for r in results[:len(send)])),
@@ -120,10 +137,20 @@ class WeightSyncSession:
         except ray.exceptions.RayError as exc:
             raise SyncError(f"{what} failed: {exc}") from exc
 
-    def close(self) -> None:
+    def _reconnect(self) -> None:
+        """A new world for the fleet's members now (after a replica was lost or replaced)."""
+        logger.info("weight sync: the rollout replicas changed (%s -> %s): connecting a new sync world",
+                    [slot for slot, _ in self.membership], [slot for slot, _ in self.fleet.membership()])
+        self.close(peers_lost=True)
+        self._connect()
+        self.reconnects += 1
+
+    def close(self, peers_lost: bool = False) -> None:
+        """Leave the sync world; ``peers_lost``: some members died, so nobody waits long for them."""
         import ray
 
         try:
-            ray.get(self.workers.call_async("sync_close") + self.fleet.call_async("sync_close"), timeout=60)
+            ray.get(self.workers.call_async("sync_close", peers_lost) + self.fleet.call_async("sync_close"),
+                    timeout=60)
         except Exception as exc:  # closing is best effort: the processes end next
             logger.warning("closing the weight-sync world: %s", exc)

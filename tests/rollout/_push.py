@@ -51,8 +51,8 @@ class TensorSource(DistributedWorker):
     def sync_send(self, version: int) -> dict:
         return self.sync.send(version)
 
-    def sync_close(self) -> None:
-        self.sync.close()
+    def sync_close(self, peers_lost: bool = False) -> None:
+        self.sync.close(peers_lost)
 
 
 class WeightPusher:

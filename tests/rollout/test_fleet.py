@@ -454,15 +454,78 @@ def test_every_turn_of_a_multi_turn_rollout_is_kept_token_for_token(fleet, promp
         assert max(abs(a - b) for a, b in model) < TOLERANCE
 
 
+def engine_core(fleet, slot: int):
+    """The vLLM engine core process of replica ``slot`` (a child of its actor's process)."""
+    import psutil
+    import ray
+
+    actor_pid = ray.get(fleet.call_async("info", replicas=[[r.index for r in fleet.table.members()].index(slot)])[0])["pid"]
+    children = psutil.Process(actor_pid).children()
+    return next(p for p in children if "EngineCore" in " ".join(p.cmdline())), psutil.Process(actor_pid)
+
+
+def test_a_lost_replica_s_requests_move_and_its_replacement_serves_after_the_sync(fleet, prompts, hf_model, model_dir,
+                                                                                   pusher):
+    """Replica 1's engine core is SIGKILLed by pid (its actor lives on): its batch requests, and a client's
+    request, go to replica 0 with the same seeds, so they sample what it would have; the health check has
+    it lost; ``restore`` starts a replacement in its slot, which the next sync (a new world of the two)
+    gives the weights before it serves them exactly. Then replica 0's whole actor process is killed:
+    its requests go to the replacement."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from megarl.rollout import resolve_sampling
+
+    params = resolve_sampling(fleet.config, n=1)
+    before = fleet.generate(prompts, n=2, step=11)
+    assert {s.replica for s in before} == {0, 1}
+    client = fleet.client(1)
+    alone = asyncio.run(client.generate(prompts[3], params, seed=5))
+    engine, actor = engine_core(fleet, 1)
+    engine.kill()
+    engine.wait(30)
+    after = fleet.generate(prompts, n=2, step=11)
+    assert [s.response_ids for s in after] == [s.response_ids for s in before]
+    assert {s.replica for s in after} == {0} and all(abs(a - b) < 1e-6 for s, t in zip(after, before)
+                                                     for a, b in zip(s.logprobs, t.logprobs))
+    assert asyncio.run(client.generate(prompts[3], params, seed=5)).token_ids == alone.token_ids
+    assert client.replica == 0  # the client moved on
+    assert fleet.health_metrics() == {"fleet/replica_failures": 1.0, "fleet/replicas_alive": 1.0}
+    assert not actor.is_running()  # the lost replica's actor is killed, its slot freed
+
+    assert fleet.restore() == [1]
+    assert [s.replica for s in fleet.generate(prompts, {"do_sample": False}, n=1)] == [0] * 4  # not before a sync
+    generator = torch.Generator().manual_seed(1)
+    perturbed = {name: t + 0.05 * torch.randn(t.shape, generator=generator) for name, t in hf_model.state_dict().items()}
+    version = pusher.session.version
+    pusher.push(perturbed)
+    assert pusher.session.reconnects == 1 and fleet.versions() == [version + 1] * 2
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    reference.load_state_dict(perturbed)
+    served = fleet.generate(prompts, {"do_sample": False}, n=1)
+    assert {s.replica for s in served} == {0, 1}  # the replacement serves, exactly the synced weights
+    for sample in served:
+        assert max_diff(sample.logprobs, hf_logprobs(reference, sample.prompt_ids, sample.response_ids)) < TOLERANCE
+    assert fleet.health_metrics() == {"fleet/replica_failures": 1.0, "fleet/replicas_alive": 2.0}
+
+    _, actor = engine_core(fleet, 0)
+    actor.kill()  # the whole replica: Ray reports its actor dead
+    actor.wait(30)
+    again = fleet.generate(prompts, {"do_sample": False}, n=1)
+    assert [s.response_ids for s in again] == [s.response_ids for s in served] and {s.replica for s in again} == {1}
+    assert fleet.health_metrics() == {"fleet/replica_failures": 2.0, "fleet/replicas_alive": 1.0}
+
+
 def test_shutdown_leaves_no_actors_or_placement_groups(fleet):
     import ray
     from ray._private.state import actors
 
-    replica_ids = set(fleet.actor_ids())
+    replica_ids = set(fleet.actor_ids())  # the members: replica 0 was lost in the test above, not replaced
     fleet.shutdown()
     fleet.shutdown()  # idempotent
     states = {actor_id: info["State"] for actor_id, info in actors().items() if actor_id in replica_ids}
-    assert len(states) == 2 and set(states.values()) == {"DEAD"}, states
+    assert len(states) == 1 and set(states.values()) == {"DEAD"}, states
     assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
     with pytest.raises(RuntimeError, match="shut down"):
         fleet.generate([[1, 2]])

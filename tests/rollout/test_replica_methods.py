@@ -19,7 +19,10 @@ import megarl
 from megarl.rollout.backend import POOLING_METHODS, REPLICA_METHODS, backend_names, rollout_backend
 
 PACKAGE = Path(megarl.__file__).parent
-REPLICA_HANDLE_FILES = ("rollout/fleet.py", "rollout/client.py")  # where `x.<method>.remote(...)` is a replica's
+# where `x.<method>.remote(...)` is a replica's
+REPLICA_HANDLE_FILES = ("rollout/fleet.py", "rollout/client.py", "rollout/replica_table.py", "rollout/replica_places.py")
+# `<caller>("<method>", ...)`: a replica's method by name (the fleet's spread over replicas, a client's failover call)
+BY_NAME = {"spread": None, "_call": "rollout/client.py"}
 
 
 def called_on_replicas() -> dict[str, set[str]]:
@@ -37,6 +40,9 @@ def called_on_replicas() -> dict[str, set[str]]:
             elif (func.attr == "call_async" and node.args and isinstance(node.args[0], ast.Constant)
                   and ("fleet" in ast.unparse(func.value) or (relative == "rollout/fleet.py"
                                                               and ast.unparse(func.value) == "self"))):
+                calls.setdefault(node.args[0].value, set()).add(relative)
+            elif (func.attr in BY_NAME and BY_NAME[func.attr] in (None, relative) and node.args
+                  and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
                 calls.setdefault(node.args[0].value, set()).add(relative)
     return calls
 

@@ -89,7 +89,7 @@ class FakeFleet:
         self.num_replicas = count
 
     def client(self, replica: int) -> GenerateClient:
-        return GenerateClient(self.handles[replica], replica, max_model_len=4096, vocab_size=1 << 20)
+        return GenerateClient([(replica, self.handles[replica])], 0, max_model_len=4096, vocab_size=1 << 20)
 
     def replica_for(self, prompt_index: int, num_prompts: int) -> int:
         return next(r for r, chunk in enumerate(split_evenly(num_prompts, self.num_replicas)) if prompt_index in chunk)

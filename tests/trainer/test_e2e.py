@@ -194,6 +194,48 @@ def test_a_killed_trainer_rank_restarts_the_run_from_its_checkpoint(quickstart_i
     assert b["run/restarts"] == [(1, 0.0), (2, 0.0), (3, 1.0), (4, 1.0), (5, 1.0)], b["run/restarts"]
 
 
+@pytest.mark.timeout(900)
+def test_a_lost_rollout_replica_is_replaced_and_the_run_takes_the_same_steps(quickstart_inputs, uninterrupted,
+                                                                               tmp_path, monkeypatch):
+    """Two rollout replicas (split placement); in step 2, while its samples are being generated, replica 1's
+    process (its actor, with its vLLM engine inside) is SIGKILLed by pid. Its requests go to replica 0 with
+    the same seeds, a replacement starts in its slot before the step's weight sync and serves from step 3
+    on: the run takes exactly the steps of the uninterrupted one-replica run, and the sync probe stays at
+    noise every step."""
+    import psutil
+
+    from megarl.agent.builtin_loops import SingleTurnAgentLoop
+    from megarl.run.train import run
+
+    real_run_group, killed = SingleTurnAgentLoop.run_group, []
+
+    async def kill_replica_1_in_step_2(loop, samples, client):
+        if samples[0].step == 2 and client.replica == 1 and not killed:
+            killed.append(None)  # before the await: the other groups of replica 1 run meanwhile
+            actor_pid = (await client._replicas[client._position][1].info.remote())["pid"]  # noqa: SLF001
+            replica = psutil.Process(actor_pid)  # its vLLM engine runs inside (TP=1 on CPU)
+            killed[0] = actor_pid
+            replica.kill()
+            replica.wait(30)
+        return await real_run_group(loop, samples, client)
+
+    monkeypatch.setattr(SingleTurnAgentLoop, "run_group", kill_replica_1_in_step_2)
+    part = tmp_path / "replaced"
+    run(load_config("quickstart", overrides(
+        quickstart_inputs, part, *RESUME_COMMON, "trainer.save_freq=-1", "trainer.n_gpus_per_node=3",
+        "trainer.placement=split", "trainer.rollout_gpus=2", "actor_rollout_ref.rollout.num_replicas=2",
+        "trainer.max_replica_failures=1")))
+    assert len(killed) == 1
+    b = assert_same_steps(uninterrupted, part)
+    assert b["fleet/replica_failures"] == [(1, 0.0), (2, 1.0), (3, 1.0), (4, 1.0), (5, 1.0)], b["fleet/replica_failures"]
+    assert [v for _, v in b["fleet/replicas_alive"]] == [2.0] * 5
+    assert max(v for _, v in b["rollout/logprob_diff"]) < 1e-4  # the replacement serves the synced weights
+    driver_log = (part / "logs" / "driver.log").read_text()
+    assert "rollout replica 1 lost (" in driver_log, driver_log[-3000:]
+    assert "rollout replica 1: a replacement started in its slot" in driver_log
+    assert "rollout replica(s) [1] serve again" in driver_log
+
+
 PLUS_MINUS_ONE = '''
 from megarl.rewards import default_compute_score
 

@@ -94,20 +94,14 @@ class RewardModelService:
 
     def score(self, batch: ResponsesToScore) -> ModelScores:
         """A discriminative reward model's score of every response (its output at the last token)."""
-        import ray
-
-        from megarl.rollout import split_evenly
-
         if self.kind != DISCRIMINATIVE:
             raise RuntimeError(f"{self.settings.path} is a judge (a causal LM): it does not score responses itself; "
                                "the reward function asks it (judge, reward_router_address)")
         start = time.perf_counter()
         tokenizer = self.tokenizer if self.settings.retemplate else None
         sequences, cut = model_sequences(batch, tokenizer, self.settings.max_length)
-        chunks = split_evenly(len(sequences), self.fleet.num_replicas)
-        refs = [ref for replica, chunk in enumerate(chunks) if len(chunk)
-                for ref in self.fleet.call_async("classify", [sequences[i] for i in chunk], replicas=[replica])]
-        scores = [s for part in ray.get(refs) for s in part]
+        parts = self.fleet.spread("classify", len(sequences), lambda chunk: ([sequences[i] for i in chunk],))
+        scores = [s for part in parts for s in part]
         seconds = time.perf_counter() - start
         tokens = sum(len(s) for s in sequences)
         metrics = {"reward_model/score/mean": sum(scores) / max(len(scores), 1), "reward_model/truncated": cut,

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from megarl.rollout.vllm.engine_config import ReplicaSpec, llm_kwargs
 from megarl.rollout.gate import Segment, generate_group_resumable, generate_resumable
-from megarl.rollout.replica_base import GatedReplica, batch_samples, check_finish, require_one_sample
+from megarl.rollout.replica_base import GatedReplica, ReplicaLost, batch_samples, check_finish, require_one_sample
 from megarl.rollout.sample import Generation, RolloutSample
 
 logger = logging.getLogger(__name__)
@@ -102,10 +102,15 @@ class EngineReplica(GatedReplica):
 
         if request_id is None:
             request_id = self._request_id(tag)
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         final = None
-        async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id,
-                                                 lora_request=self.lora_request):
-            final = output
+        try:
+            async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                                     request_id, lora_request=self.lora_request):
+                final = output
+        except EngineDeadError as exc:  # its engine core process is gone: the fleet replaces this replica
+            raise ReplicaLost(f"replica {self.index}: its vLLM engine died ({exc})") from exc
         if final is None:
             raise RuntimeError(f"replica {self.index}: request {request_id} returned no output")
         return final
@@ -312,6 +317,13 @@ class EngineReplica(GatedReplica):
 
     def _abort_running(self):
         return self.engine.abort
+
+    def _engine_failure(self) -> str | None:
+        if self.engine is None:
+            return "its vLLM engine was shut down"
+        if self.engine.errored:
+            return "its vLLM engine core process died"
+        return None
 
     async def _after_receive(self) -> None:
         await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights

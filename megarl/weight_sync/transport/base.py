@@ -114,6 +114,11 @@ class StoreTransport(Transport):
         self._store, self._rank, self._world_size = store, rank, world_size
         self._heartbeat = Heartbeat(master_addr, master_port, rank)
 
+    def abandon(self, reason: str) -> None:
+        """Peers of this world died (a lost rollout replica): ``close`` then waits for the others only
+        briefly, as after a failed sync, instead of for everyone up to the timeout."""
+        self._failed = self._failed or reason
+
     def _leave(self) -> None:
         """Stop the heartbeat and leave the store (its host waits for the others); safe to call twice."""
         if self._heartbeat is not None:
