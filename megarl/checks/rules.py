@@ -365,7 +365,7 @@ def _check_rollout_correction(cfg, add) -> None:
 
     c, prefix = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     settings = RolloutCorrection.__new__(RolloutCorrection)  # unchecked: every problem is reported below
-    for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
+    for key in ("rollout_is", "rollout_is_threshold", "rollout_is_threshold_lower", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
                 "rollout_rs_threshold_lower", "rollout_token_veto_threshold", "bypass_mode", "loss_type"):
         object.__setattr__(settings, key, c[key])
     for message in correction_problems(settings):

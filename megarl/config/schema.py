@@ -491,7 +491,8 @@ class RolloutCorrectionConfig:
     behaviour policy sampled (``megarl.algorithms.rollout_correction``)."""
 
     rollout_is: Optional[str] = None  # null | token | sequence: truncated importance weights pi_old / pi_rollout
-    rollout_is_threshold: float = 2.0  # the truncation bound
+    rollout_is_threshold: float = 2.0  # the truncation bound (IcePop: the upper bound)
+    rollout_is_threshold_lower: Optional[float] = None  # set: IcePop, weights outside [lower, threshold] are 0
     rollout_is_batch_normalize: bool = False  # rescale the weights to mean 1 over the batch
     rollout_rs: Optional[str] = None  # null | token | sequence | geometric: reject ratios outside the bounds
     rollout_rs_threshold: Optional[float] = None  # upper bound of accepted ratios (required with rollout_rs)

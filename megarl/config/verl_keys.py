@@ -565,17 +565,12 @@ ENGINE_ARG_KEYS = {
 
 
 # verl (2026) lets these ratio thresholds be strings: a float-like string is the upper bound, and
-# "lower_upper" (e.g. "0.5_5.0") a pair of bounds. megarl's keys are floats: screen_keys converts them
-# (rollout_rs_threshold's pair sets rollout_rs_threshold_lower too; rollout_is_threshold's pair is verl's
-# IcePop weighting, refused).
+# "lower_upper" (e.g. "0.5_5.0") a pair of bounds. megarl's keys are floats: screen_keys converts them,
+# and a pair sets the lower-bound key too (rollout_is_threshold's pair is verl's IcePop weighting).
 THRESHOLD_STRINGS = {
-    "algorithm.rollout_correction.rollout_is_threshold": None,
+    "algorithm.rollout_correction.rollout_is_threshold": "algorithm.rollout_correction.rollout_is_threshold_lower",
     "algorithm.rollout_correction.rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold_lower",
 }
-ICEPOP = ("IcePop importance weights (zero outside [lower, upper]: verl's 'lower_upper' rollout_is_threshold)",
-          "a float rollout_is_threshold truncates the weights at that bound (TIS); to drop the tokens whose ratio "
-          "lies outside [lower, upper], set algorithm.rollout_correction.rollout_rs=token with "
-          "rollout_rs_threshold=upper and rollout_rs_threshold_lower=lower")
 
 
 # verl 2026 names rollout_rs's levels by the divergence they bound; its ratio-bound (k1) levels are megarl's
