@@ -345,6 +345,10 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
 
     for problem in router_replay_problems(cfg, notes):
         add(problem)
+    from megarl.settings.profiling import profiler_problems
+
+    for problem in profiler_problems(cfg):  # global_profiler.* and <role>.profiler.*
+        add(problem)
     needed_by = old_log_prob_pass(cfg) if actor.recompute_old_log_prob is False else None
     if needed_by is not None:
         add(f"actor_rollout_ref.actor.recompute_old_log_prob=False, but the old log-probs are needed before the update "
