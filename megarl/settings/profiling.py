@@ -133,7 +133,9 @@ def _discrete(cfg, p, tool: str) -> bool:
 def profiler_problems(cfg) -> list[Problem]:
     """Every profiler setting megarl cannot honour, one line each (``megarl.checks`` reports them)."""
     g, problems = cfg.global_profiler, []
-    if g.tool in REFUSED_TOOLS:
+    if g.tool in REFUSED_TOOLS:  # refused where it would record (verl's templates name it with steps=null)
+        if not _enabled(cfg):
+            return []
         return [refusal(f"global_profiler.tool={g.tool}", f"the {g.tool} profiler", REFUSED_TOOLS[g.tool])]
     if g.tool is not None and g.tool not in TOOLS:
         return [Problem(f"global_profiler.tool={g.tool!r}: use torch or nsys (or null: no profiling)",

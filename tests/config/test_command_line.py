@@ -128,7 +128,6 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     ("+reward.reward_model.rollout.load_format=dummy", "vLLM load formats other than auto", None),
     ("actor_rollout_ref.model.lora.dtype=bf16", "an adapter dtype apart from the model's", None),
     ("actor_rollout_ref.rollout.profiler.enable=True", "profiling the rollout or reward-model engines", None),
-    ("global_profiler.tool=npu", "the npu profiler", None),
     ("actor_rollout_ref.model.mtp.enable=True", "multi-token prediction (MTP) layers", 24),
     ("actor_rollout_ref.model.mtp.enable_train=True", "multi-token prediction (MTP) layers", 24),
 ])
