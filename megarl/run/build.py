@@ -151,6 +151,7 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
     cfg = prepared.cfg
     run.placement = ClusterPlacement(plan, use_gpu)
     seconds = run.seconds
+    profiler = profiler_settings(cfg)  # nsys: the ranks it selects start under Ray's nsight plugin
     with Progress(f"starting {plan.trainer_world} trainer rank(s) and {len(plan.replicas)} rollout replica(s)"):
         started = start_together(  # neither needs the other before the weight sync connects them
             seconds,
@@ -158,7 +159,7 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
                 MegatronWorker, plan.trainer_world, init_args=(worker_settings(cfg, plan.trainer_world),),
                 slots=run.placement.trainer_slots(), env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
                 dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout,
-                runtime_env=profiler.runtime_env if (profiler := profiler_settings(cfg)) is not None else None),
+                runtime_env=profiler.runtime_env if profiler is not None else None),
             fleet=lambda: RolloutFleet(**fleet_arguments(cfg, plan), slots=run.placement.replica_slots()))
     run.workers, run.fleet = started["workers"], started["fleet"]
     began = time.perf_counter()

@@ -5,11 +5,16 @@ The controller brackets a profiled step's worker calls with ``profile_begin`` / 
 What is recorded, where and on which ranks is ``megarl.settings.profiling`` (its docstring has the
 layout). A rank that records nothing holds no ``RankProfiler`` at all (``rank_profiler`` returns None),
 and a rank that does creates a ``torch.profiler.profile`` only for the steps it records.
+
+A Ray actor runs its calls on a pool of threads (``max_concurrency``), so one step's calls may run on
+different threads, and a kineto session must start and stop on one: the trace starts and stops on a
+thread of the profiler's own and records every thread (``profile_all_threads``).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -32,6 +37,7 @@ class RankProfiler:
         self.step: int | None = None  # the profiled step now running
         self._trace = None  # the running torch profiler
         self._capturing = False  # nsys: a CUDA profiler capture range is open
+        self._owner = ThreadPoolExecutor(1, thread_name_prefix="megarl-profiler")  # starts and stops the traces
 
     # ------------------------------------------------------------------ the controller's brackets
     def begin(self, step: int) -> None:
@@ -87,9 +93,16 @@ class RankProfiler:
             torch.cuda.profiler.start()  # nsys records between start and stop (capture-range=cudaProfilerApi)
             self._capturing = True
             return
-        self._trace = torch.profiler.profile(activities=activities(contents), record_shapes="shapes" in contents,
-                                             profile_memory="memory" in contents, with_stack="stack" in contents)
-        self._trace.start()
+        from torch._C._profiler import _ExperimentalConfig
+
+        def start():
+            trace = torch.profiler.profile(activities=activities(contents), record_shapes="shapes" in contents,
+                                           profile_memory="memory" in contents, with_stack="stack" in contents,
+                                           experimental_config=_ExperimentalConfig(profile_all_threads=True))
+            trace.start()
+            return trace
+
+        self._trace = self._owner.submit(start).result()
 
     def _stop(self, stem: Path) -> None:
         if self._capturing:
@@ -98,10 +111,14 @@ class RankProfiler:
         if self._trace is None:
             return
         trace, self._trace = self._trace, None
-        trace.stop()
         stem.parent.mkdir(parents=True, exist_ok=True)
         path = stem.with_name(stem.name + TRACE_SUFFIX)
-        trace.export_chrome_trace(str(path))
+
+        def stop():
+            trace.stop()
+            trace.export_chrome_trace(str(path))
+
+        self._owner.submit(stop).result()
         logger.info("profiler trace: %s", path)
 
 

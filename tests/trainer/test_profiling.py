@@ -84,3 +84,24 @@ def test_contents_pick_the_recorders_cpu_always(tmp_path):
     run_step(profiler, 2, stages=(("actor", "update"),))
     events = json.loads((tmp_path / "step_2/rank_0.pt.trace.json").read_text())["traceEvents"]
     assert any("Input Dims" in e.get("args", {}) for e in events if e.get("name") == "aten::mm")  # shapes recorded
+
+
+
+def test_a_steps_calls_on_different_threads_make_one_trace(tmp_path):
+    """A Ray actor runs each call on one of its pool's threads: begin, the stages and end may each run on
+    another thread (kineto crashed when a session stopped on a thread other than the one that started it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def stage(name: str) -> None:
+        with profiler.stage("actor", name):
+            work()
+
+    profiler = rank_profiler(settings(tmp_path), 0)
+    with ThreadPoolExecutor(1) as a, ThreadPoolExecutor(1) as b:
+        a.submit(profiler.begin, 2).result()
+        b.submit(stage, "log_prob").result()
+        a.submit(stage, "update").result()
+        b.submit(profiler.end, 2).result()
+    assert traces(tmp_path) == ["step_2/rank_0.pt.trace.json"]
+    found = names(tmp_path / "step_2/rank_0.pt.trace.json")
+    assert {"megarl/actor/log_prob", "megarl/actor/update", "aten::mm"} <= found
