@@ -4,8 +4,10 @@ real run (a GRPO run's step 2 on the worker ranks) is in test_e2e.py."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from megarl.settings.profiling import ProfilerSettings, RoleProfile
@@ -105,3 +107,44 @@ def test_a_steps_calls_on_different_threads_make_one_trace(tmp_path):
     assert traces(tmp_path) == ["step_2/rank_0.pt.trace.json"]
     found = names(tmp_path / "step_2/rank_0.pt.trace.json")
     assert {"megarl/actor/log_prob", "megarl/actor/update", "aten::mm"} <= found
+
+
+NSYS_SCRIPT = """
+import sys, torch
+from megarl.settings.profiling import ProfilerSettings, RoleProfile
+from megarl.trainer.profiling import rank_profiler
+profiler = rank_profiler(ProfilerSettings("nsys", (1,), sys.argv[1], {"actor": RoleProfile((0,))}), 0)
+a = torch.randn(256, 256, device="cuda")
+profiler.begin(1)
+with profiler.stage("actor", "update"):
+    (a @ a).sum().item()
+profiler.end(1)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA activity needs a GPU")
+def test_on_a_gpu_the_trace_holds_the_cuda_kernels(tmp_path):
+    profiler = rank_profiler(settings(tmp_path), 0)
+    a = torch.randn(256, 256, device="cuda")
+    profiler.begin(2)
+    with profiler.stage("actor", "update"):
+        (a @ a).sum().item()
+    profiler.end(2)
+    events = json.loads((tmp_path / "step_2/rank_0.pt.trace.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or shutil.which("nsys") is None, reason="needs a GPU and nsys")
+def test_under_nsys_the_profiled_step_is_one_capture_range(tmp_path):
+    """What Ray's nsight plugin does for a selected rank, without Ray: nsys waits for the capture range
+    the rank profiler opens at the profiled step, and writes its report."""
+    import os
+    import subprocess
+    import sys
+
+    report = tmp_path / "rank0"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    subprocess.run(["nsys", "profile", "-o", str(report), "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+                    "--trace=cuda,nvtx", sys.executable, "-c", NSYS_SCRIPT, str(tmp_path)], check=True, env=env,
+                   timeout=300)
+    assert report.with_suffix(".nsys-rep").is_file()
