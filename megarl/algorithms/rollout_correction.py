@@ -12,7 +12,10 @@ take part in an off-policy PPO step:
 **Decoupled mode** (``bypass_mode=False``): the PPO ratio is ``pi_theta / pi_old``, clipped as usual,
 and each token's loss is multiplied by a truncated importance weight (TIS)
 ``w = min(rho, rollout_is_threshold)`` of ``rho = pi_old / pi_rollout``: per token
-(``rollout_is=token``) or the product over the sample (``sequence``). Rejection sampling (MIS,
+(``rollout_is=token``) or the product over the sample (``sequence``). With
+``rollout_is_threshold_lower`` set (verl's ``"lower_upper"`` string, IcePop) the weight is instead
+``rho`` where ``lower <= rho <= rollout_is_threshold`` and 0 outside: those tokens leave the loss
+through their weight, the response mask is unchanged. Rejection sampling (MIS,
 ``rollout_rs``) masks out tokens (``token``) or whole samples (``sequence``: the product,
 ``geometric``: the geometric mean ``exp(mean log rho)``) whose ratio lies outside
 ``[rollout_rs_threshold_lower, rollout_rs_threshold]`` (lower: ``1 / upper`` unless set), and
@@ -85,6 +88,7 @@ class RolloutCorrection:
 
     rollout_is: str | None = None
     rollout_is_threshold: float = 2.0
+    rollout_is_threshold_lower: float | None = None  # set: IcePop (weights outside [lower, threshold] are 0)
     rollout_is_batch_normalize: bool = False
     rollout_rs: str | None = None
     rollout_rs_threshold: float | None = None
@@ -104,6 +108,11 @@ class RolloutCorrection:
         return self.rollout_is is not None or self.rollout_rs is not None or self.bypass_mode
 
     @property
+    def icepop(self) -> bool:
+        """True when the weights outside ``[rollout_is_threshold_lower, rollout_is_threshold]`` are zeroed."""
+        return self.rollout_is_threshold_lower is not None
+
+    @property
     def rs_bounds(self) -> tuple[float, float]:
         upper = float(self.rollout_rs_threshold)
         lower = self.rollout_rs_threshold_lower
@@ -116,6 +125,7 @@ class RolloutCorrection:
             return default if value is None else value
 
         return cls(rollout_is=get("rollout_is"), rollout_is_threshold=float(get("rollout_is_threshold", 2.0)),
+                   rollout_is_threshold_lower=get("rollout_is_threshold_lower"),
                    rollout_is_batch_normalize=bool(get("rollout_is_batch_normalize", False)),
                    rollout_rs=get("rollout_rs"), rollout_rs_threshold=get("rollout_rs_threshold"),
                    rollout_rs_threshold_lower=get("rollout_rs_threshold_lower"),
@@ -132,6 +142,9 @@ def correction_problems(c: RolloutCorrection, prefix: str = "algorithm.rollout_c
         problems.append(f"{prefix}.rollout_rs={c.rollout_rs!r}: use null or one of {sorted(ROLLOUT_RS)}")
     if not c.rollout_is_threshold > 0:
         problems.append(f"{prefix}.rollout_is_threshold={c.rollout_is_threshold}: must be > 0 (truncation bound)")
+    elif c.rollout_is_threshold_lower is not None and not 0 <= c.rollout_is_threshold_lower <= c.rollout_is_threshold:
+        problems.append(f"{prefix}.rollout_is_threshold_lower={c.rollout_is_threshold_lower}: IcePop's lower bound "
+                        f"needs 0 <= lower <= rollout_is_threshold ({c.rollout_is_threshold})")
     if c.rollout_rs is not None:
         if c.rollout_rs_threshold is None:
             problems.append(f"{prefix}.rollout_rs={c.rollout_rs} needs {prefix}.rollout_rs_threshold (the upper "
@@ -165,7 +178,8 @@ def compute_rollout_correction(log_prob: torch.Tensor, rollout_log_prob: torch.T
     ``log_prob`` is the target of the correction: ``pi_old`` in decoupled mode, the current
     policy (detached) in bypass mode. Metrics (verl's names; statistics of the weights before
     truncation, so ``rollout_is_ratio_fraction_high`` is the share that truncation cut):
-    ``rollout_corr/rollout_is_{mean,max,min,ratio_fraction_high,ratio_fraction_low,eff_sample_size}``,
+    ``rollout_corr/rollout_is_{mean,max,min,ratio_fraction_high,ratio_fraction_low,eff_sample_size}``
+    (IcePop: plus ``rollout_is_oob_ratio``, the share of tokens whose weight is 0),
     ``rollout_corr/rollout_rs_{masked_fraction,seq_masked_fraction}``,
     ``rollout_corr/rollout_is_veto_fraction``, and the mismatch ``rollout_corr/kl`` (``E[log pi_rollout
     - log pi]``) and ``rollout_corr/k3_kl``. ``with_metrics=False`` skips them (inside a loss, where
@@ -181,10 +195,10 @@ def compute_rollout_correction(log_prob: torch.Tensor, rollout_log_prob: torch.T
     if settings.rollout_is is not None:
         level = ROLLOUT_IS[settings.rollout_is](log_ratio, mask)
         raw = torch.exp(level.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask
+        weights, lower = importance_weights(raw, settings)
         if with_metrics:
-            metrics.update(weight_metrics("rollout_is", raw, level, mask, settings.rollout_is_threshold,
-                                          1.0 / settings.rollout_is_threshold))
-        weights = raw.clamp(max=settings.rollout_is_threshold)
+            metrics.update(weight_metrics("rollout_is", raw, level, mask, settings.rollout_is_threshold, lower,
+                                          applied=weights if settings.icepop else None))
         if settings.rollout_is_batch_normalize:
             mean = masked_mean(weights, mask)
             if mean > 1e-8:
@@ -212,20 +226,40 @@ def compute_rollout_correction(log_prob: torch.Tensor, rollout_log_prob: torch.T
     return Correction(weights, new_mask, metrics)
 
 
+def importance_weights(raw: torch.Tensor, settings: RolloutCorrection) -> tuple[torch.Tensor, float]:
+    """The applied weights of the untruncated ``raw`` ones, and the lower bound of the metrics.
+
+    TIS: ``min(raw, upper)`` (lower bound of the metrics ``1 / upper``). IcePop (verl's
+    ``"lower_upper"`` threshold): ``raw`` where ``lower <= raw <= upper``, else 0, compared on the
+    weight of the level (a ``sequence`` weight zeroes the whole sample)."""
+    upper, lower = settings.rollout_is_threshold, settings.rollout_is_threshold_lower
+    if lower is None:
+        return raw.clamp(max=upper), 1.0 / upper
+    inside = (raw >= lower) & (raw <= upper)
+    return torch.where(inside, raw, torch.zeros_like(raw)), float(lower)
+
+
 def weight_metrics(prefix: str, weights: torch.Tensor, log_level: torch.Tensor, mask: torch.Tensor, upper: float,
-                   lower: float) -> dict[str, float]:
+                   lower: float, applied: torch.Tensor | None = None) -> dict[str, float]:
+    """Statistics of the untruncated ``weights``. With ``applied`` (IcePop's zeroed weights), the
+    effective sample size is that of the applied weights and ``_oob_ratio`` the share of tokens
+    zeroed, as verl computes them."""
     valid = mask.bool()
     if not valid.any():
         return {}
     w = weights[valid]
     logs = log_level[valid]
-    clamped = w.clamp(lower, upper)
+    clamped = w.clamp(lower, upper) if applied is None else applied[valid].clamp(0.0, upper)
     normalised = clamped / (clamped.mean() + 1e-8)
-    return {f"rollout_corr/{prefix}_mean": float(w.mean()), f"rollout_corr/{prefix}_max": float(w.max()),
-            f"rollout_corr/{prefix}_min": float(w.min()),
-            f"rollout_corr/{prefix}_ratio_fraction_high": float((logs > math.log(upper)).float().mean()),
-            f"rollout_corr/{prefix}_ratio_fraction_low": float((logs < math.log(lower)).float().mean()),
-            f"rollout_corr/{prefix}_eff_sample_size": float(1.0 / (normalised ** 2).mean())}
+    metrics = {f"rollout_corr/{prefix}_mean": float(w.mean()), f"rollout_corr/{prefix}_max": float(w.max()),
+               f"rollout_corr/{prefix}_min": float(w.min()),
+               f"rollout_corr/{prefix}_ratio_fraction_high": float((logs > math.log(upper)).float().mean()),
+               f"rollout_corr/{prefix}_ratio_fraction_low": float((logs < math.log(lower)).float().mean()
+                                                                  if lower > 0 else 0.0),
+               f"rollout_corr/{prefix}_eff_sample_size": float(1.0 / (normalised ** 2).mean())}
+    if applied is not None:
+        metrics[f"rollout_corr/{prefix}_oob_ratio"] = float(((w < lower) | (w > upper)).float().mean())
+    return metrics
 
 
 def mismatch_metrics(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -345,6 +345,10 @@ def _check_algorithm(cfg, add, notes: list[str]) -> None:
 
     for problem in router_replay_problems(cfg, notes):
         add(problem)
+    from megarl.settings.profiling import profiler_problems
+
+    for problem in profiler_problems(cfg):  # global_profiler.* and <role>.profiler.*
+        add(problem)
     needed_by = old_log_prob_pass(cfg) if actor.recompute_old_log_prob is False else None
     if needed_by is not None:
         add(f"actor_rollout_ref.actor.recompute_old_log_prob=False, but the old log-probs are needed before the update "
@@ -365,7 +369,7 @@ def _check_rollout_correction(cfg, add) -> None:
 
     c, prefix = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     settings = RolloutCorrection.__new__(RolloutCorrection)  # unchecked: every problem is reported below
-    for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
+    for key in ("rollout_is", "rollout_is_threshold", "rollout_is_threshold_lower", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold",
                 "rollout_rs_threshold_lower", "rollout_token_veto_threshold", "bypass_mode", "loss_type"):
         object.__setattr__(settings, key, c[key])
     for message in correction_problems(settings):

@@ -15,7 +15,7 @@ their processes (``process_watch``): a rank that dies is named within seconds.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from megarl.cluster.process_watch import ProcessWatch
 
@@ -71,12 +71,14 @@ class WorkerGroup:
     ``slots`` (one ``placement.ActorSlot`` per rank, from ``ClusterPlacement.trainer_slots()``)
     puts rank ``r`` into its placement-group bundle with that bundle's share of CPU and GPU;
     without slots every rank asks Ray for ``num_cpus_per_worker`` / ``num_gpus_per_worker``.
+    ``runtime_env(rank)``, when given, is rank ``rank``'s Ray runtime environment (or None): nsys
+    profiling runs the ranks it selects under Ray's ``nsight`` plugin.
     """
 
     def __init__(self, worker_cls: type, world_size: int, *, init_args: Sequence[Any] = (),
                  init_kwargs: dict | None = None, num_cpus_per_worker: float = 1, num_gpus_per_worker: float = 0,
                  slots: Sequence[Any] | None = None, env: dict[str, str] | None = None, name: str = "trainer",
-                 dist_timeout_s: float = 600):
+                 dist_timeout_s: float = 600, runtime_env: Callable[[int], dict | None] | None = None):
         import ray
 
         if world_size < 1:
@@ -89,6 +91,8 @@ class WorkerGroup:
         for rank in range(world_size):
             options: dict[str, Any] = (slots[rank].options() if slots is not None else
                                        dict(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker))
+            if runtime_env is not None and (env_of_rank := runtime_env(rank)) is not None:
+                options["runtime_env"] = env_of_rank
             self._actors.append(remote_cls.options(**options, max_concurrency=2).remote(rank, world_size, env,
                                                                                         f"{name}_rank{rank}"))
         self._watch = None

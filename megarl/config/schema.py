@@ -182,6 +182,70 @@ class CheckpointConfig:
     load_contents: List[str] = II(".save_contents")
 
 
+# ------------------------------------------------------------------------ profiling
+@dataclass
+class TorchProfilerScheduleConfig:
+    active: int = 0  # > 0 (sampling update mini-batches) is refused: megarl records each profiled stage whole
+
+
+@dataclass
+class TorchProfilerToolConfig:
+    contents: List[str] = field(default_factory=list)  # cuda, cpu, memory, shapes, stack ([]: cpu and cuda)
+    discrete: bool = False  # one trace per stage (log-prob, ref, values, updates) instead of one per step
+    schedule: TorchProfilerScheduleConfig = field(default_factory=TorchProfilerScheduleConfig)
+
+
+@dataclass
+class NsightToolConfig:
+    discrete: Optional[bool] = None  # a capture range per stage; None: global_profiler.global_tool_config.nsys.discrete
+
+
+@dataclass
+class RoleToolConfig:
+    torch: TorchProfilerToolConfig = field(default_factory=TorchProfilerToolConfig)
+    nsys: NsightToolConfig = field(default_factory=NsightToolConfig)
+
+
+@dataclass
+class RoleProfilerConfig:
+    """verl's ``<role>.profiler`` (actor, ref, critic): whether this role's worker compute is profiled,
+    on which of the trainer's ranks (``megarl.settings.profiling``)."""
+
+    tool: Optional[str] = None  # None: global_profiler.tool (another tool than the global one is refused)
+    enable: bool = False
+    all_ranks: bool = False
+    ranks: List[int] = field(default_factory=list)  # [] and all_ranks=False: rank 0
+    save_path: Optional[str] = None  # None: global_profiler.save_path (another path is refused)
+    tool_config: RoleToolConfig = field(default_factory=RoleToolConfig)
+
+
+def _worker_nsight_options() -> dict:
+    return {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true", "cuda-graph-trace": "graph",
+            "capture-range": "cudaProfilerApi", "capture-range-end": None, "kill": "none"}
+
+
+@dataclass
+class GlobalNsysConfig:
+    discrete: bool = False
+    worker_nsight_options: Dict[str, Any] = field(default_factory=_worker_nsight_options)  # Ray's runtime_env nsight
+
+
+@dataclass
+class GlobalToolConfig:
+    nsys: GlobalNsysConfig = field(default_factory=GlobalNsysConfig)
+
+
+@dataclass
+class GlobalProfilerConfig:
+    """verl's ``global_profiler``: the tool and the steps; the roles' ``profiler.enable`` pick the workers."""
+
+    tool: Optional[str] = None  # torch | nsys (npu, torch_memory, precision_debugger: refused); None: off
+    steps: Optional[List[int]] = None  # the training steps profiled (None: none)
+    profile_continuous_steps: bool = False  # consecutive profiled steps share one trace (discrete=False)
+    save_path: Optional[str] = None  # None: <trainer.default_local_dir>/profile (verl writes outputs/profile)
+    global_tool_config: GlobalToolConfig = field(default_factory=GlobalToolConfig)
+
+
 @dataclass
 class ActorConfig:
     strategy: str = "megatron"
@@ -219,6 +283,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
@@ -228,6 +293,7 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
     megatron: MegatronConfig = field(default_factory=reference_megatron)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 @dataclass
@@ -369,6 +435,7 @@ class CriticConfig:
     grad_clip: float = 1.0
     megatron: MegatronConfig = field(default_factory=shared_layout)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profiler: RoleProfilerConfig = field(default_factory=RoleProfilerConfig)
 
 
 # -------------------------------------------------------------------------- rewards
@@ -491,7 +558,8 @@ class RolloutCorrectionConfig:
     behaviour policy sampled (``megarl.algorithms.rollout_correction``)."""
 
     rollout_is: Optional[str] = None  # null | token | sequence: truncated importance weights pi_old / pi_rollout
-    rollout_is_threshold: float = 2.0  # the truncation bound
+    rollout_is_threshold: float = 2.0  # the truncation bound (IcePop: the upper bound)
+    rollout_is_threshold_lower: Optional[float] = None  # set: IcePop, weights outside [lower, threshold] are 0
     rollout_is_batch_normalize: bool = False  # rescale the weights to mean 1 over the batch
     rollout_rs: Optional[str] = None  # null | token | sequence | geometric: reject ratios outside the bounds
     rollout_rs_threshold: Optional[float] = None  # upper bound of accepted ratios (required with rollout_rs)
@@ -692,3 +760,4 @@ class MegaRLConfig:
     rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     ray_kwargs: RayKwargsConfig = field(default_factory=RayKwargsConfig)
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from megarl.config.errors import Problem, refusal
 from megarl.config.schema import MegaRLConfig
-from megarl.config.verl_keys import (ENGINE_ARG_KEYS, ICEPOP, POINTERS, ROLLOUT_RS_DIVERGENCES, ROLLOUT_RS_NAMES,
+from megarl.config.verl_keys import (ENGINE_ARG_KEYS, POINTERS, ROLLOUT_RS_DIVERGENCES, ROLLOUT_RS_NAMES,
                                      THRESHOLD_STRINGS, Alias, Mapped, Noted, Parameters, Refused, Renamed,
                                      alias_target, mapped_targets, rule_for, threshold_pair)
 
@@ -162,9 +162,6 @@ def _threshold_strings(tree: DictConfig, problems: list[Problem]) -> None:
         with open_dict(tree):
             OmegaConf.update(tree, key, upper, merge=False, force_add=True)
         if lower is None:
-            continue
-        if lower_key is None:
-            problems.append(refusal(f"{key}={value}", *ICEPOP))
             continue
         given = OmegaConf.select(tree, lower_key, default=None)
         if given is not None and given != lower:

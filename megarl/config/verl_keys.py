@@ -32,7 +32,7 @@ ARR, ACTOR, REF, ROLLOUT, MODEL = ("actor_rollout_ref", "actor_rollout_ref.actor
                                    "actor_rollout_ref.rollout", "actor_rollout_ref.model")
 TRAINED = (ACTOR, "critic")  # roles with an optimizer
 ENGINES = (ACTOR, REF, "critic")  # roles with a megatron engine
-PROFILED = (ACTOR, REF, ROLLOUT, "critic", "reward_model")
+ENGINE_FREE = (ROLLOUT, "reward_model")  # roles whose work runs in vLLM engines, not in megarl's workers
 
 Off = Union[tuple, Callable[[Any, Callable[[str], Any]], bool]]
 
@@ -109,8 +109,8 @@ class Parameters:
 
 Rule = Union[Alias, Mapped, Refused, Renamed, Noted, Parameters]
 
-PROFILING = ("profile the job from outside (e.g. `nsys profile` around the launch) and read megarl's "
-             "timing_s/* and timing_per_token_ms/* metrics")
+PROFILING = ("megarl profiles the trainer's workers (<role>.profiler.enable for actor, ref, critic with "
+             "global_profiler.tool and steps); the engines' time is in the timing_s/gen metric")
 MODEL_REWARD = ("rule and custom reward functions score the responses (custom_reward_function.path), with a "
                 "reward model or LLM judge (reward_model.enable)")
 
@@ -296,10 +296,31 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "the critic runs in the actor's process groups: set actor_rollout_ref.nccl_timeout",
             off=lambda value, get: value == get(f"{ARR}.nccl_timeout")),
     Mapped((f"{ARR}.hybrid_engine",), {True: {}, False: {"trainer.placement": "split"}}),
-    # ---------------------------------------------------------------- profiling
-    Refused(_each(PROFILED, "profiler.enable") + ("global_profiler.tool", "global_profiler.steps"),
-            "profiling inside the workers", PROFILING, off=(False,)),
-    Parameters(_each(PROFILED, "profiler.*") + ("global_profiler.*",), of="profiling"),
+    # ---------------------------------------------------------------- profiling (honoured: megarl.settings.profiling)
+    Refused(_each(ENGINE_FREE, "profiler.enable"), "profiling the rollout or reward-model engines", PROFILING,
+            off=(False,)),
+    Parameters(_each(ENGINE_FREE, "profiler.*"), of="profiling the vLLM engines (refused by <role>.profiler.enable)"),
+    Refused(_each(ENGINES, "profiler.relocate_results") + ("global_profiler.relocate_results",),
+            "moving nsys reports out of Ray's session directory", "the reports stay where Ray's Nsight plugin "
+            "writes them (<ray session dir>/logs/nsight); copy them after the run", off=(False,)),
+    Refused(_each(ENGINES, "profiler.finish_hook_cmd") + ("global_profiler.finish_hook_cmd",),
+            "a command run on the workers after profiling", "run it after the job on global_profiler.save_path"),
+    Parameters(_each(ENGINES, "profiler.finish_hook_all_ranks", "profiler.finish_hook_ranks")
+               + ("global_profiler.finish_hook_all_ranks", "global_profiler.finish_hook_ranks"),
+               of="the profiler's finish hook (refused by finish_hook_cmd)"),
+    Refused(_each(ENGINES, "profiler.tool_config.torch.profile_token_start", "profiler.tool_config.torch.profile_token_end",
+                  "profiler.tool_config.npu.profile_token_start", "profiler.tool_config.npu.profile_token_end"),
+            "profiling a window of response tokens (the rollout's)", "megarl profiles the trainer's stages whole"),
+    Parameters(_each(ENGINES, "profiler.tool_config.torch.schedule.*"),
+               of="the torch profiler's schedule (only active > 0 asks for it, and is refused)"),
+    Parameters(_each(ENGINES, "profiler.tool_config.npu.*", "profiler.tool_config.torch_memory.*",
+                     "profiler.tool_config.precision_debugger.*")
+               + ("global_profiler.global_tool_config.torch_memory.*", "global_profiler.global_tool_config.precision_debugger.*",
+                  "global_profiler.global_tool_config.precision_debugger"),
+               of="profiler tools megarl refuses by global_profiler.tool (npu, torch_memory, precision_debugger)"),
+    Noted(("global_profiler.global_tool_config.nsys.controller_nsight_options.*",),
+          "megarl's controller is the driver process, not a Ray actor: to trace it too, launch megarl under "
+          "`nsys profile`; the workers run under global_tool_config.nsys.worker_nsight_options"),
     # ---------------------------------------------------------------- rollout
     Noted((f"{ROLLOUT}.multi_stage_wake_up", "reward_model.rollout.multi_stage_wake_up"),
           "megarl always wakes the weights first, then the KV cache"),
@@ -565,17 +586,12 @@ ENGINE_ARG_KEYS = {
 
 
 # verl (2026) lets these ratio thresholds be strings: a float-like string is the upper bound, and
-# "lower_upper" (e.g. "0.5_5.0") a pair of bounds. megarl's keys are floats: screen_keys converts them
-# (rollout_rs_threshold's pair sets rollout_rs_threshold_lower too; rollout_is_threshold's pair is verl's
-# IcePop weighting, refused).
+# "lower_upper" (e.g. "0.5_5.0") a pair of bounds. megarl's keys are floats: screen_keys converts them,
+# and a pair sets the lower-bound key too (rollout_is_threshold's pair is verl's IcePop weighting).
 THRESHOLD_STRINGS = {
-    "algorithm.rollout_correction.rollout_is_threshold": None,
+    "algorithm.rollout_correction.rollout_is_threshold": "algorithm.rollout_correction.rollout_is_threshold_lower",
     "algorithm.rollout_correction.rollout_rs_threshold": "algorithm.rollout_correction.rollout_rs_threshold_lower",
 }
-ICEPOP = ("IcePop importance weights (zero outside [lower, upper]: verl's 'lower_upper' rollout_is_threshold)",
-          "a float rollout_is_threshold truncates the weights at that bound (TIS); to drop the tokens whose ratio "
-          "lies outside [lower, upper], set algorithm.rollout_correction.rollout_rs=token with "
-          "rollout_rs_threshold=upper and rollout_rs_threshold_lower=lower")
 
 
 # verl 2026 names rollout_rs's levels by the divergence they bound; its ratio-bound (k1) levels are megarl's

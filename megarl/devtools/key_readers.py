@@ -116,6 +116,7 @@ def read_by_the_door(cfg, run_dir: Path) -> None:
     ``prepare`` (tokenizer, agent loops, data, resume plan), Ray's settings and every settings constructor."""
     import transformers
 
+    import megarl.settings.profiling as profiling
     import megarl.settings.sync as sync
     from megarl.checks import launch_problems
     from megarl.devtools.tiny_tokenizer import build_tokenizer
@@ -130,7 +131,8 @@ def read_by_the_door(cfg, run_dir: Path) -> None:
     from megarl.settings.worker import worker_settings
 
     with mock.patch.object(sync, "WeightSyncSession", _Recorded), mock.patch.object(sync, "AdapterUpdates", _Recorded), \
-            mock.patch.object(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: build_tokenizer("qwen3")):
+            mock.patch.object(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: build_tokenizer("qwen3")), \
+            mock.patch.object(profiling.shutil, "which", lambda name: f"/usr/bin/{name}"):  # nsys stands installed
         notes: list[str] = []
         problems = launch_problems(cfg, notes)
         assert problems == [], problems
@@ -185,6 +187,17 @@ def configs(tmp_path: Path) -> dict[str, list[str]]:
                                       "distillation.distillation_loss.loss_mode=k1",
                                       "distillation.distillation_loss.use_policy_gradient=True",
                                       "distillation.distillation_loss.clip_ratio_low=null"],
+        "profiled, every role (torch)": [*base, "algorithm.adv_estimator=gae", f"critic.model.path={model}",
+                                         "actor_rollout_ref.actor.use_kl_loss=True", "global_profiler.tool=torch",
+                                         "global_profiler.steps=[2,3]", "global_profiler.profile_continuous_steps=True",
+                                         *[f"{role}.profiler.enable=True" for role in (
+                                             "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")]],
+        "profiled under nsys, one stage each": [*base, "algorithm.adv_estimator=gae", f"critic.model.path={model}",
+                                                "actor_rollout_ref.actor.use_kl_loss=True", "global_profiler.tool=nsys",
+                                                "global_profiler.steps=[1]",
+                                                "global_profiler.global_tool_config.nsys.discrete=True",
+                                                *[f"{role}.profiler.enable=True" for role in (
+                                                    "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")]],
         "overlong penalty, adaptive KL": [*base, "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
                                           "reward_model.overlong_buffer.len=4",
                                           "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive"],

@@ -138,6 +138,7 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
     from megarl.settings.cluster import reward_pool_from_config
     from megarl.settings.distillation import distillation_settings
     from megarl.settings.worker import worker_settings
+    from megarl.settings.profiling import profiler_settings
     from megarl.trainer.teachers import Teachers
     from megarl.settings.reward_models import reward_engine, settings_from_config
     from megarl.settings.rewards import reward_manager
@@ -150,13 +151,15 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
     cfg = prepared.cfg
     run.placement = ClusterPlacement(plan, use_gpu)
     seconds = run.seconds
+    profiler = profiler_settings(cfg)  # nsys: the ranks it selects start under Ray's nsight plugin
     with Progress(f"starting {plan.trainer_world} trainer rank(s) and {len(plan.replicas)} rollout replica(s)"):
         started = start_together(  # neither needs the other before the weight sync connects them
             seconds,
             workers=lambda: WorkerGroup(
                 MegatronWorker, plan.trainer_world, init_args=(worker_settings(cfg, plan.trainer_world),),
                 slots=run.placement.trainer_slots(), env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-                dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout),
+                dist_timeout_s=cfg.actor_rollout_ref.nccl_timeout,
+                runtime_env=profiler.runtime_env if profiler is not None else None),
             fleet=lambda: RolloutFleet(**fleet_arguments(cfg, plan), slots=run.placement.replica_slots()))
     run.workers, run.fleet = started["workers"], started["fleet"]
     began = time.perf_counter()

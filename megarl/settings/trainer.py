@@ -12,6 +12,7 @@ from megarl.config.derived import devices_for
 from megarl.settings import typed_config
 from megarl.settings.derived import critic_enabled, greedy_baselines, old_log_prob_pass
 from megarl.settings.engine import initial_checkpoints, needs_reference, offload_flags
+from megarl.settings.profiling import profiler_settings
 from megarl.algorithms.staleness import StalenessBound
 
 
@@ -59,7 +60,7 @@ def trainer_settings(cfg: Any) -> TrainerSettings:
         greedy_baselines=greedy_baselines(cfg),
         old_log_prob_pass=old_log_prob_pass(cfg), num_devices=devices_for(cfg)[0],
         trainer_offload=any(offload_flags(cfg).values()), asynchronous=async_settings(cfg), lrs=lrs,
-        start_source=initial_checkpoints(cfg)["actor"] or starts_from_adapter(cfg),
+        start_source=initial_checkpoints(cfg)["actor"] or starts_from_adapter(cfg), profiling=profiler_settings(cfg),
         config_record=OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else {})
 
 
@@ -96,4 +97,5 @@ class TrainerSettings:
     asynchronous: Any = None  # AsyncSettings, or None (sync mode)
     lrs: dict = field(default_factory=dict)  # role -> optim.lr, for the messages of a stopped run
     start_source: str | None = None  # what the actor starts from besides model.path (a checkpoint, an adapter)
+    profiling: Any = None  # megarl.settings.profiling.ProfilerSettings: the profiled steps (None: off)
     config_record: dict = field(default_factory=dict)  # the whole config as plain data, kept in every checkpoint

@@ -36,6 +36,7 @@ class WorkerSettings:
     critic: Any = None  # megarl.engine.CriticSettings, or None: no critic
     critic_role: RoleSettings | None = None
     offload: dict = field(default_factory=dict)  # "<model>.<params|grads|optimizer>" -> offloaded between phases
+    profiler: Any = None  # megarl.settings.profiling.ProfilerSettings, or None: no profiling
 
     def role(self, name: str) -> RoleSettings:
         return {"actor": self.actor_role, "ref": self.ref_role, "critic": self.critic_role}[name]
@@ -45,6 +46,7 @@ def worker_settings(cfg, world_size: int):
     """What every Megatron rank of a ``world_size``-rank trainer builds and runs (``MegatronWorker.setup``)."""
     from megarl.models import model_dims
     from megarl.settings.derived import critic_enabled
+    from megarl.settings.profiling import profiler_settings
 
     arr = cfg.actor_rollout_ref
     path = arr.model.path
@@ -70,4 +72,4 @@ def worker_settings(cfg, world_size: int):
         ref_role=role("ref", path, arr.ref, None) if needs_reference(cfg) else None,
         critic=critic_settings(cfg, dp_size) if with_critic else None,
         critic_role=role("critic", cfg.critic.model.path, cfg.critic, cfg.critic.model.lora) if with_critic else None,
-        offload=offload_flags(cfg))
+        offload=offload_flags(cfg), profiler=profiler_settings(cfg))

@@ -209,6 +209,9 @@ class RLTrainer:
         mask = batch.response_mask  # the loss mask: model tokens only
         scores = scores_to_token_level(data["score"], mask)
         batch_ref = ray.put(batch)
+        profiled = self.settings.profiling is not None and self.settings.profiling.profiles(step)
+        if profiled:  # the workers' calls of this step, from the old log-probs to the actor's update
+            self.workers.call("profile_begin", step)
         verify = self.settings.verify_sync
         old_log_probs = routed_experts = None
         if self.correction.bypass_mode:  # the rollout's log-probs are the old ones: no forward before the update
@@ -265,6 +268,9 @@ class RLTrainer:
         if will_sync:
             with timer(timings, "update_actor"):
                 metrics.update(self._update("update_actor", train_ref))
+        if profiled:
+            self.workers.call("profile_end", step)
+        if will_sync:
             self.weights_published = False
             if self.batches is None or self.batches.sync_due(step):
                 refuse_nonfinite_weights(self.workers, self.coords, ("actor",),

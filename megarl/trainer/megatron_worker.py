@@ -23,6 +23,7 @@ adapter in PEFT format (``step_<N>/lora_adapter``).
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,9 @@ class MegatronWorker(DistributedWorker):
         self.residency = rank_residency({"actor": self.actor, "ref": own_ref, "critic": self.critic},
                                         settings.offload, self.rank)
         self.residency.need(PHASES["rollout"], "setup")  # the engines start next: give them the memory
+        from megarl.trainer.profiling import rank_profiler
+
+        self.profiler = rank_profiler(settings.profiler, self.rank)  # None: profiling off or not on this rank
 
     def _build(self, role: str) -> list:
         """This rank's model chunks: the HF weights, or a megatron dist checkpoint (any layout) when given.
@@ -138,18 +142,33 @@ class MegatronWorker(DistributedWorker):
 
         return data_parallel_shard(batch, self.dp_rank, self.dp_size).to(platform.device())
 
+    # ------------------------------------------------------------------ profiling (megarl.trainer.profiling)
+    def profile_begin(self, step: int) -> None:
+        if self.profiler is not None:
+            self.profiler.begin(step)
+
+    def profile_end(self, step: int) -> None:
+        if self.profiler is not None:
+            self.profiler.end(step)
+
+    def _stage(self, role: str, name: str):
+        return self.profiler.stage(role, name) if self.profiler is not None else contextlib.nullcontext()
+
     # ------------------------------------------------------------------ compute
     def compute_log_prob(self, batch, with_entropy: bool = True):
         """(log-probs, entropy), and with router replay R2 the routers' choices (the update replays them)."""
         self.enter_phase("log_prob")
         record = self.actor.settings.router_replay == "R2"
-        return _to_host(self.actor.compute_log_prob(self._shard(batch), with_entropy=with_entropy, record_routing=record))
+        with self._stage("actor", "log_prob"):
+            return _to_host(self.actor.compute_log_prob(self._shard(batch), with_entropy=with_entropy,
+                                                        record_routing=record))
 
     def compute_ref_log_prob(self, batch):
         if self.ref is None:
             raise RuntimeError("no reference model: enable actor.use_kl_loss or algorithm.use_kl_in_reward")
         self.enter_phase("log_prob" if self.ref_is_actor_base else "ref")
-        return _to_host(self.ref.compute_ref_log_prob(self._shard(batch)))
+        with self._stage("ref", "log_prob"):
+            return _to_host(self.ref.compute_ref_log_prob(self._shard(batch)))
 
     def refresh_reference(self) -> None:
         """``trainer.ref_update_freq``: the reference takes the actor's current weights."""
@@ -162,15 +181,18 @@ class MegatronWorker(DistributedWorker):
         if self.critic is None:
             raise RuntimeError("no critic: it is built when critic.enable is true or the estimator needs values")
         self.enter_phase("values")
-        return _to_host(self.critic.compute_values(self._shard(batch)))
+        with self._stage("critic", "values"):
+            return _to_host(self.critic.compute_values(self._shard(batch)))
 
     def update_actor(self, batch) -> dict[str, float]:
         self.enter_phase("update_actor")
-        return self.actor.update_policy(self._shard(batch))
+        with self._stage("actor", "update"):
+            return self.actor.update_policy(self._shard(batch))
 
     def update_critic(self, batch) -> dict[str, float]:
         self.enter_phase("update_critic")
-        return self.critic.update_critic(self._shard(batch))
+        with self._stage("critic", "update"):
+            return self.critic.update_critic(self._shard(batch))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, root: str, step: int, extra: dict | None) -> str:

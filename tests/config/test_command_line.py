@@ -127,7 +127,7 @@ def test_every_problem_is_reported_in_one_pass_one_line_each():
     ("+reward_model.use_reward_loop=False", "verl's legacy reward-model worker (a training-engine forward)", None),
     ("+reward.reward_model.rollout.load_format=dummy", "vLLM load formats other than auto", None),
     ("actor_rollout_ref.model.lora.dtype=bf16", "an adapter dtype apart from the model's", None),
-    ("actor_rollout_ref.actor.profiler.enable=True", "profiling inside the workers", None),
+    ("actor_rollout_ref.rollout.profiler.enable=True", "profiling the rollout or reward-model engines", None),
     ("actor_rollout_ref.model.mtp.enable=True", "multi-token prediction (MTP) layers", 24),
     ("actor_rollout_ref.model.mtp.enable_train=True", "multi-token prediction (MTP) layers", 24),
 ])

@@ -53,10 +53,19 @@ def test_a_lower_upper_rejection_threshold_sets_both_bounds():
     assert "give one of them" in clash.message
 
 
-def test_a_lower_upper_importance_threshold_is_icepop_and_refused_with_the_alternatives():
-    (refused,) = problems(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_4.0")
-    assert refused.is_refusal and "IcePop" in refused.feature
-    assert "rollout_rs=token" in refused.message and "rollout_rs_threshold_lower" in refused.message
+def test_a_lower_upper_importance_threshold_is_icepop_and_honoured():
+    from megarl.algorithms.rollout_correction import RolloutCorrection
+
+    cfg = load(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_4.0")
+    rc = cfg.algorithm.rollout_correction
+    assert (rc.rollout_is_threshold, rc.rollout_is_threshold_lower) == (4.0, 0.5)
+    settings = RolloutCorrection.from_config(rc)  # what the trainer and the engine are given
+    assert settings.icepop and (settings.rollout_is_threshold_lower, settings.rollout_is_threshold) == (0.5, 4.0)
+    (clash,) = problems(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_4.0",
+                        f"{RC}.rollout_is_threshold_lower=0.25")
+    assert "give one of them" in clash.message
+    (inverted,) = problems(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=4.0_0.5")
+    assert "IcePop's lower bound needs 0 <= lower <= rollout_is_threshold" in inverted.message
 
 
 @pytest.mark.parametrize("override, feature", [

@@ -331,18 +331,34 @@ def test_remax_with_dapo_dynamic_sampling_runs(quickstart_inputs, tmp_path):
     assert len(logged["actor/pg_loss"]) == 3
 
 
+PROFILE_STEP_2 = ["global_profiler.tool=torch", "global_profiler.steps=[2]", "actor_rollout_ref.actor.profiler.enable=True",
+                  "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cpu,stack]"]
+
+
+def assert_step_2_profiled(profile: Path) -> None:
+    """Only step 2, only rank 0 (verl's default rank); a Chrome trace with the stages and megatron-core's forward."""
+    files = sorted(p.relative_to(profile).as_posix() for p in profile.rglob("*") if p.is_file())
+    assert files == ["step_2/rank_0.pt.trace.json"], files
+    names = {e.get("name", "") for e in json.loads((profile / files[0]).read_text())["traceEvents"]}
+    assert {"megarl/actor/log_prob", "megarl/actor/update"} <= names
+    assert any("megatron/core/" in n and ": forward" in n for n in names), sorted(names)[:50]
+
+
 @pytest.mark.timeout(900)
 def test_grpo_runs_on_the_hf_rollout_backend(quickstart_inputs, tmp_path):
     """rollout.name=hf: the quickstart's GRPO with transformers generating in the replicas, 3 steps and
     validation before and after; the fleet serves the trainer's weights after every sync. With verl's
     override_config.model_config (an RMSNorm epsilon far from the checkpoint's): the replicas build their model
-    from the overridden config as the trainer does, or the sync probe would be far off."""
+    from the overridden config as the trainer does, or the sync probe would be far off. With verl's torch
+    profiler on the actor at step 2: one Chrome trace of that step's worker calls, megatron's forward in it."""
     from megarl.run.train import run
 
     out = tmp_path / "hf"
     run(load_config("quickstart", overrides(quickstart_inputs, out, "actor_rollout_ref.rollout.name=hf",
                                             "trainer.total_training_steps=3", "trainer.save_freq=-1",
-                                            "trainer.test_freq=3", f"+{OVERRIDE}.rms_norm_eps=0.05")))
+                                            "trainer.test_freq=3", f"+{OVERRIDE}.rms_norm_eps=0.05",
+                                            *PROFILE_STEP_2)))
+    assert_step_2_profiled(out / "profile")
     logged = scalars(out)
     assert len(logged["actor/pg_loss"]) == 3 and [s for s, _ in logged["val/score"]] == [0, 3]
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
