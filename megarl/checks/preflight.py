@@ -116,6 +116,12 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
     except ValueError as exc:
         problems.append(Problem(f"{key}.* for actor_rollout_ref.model.path={arr.model.path}: {exc}; pick parallel "
                                 "sizes that divide these counts", key=f"{key}.tensor_model_parallel_size"))
+    ep = arr.rollout.expert_parallel_size
+    if ep > 1 and (dims.moe is None or ep > dims.moe.num_experts):
+        what = "has no routed experts" if dims.moe is None else f"has {dims.moe.num_experts} routed experts"
+        problems.append(Problem(f"actor_rollout_ref.rollout.expert_parallel_size={ep}: actor_rollout_ref.model.path="
+                                f"{arr.model.path} {what}, so its engines cannot place one or more on each of {ep} "
+                                "ranks; leave it at 1", key="actor_rollout_ref.rollout.expert_parallel_size"))
     for tp_key, tp, path_key, path in engines:
         try:
             found = vllm_tp_problems(dims if path_key.startswith("actor") else model_dims(path), tp) if tp >= 1 else []

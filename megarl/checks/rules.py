@@ -289,12 +289,30 @@ def _check_rollout(cfg, add) -> None:
     if rollout.name == "vllm":  # other backends refuse vLLM's engine arguments (their config_problems)
         for message in engine_kwargs_problems(rollout.engine_kwargs.vllm):
             add(message)
+    _check_engine_parallelism(add, rollout)
     sync = rollout.weight_sync
     if sync.transport != "auto" and sync.transport not in TRANSPORTS:
         add(f"actor_rollout_ref.rollout.weight_sync.transport={sync.transport!r}: use auto or one of {sorted(TRANSPORTS)}.")
     if sync.bucket_mb < 1:
         add(f"actor_rollout_ref.rollout.weight_sync.bucket_mb={sync.bucket_mb}: must be >= 1 (MiB).")
     _check_agent(add, rollout)
+
+
+def _check_engine_parallelism(add, rollout) -> None:
+    """verl's rollout ``data_parallel_size`` (refused above 1) and ``expert_parallel_size`` (1 or the TP size); whether
+    the model has experts is the layout check's (``megarl.checks.preflight``), the CPU host's the fleet's."""
+    from megarl.rollout.vllm.engine_config import ENGINE_DATA_PARALLEL, ENGINE_DATA_PARALLEL_INSTEAD, engine_parallelism
+
+    key = "actor_rollout_ref.rollout"
+    if rollout.data_parallel_size != 1:
+        add(refusal(f"{key}.data_parallel_size={rollout.data_parallel_size}", ENGINE_DATA_PARALLEL,
+                    ENGINE_DATA_PARALLEL_INSTEAD, issue=26))
+        return
+    for message in engine_parallelism(rollout, on_gpu=None)[1]:
+        add(message, f"{key}.expert_parallel_size")
+    if rollout.expert_parallel_size > 1 and rollout.name != "vllm":
+        add(f"{key}.expert_parallel_size={rollout.expert_parallel_size}: expert parallelism is vLLM's; the "
+            f"rollout.name={rollout.name} engines hold every expert: leave it at 1.", f"{key}.expert_parallel_size")
 
 
 # ------------------------------------------------------------------ data

@@ -370,6 +370,9 @@ class RolloutConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 2
+    # verl's: vLLM's expert parallelism, 1 or the TP size (each routed expert whole on one TP rank; GPU only)
+    expert_parallel_size: int = 1
+    data_parallel_size: int = 1  # verl's: data parallelism inside one engine; refused above 1 (use num_replicas)
     num_replicas: Optional[int] = None  # megarl: None = rollout GPUs / rollout TP
     enforce_eager: bool = True
     free_cache_engine: bool = True  # sleep/wake the engine in colocated mode (GPU)

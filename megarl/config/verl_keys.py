@@ -357,13 +357,10 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Noted((f"{ROLLOUT}.layer_name_map.*",), "megarl derives vLLM's fused parameter names from the model family"),
     Refused((f"{ROLLOUT}.load_format",), "vLLM load formats other than auto", "the engines load model.path's "
             "safetensors, then receive the trainer's weights", off=("auto", "dummy", "safetensors")),
-    Refused((f"{ROLLOUT}.data_parallel_size",), "data parallelism inside one rollout engine",
-            "set actor_rollout_ref.rollout.num_replicas: each replica is one engine", off=(1,), issue=26),
-    Refused((f"{ROLLOUT}.expert_parallel_size",), "expert parallelism in the rollout engines",
-            "vLLM splits the experts over the replica's tensor-parallel ranks", off=(1,), issue=26),
     Refused((f"{ROLLOUT}.moe_tensor_parallel_size",), "a tensor-parallel size for the rollout's experts apart "
-            "from the engine's", "vLLM splits the experts over the replica's tensor-parallel ranks "
-            "(actor_rollout_ref.rollout.tensor_model_parallel_size)", off=(1,), issue=26),
+            "from the engine's", "in vLLM (verl allows this key for TensorRT-LLM only) every expert is split over "
+            "the engine's TP ranks, or with actor_rollout_ref.rollout.expert_parallel_size=tensor_model_parallel_size "
+            "each expert is whole on one rank", off=(1,)),
     Refused((f"{ROLLOUT}.pipeline_model_parallel_size",), "pipeline parallelism in the rollout engines",
             "raise actor_rollout_ref.rollout.tensor_model_parallel_size (a replica may span nodes)", off=(1,)),
     Refused((f"{ROLLOUT}.cudagraph_capture_sizes",), "this key for CUDA-graph sizes",

@@ -18,10 +18,14 @@ vocabulary, a replicated tensor is replicated. Where vLLM differs from megatron'
 the family says so (``FamilySpec.vllm_replicated``: DeepSeek-V3's ``q_a_proj`` and
 ``kv_a_proj_with_mqa``, which megatron splits by rows and vLLM stacks into a replicated
 ``fused_qkv_a_proj``). Experts without expert parallelism split like dense MLPs in both.
+
+A routed expert's tensors carry their global expert index (``VllmSplit.expert``): vLLM's fused-MoE
+layers split them over every rank of the engine (TP x DP), or, with expert parallelism, keep each
+expert whole on one rank (``megarl.weight_sync.rollout_layout`` places them as vLLM does).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from transformers import PretrainedConfig
 
@@ -41,6 +45,7 @@ Region = tuple[tuple[int, int], ...]
 class VllmSplit:
     kind: str
     num_kv_heads: int = 0  # kv_heads only
+    expert: int | None = None  # a routed expert's tensor: its global expert index
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -106,7 +111,10 @@ def splits_of_params(params, family) -> dict[str, VllmSplit]:
     """``vllm_splits`` of the whole-model parameter list ``params`` (``chunk_params`` at ``ParallelLayout()``)."""
     splits: dict[str, VllmSplit] = {}
     for param in params:
-        splits.update(_splits_of(param.mapping))
+        found = _splits_of(param.mapping)
+        if param.expert is not None:
+            found = {name: replace(split, expert=param.expert) for name, split in found.items()}
+        splits.update(found)
     for name in splits:
         if name.startswith("model.layers.") and name.split(".", 3)[3] in family.vllm_replicated:
             splits[name] = VllmSplit("replicated")

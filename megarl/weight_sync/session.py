@@ -6,7 +6,8 @@
 
 Set-up: every trainer rank reports the regions of HF tensors it holds (metadata only); the
 rollout side's needs come from the engines' TP split of each tensor, which the fleet's backend
-gives (``RolloutFleet.tensor_splits``: full tensors where the engines cannot take shards in place),
+gives (``RolloutFleet.tensor_splits``: full tensors where the engines cannot take shards in place;
+with the engines' expert parallelism, ``RolloutFleet.expert_parallel``, each expert only to its rank),
 applied in ``rollout_layout``; the planner computes
 one plan, checked for exact coverage, which every participant receives. Trainer rank 0 hosts the
 rendezvous; trainer ranks are sync ranks ``0..T-1`` and the vLLM workers follow, replica by
@@ -68,7 +69,8 @@ class WeightSyncSession:
         shapes = {name: tuple(shape) for name, shape in hf_tensor_shapes(self.model_path).items()}
         splits = fleet.tensor_splits()
         mode = "full" if splits is None else "shard"
-        layout = RolloutLayout(fleet.num_replicas, fleet.tensor_parallel_size, mode=mode, first_rank=workers.world_size)
+        layout = RolloutLayout(fleet.num_replicas, fleet.tensor_parallel_size, mode=mode, first_rank=workers.world_size,
+                               expert_parallel=bool(getattr(fleet, "expert_parallel", False)))
         needs = rollout_needs(shapes, layout, splits or {})
         meta = {name: TensorMeta(shape, _ITEMSIZE[dtypes.get(name, "float32")], dtypes.get(name, "float32"))
                 for name, shape in shapes.items()}

