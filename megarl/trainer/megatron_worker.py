@@ -322,8 +322,8 @@ class MegatronWorker(DistributedWorker):
         chunks = [unwrap(m) for m in self.actor.model]
         return adapter_update(chunks, self.settings.actor_role.hf_path, self.layout, self.lora["actor"])
 
-    def sync_close(self, peers_lost: bool = False) -> None:
-        self.sync.close(peers_lost)
+    def sync_close(self, dead_ranks: int = 0) -> None:
+        self.sync.close(dead_ranks)
 
 
 def named_weights(chunks) -> list[tuple[str, torch.Tensor]]:

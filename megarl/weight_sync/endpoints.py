@@ -55,12 +55,12 @@ class SenderEndpoint:
             stats = self.transport.run(self.plan, self.rank, get_region=region_reader(self.shards()))
         return {"seconds": stats.seconds, "bytes": stats.bytes_sent, "version": version}
 
-    def close(self, peers_lost: bool = False) -> None:
-        """Leave the sync world; ``peers_lost``: some receivers died (a lost replica), so the store's
-        host waits for the others only briefly."""
+    def close(self, dead_ranks: int = 0) -> None:
+        """Leave the sync world; ``dead_ranks``: receivers of it that died (a lost replica's engine ranks),
+        whom the store's host then does not wait for."""
         if self.transport is not None:
-            if peers_lost and hasattr(self.transport, "abandon"):
-                self.transport.abandon("a rollout replica of this sync world was lost")
+            if dead_ranks and hasattr(self.transport, "abandon"):
+                self.transport.abandon("a rollout replica of this sync world was lost", dead_ranks)
             self.transport.close()
         self.transport = None
 

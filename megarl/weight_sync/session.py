@@ -20,8 +20,8 @@ last one every replica confirmed.
 
 When the fleet's members change (a replica lost, a replacement started: ``RolloutFleet.restore``),
 the next ``sync`` first builds a new world for the members there are (a new plan and rendezvous;
-the old world is left with a short wait, as after a failed sync, since a dead member never leaves
-it); the replacements receive that sync, and then serve (``RolloutFleet.admit``).
+the old world's store host waits for its live members to leave, not for the dead ones); the
+replacements receive that sync, and then serve (``RolloutFleet.admit``).
 """
 from __future__ import annotations
 
@@ -143,16 +143,18 @@ class WeightSyncSession:
         """A new world for the fleet's members now (after a replica was lost or replaced)."""
         logger.info("weight sync: the rollout replicas changed (%s -> %s): connecting a new sync world",
                     [slot for slot, _ in self.membership], [slot for slot, _ in self.fleet.membership()])
-        self.close(peers_lost=True)
+        alive = set(self.fleet.membership())
+        dead = sum(1 for member in self.membership if member not in alive) * self.layout.tp
+        self.close(dead_ranks=dead)
         self._connect()
         self.reconnects += 1
 
-    def close(self, peers_lost: bool = False) -> None:
-        """Leave the sync world; ``peers_lost``: some members died, so nobody waits long for them."""
+    def close(self, dead_ranks: int = 0) -> None:
+        """Leave the sync world; ``dead_ranks``: its ranks that died (a lost replica's), not waited for."""
         import ray
 
         try:
-            ray.get(self.workers.call_async("sync_close", peers_lost) + self.fleet.call_async("sync_close"),
+            ray.get(self.workers.call_async("sync_close", dead_ranks) + self.fleet.call_async("sync_close"),
                     timeout=60)
         except Exception as exc:  # closing is best effort: the processes end next
             logger.warning("closing the weight-sync world: %s", exc)

@@ -51,8 +51,8 @@ class TensorSource(DistributedWorker):
     def sync_send(self, version: int) -> dict:
         return self.sync.send(version)
 
-    def sync_close(self, peers_lost: bool = False) -> None:
-        self.sync.close(peers_lost)
+    def sync_close(self, dead_ranks: int = 0) -> None:
+        self.sync.close(dead_ranks)
 
 
 class WeightPusher:

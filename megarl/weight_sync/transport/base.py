@@ -100,6 +100,7 @@ class StoreTransport(Transport):
         self._heartbeat = None  # liveness.Heartbeat while connected
         self._timeout = timedelta(seconds=300)
         self._failed: str | None = None  # what broke an earlier run: the transport refuses further runs
+        self._dead = 0  # ranks of this world known dead (abandon): the store's host does not wait for them
 
     def _join(self, rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float) -> dist.TCPStore:
         """The sync world's store, for a transport not connected yet."""
@@ -114,10 +115,11 @@ class StoreTransport(Transport):
         self._store, self._rank, self._world_size = store, rank, world_size
         self._heartbeat = Heartbeat(master_addr, master_port, rank)
 
-    def abandon(self, reason: str) -> None:
-        """Peers of this world died (a lost rollout replica): ``close`` then waits for the others only
-        briefly, as after a failed sync, instead of for everyone up to the timeout."""
+    def abandon(self, reason: str, dead_ranks: int) -> None:
+        """``dead_ranks`` peers of this world died (a lost rollout replica): ``close`` then waits only for
+        the others to leave, at most briefly, as after a failed sync."""
         self._failed = self._failed or reason
+        self._dead = int(dead_ranks)
 
     def _leave(self) -> None:
         """Stop the heartbeat and leave the store (its host waits for the others); safe to call twice."""
@@ -125,8 +127,8 @@ class StoreTransport(Transport):
             self._heartbeat.stop()
         self._heartbeat = None
         if self._rank is not None:
-            leave(self._store, self._rank, self._world_size, self._leave_wait_s())
-        self._store, self._rank, self._failed = None, None, None
+            leave(self._store, self._rank, self._world_size - self._dead, self._leave_wait_s())
+        self._store, self._rank, self._failed, self._dead = None, None, None, 0
 
     def _leave_wait_s(self) -> float:
         """The store host waits for everyone after a good sync, briefly after a failed one (dead ranks never leave)."""
@@ -169,7 +171,8 @@ def check_run(plan: SyncPlan, rank: int, connected_rank: int | None, connected_r
 
 
 def leave(store: dist.Store | None, rank: int, world_size: int, wait_s: float) -> None:
-    """Announce that ``rank`` is done with the store; rank 0, its host, keeps it up until all have left.
+    """Announce that ``rank`` is done with the store; rank 0, its host, keeps it up until ``world_size``
+    ranks (all, or all but the known dead) have left.
 
     Without this, rank 0 finishing early would take the store away from ranks still connecting,
     exchanging handles (cuda_ipc) or diagnosing a failure. Rank 0 waits at most ``wait_s``.
