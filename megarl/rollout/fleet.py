@@ -275,9 +275,11 @@ class RolloutFleet:
         """A per-request (token in, token out) client of the ``replica``-th serving replica; picklable, for
         agent-loop workers. If that replica is lost, the client moves to the next serving one."""
         serving = self._serving()
-        if not 0 <= replica < len(serving):
-            raise ValueError(f"replica={replica}: the fleet has {len(serving)} serving replicas")
-        return GenerateClient([(r.index, r.handle) for r in serving], replica, self.max_model_len, self.vocab_size)
+        if not 0 <= replica < self.size:
+            raise ValueError(f"replica={replica}: the fleet has {self.size} replicas")
+        # a replica lost since the caller's replica_for (the asynchronous producer runs beside restore): the next one
+        return GenerateClient([(r.index, r.handle) for r in serving], replica % len(serving), self.max_model_len,
+                              self.vocab_size)
 
     def _record_stats(self, samples: list[RolloutSample], params: Sampling, seconds: float) -> None:
         response_tokens = sum(len(s.response_ids) for s in samples)
