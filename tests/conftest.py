@@ -1,8 +1,11 @@
 """Suite-wide settings (one thread per process: 2-core machines oversubscribe 40-fold otherwise;
-no hub) and the suite-wide real checkpoint fixture ``smollm2``."""
+no hub), the split into light and heavy tests (tests/process_guard.py) and the suite-wide real
+checkpoint fixture ``smollm2``."""
 import os
 
 import pytest
+
+from tests.process_guard import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: F401 (hooks)
 
 for var, value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",

@@ -13,6 +13,7 @@ import pytest
 from megarl.agent.tools.python_code import PythonCodeTool
 from megarl.agent.tools.sandbox import SandboxLimits, check_available, run_python
 
+pytestmark = pytest.mark.heavy  # every case is a sandboxed process
 LIMITS = SandboxLimits(timeout_s=3, cpu_s=3, memory_mb=256, max_processes=16, scratch_mb=8, max_file_mb=4,
                        max_output_bytes=4096)
 REPO_FILE = Path(__file__).resolve()

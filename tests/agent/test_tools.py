@@ -216,6 +216,7 @@ VERL_SANDBOX_FUSION = """tools:
 """
 
 
+@pytest.mark.heavy  # starts a process
 def test_verls_sandbox_fusion_config_maps_onto_the_python_tool_and_refuses_the_rest(tmp_path):
     from megarl.agent.tools.python_code import PythonCodeTool
 

@@ -87,6 +87,7 @@ def test_hydra_override_semantics():
 
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_key_that_follows_another_may_be_set_before_it_on_the_command_line():
     """critic.model.path and reward_model.model.input_tokenizer default to ${actor_rollout_ref.model.path}: setting
     them before the actor's path is set (later on the same line) is not an OmegaConf traceback."""
@@ -216,6 +217,7 @@ def test_weight_sync_verify_and_log_val_generations_are_checked():
 
 # ------------------------------------------------------------------ every key is read
 # ------------------------------------------------------------------ the CLIs, as a user runs them
+@pytest.mark.heavy  # starts a process
 def test_main_ppo_and_config_show_run_the_same_checks(tmp_path):
     model = write_model_config(tmp_path / "model")
     data = write_prompts(tmp_path / "train.parquet", rows=8, data_source="megarl/arithmetic")

@@ -168,6 +168,7 @@ def test_schema_keys_use_verl_names():
         assert key in keys
 
 
+@pytest.mark.heavy  # starts a process
 def test_cli_config_show_prints_resolved_yaml_and_errors(tmp_path):
     from tests.config._fixtures import write_model_config, write_prompts
 

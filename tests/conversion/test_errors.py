@@ -9,7 +9,7 @@ import pytest
 
 from tests.conversion.conftest import REPO, cli_command, cli_env, run_cli
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.heavy]  # the conversion CLI in subprocesses
 
 
 @pytest.fixture(scope="module")

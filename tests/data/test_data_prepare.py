@@ -43,6 +43,7 @@ def test_prepare_gsm8k_real_files(tmp_path, capsys):
     assert rows[0]["reward_model"]["ground_truth"] == "18"  # Janet's ducks
 
 
+@pytest.mark.heavy  # starts a process
 def test_prepare_arithmetic_via_cli(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "megarl.data.prepare", "arithmetic", "--output-dir", str(tmp_path),

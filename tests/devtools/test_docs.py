@@ -154,6 +154,7 @@ def test_generated_pages_are_up_to_date():
         assert committed == text, f"{relative} is out of date with the code: run `{COMMAND}` and commit it"
 
 
+@pytest.mark.heavy  # mkdocs in a subprocess
 def test_mkdocs_build_is_strict_clean(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed: make test installs it (setup.py, [test])")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),

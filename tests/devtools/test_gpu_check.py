@@ -25,6 +25,7 @@ def load_module():
     return module
 
 
+@pytest.mark.heavy  # starts a process
 def test_wheels_match_setup_pins():
     wheels = subprocess.run(["bash", str(SCRIPT), "--wheels"], capture_output=True, text=True, check=True).stdout.split()
     pins = {Requirement(w).name: Requirement(w) for w in wheels}
@@ -53,6 +54,7 @@ def test_a_failing_section_is_reported_and_the_others_run(capsys, monkeypatch):
     assert "[sync] FAILED: ZeroDivisionError" in out
 
 
+@pytest.mark.heavy  # starts a process
 def test_every_section_runs_on_cpu():
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "GPU_CHECK_BUDGET_S": "400"}
     done = subprocess.run(["bash", str(SCRIPT), "--device", "cpu", "--iters", "1", "--bucket-mb", "4"], cwd=ROOT, env=env,

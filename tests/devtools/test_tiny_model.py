@@ -270,6 +270,7 @@ def test_tokenizer_training_is_fast_and_deterministic():
     assert len(first) == 512
 
 
+@pytest.mark.heavy  # starts a process
 def test_same_seed_gives_identical_files_even_from_the_cli(tmp_path):
     in_process = make_tiny_model("qwen3_moe", "tiny", tmp_path / "a", seed=3)
     cli_dir = tmp_path / "b"

@@ -33,6 +33,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_every_rank_learns_of_a_nan_on_another(tmp_path):
     port = free_port()
     codes, _ = run_processes(_rank, [(rank, port, str(tmp_path)) for rank in range(2)], deadline_s=120)

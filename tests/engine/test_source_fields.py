@@ -15,6 +15,7 @@ CLASSES = [("megatron.core.transformer.transformer_config", "TransformerConfig")
            ("megatron.core.optimizer.optimizer_config", "OptimizerConfig")]
 
 
+@pytest.mark.heavy  # starts a process
 def test_the_names_read_from_source_import_nothing():
     code = ("import sys; from megarl.engine.source_fields import field_names; "
             f"names = [field_names(m, c) for m, c in {CLASSES!r}]; "

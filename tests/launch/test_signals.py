@@ -51,6 +51,7 @@ def batch_shell(tmp_path: Path, sig: int | None) -> str:
     return out
 
 
+@pytest.mark.heavy  # the batch shell and a driver in subprocesses
 @pytest.mark.parametrize("sig,expected", [
     (signal.SIGUSR1, "driver stopped for SIGUSR1\nrc=138 forwarded=USR1\n"),
     (signal.SIGTERM, "driver stopped for SIGTERM\nrc=143 forwarded=TERM\n"),  # scancel's: no requeue here

@@ -171,6 +171,7 @@ def test_failing_job_ends_failed_and_tears_ray_down(cluster, tiny_inputs):
     assert not ray_processes_of(job), ray_processes_of(job)
 
 
+@pytest.mark.heavy  # starts a process
 def test_launchers_parse_and_configs_validate():
     for script in sorted((REPO / "launch").glob("*.sh")) + sorted((REPO / "slurm").glob("*.sh")):
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)

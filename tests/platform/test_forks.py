@@ -38,6 +38,7 @@ def orphan_after_parent_killed(mode: str) -> psutil.Process:
     return writer
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_fork_dies_with_its_parent():
     writer = orphan_after_parent_killed("guarded")
@@ -46,6 +47,7 @@ def test_a_fork_dies_with_its_parent():
     assert not alive, "the forked writer outlived the process that forked it"
 
 
+@pytest.mark.heavy  # starts a process
 def test_without_the_guard_the_orphan_lives_on():
     """The failure the guard prevents, shown with the same stand-in."""
     writer = orphan_after_parent_killed("plain")

@@ -113,6 +113,7 @@ def test_tp1_forward_backward_against_plain_torch_and_rng_tracker(single_process
     assert "not divisible by tp*pp*cp" in tp1["bad_sizes_error"]
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.timeout(LAUNCH_TIMEOUT)
 def test_mla_and_the_compiled_router_bias_update_run_on_cpu(single_process):
     assert_failed_without(single_process, ["mla_without_te"])

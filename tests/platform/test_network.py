@@ -100,6 +100,7 @@ def in_own_namespace(script: str, workdir: Path, own_hostname: bool = False) -> 
     return result
 
 
+@pytest.mark.heavy  # starts a process
 def test_stores_refuse_connections_on_other_addresses(tmp_path):
     result = in_own_namespace(PROBE, tmp_path)
     if result is None:
@@ -110,6 +111,7 @@ def test_stores_refuse_connections_on_other_addresses(tmp_path):
         result.stdout + result.stderr
 
 
+@pytest.mark.heavy  # starts a process
 def test_gloo_listens_on_the_cluster_interface_not_the_host_names_address(tmp_path):
     result = in_own_namespace(GLOO_PROBE, tmp_path, own_hostname=True)
     if result is None:

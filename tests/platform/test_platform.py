@@ -112,11 +112,13 @@ def _run_fresh(script: str) -> None:
     assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stdout + result.stderr
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.timeout(300)
 def test_unknown_redirect_name_is_rejected_before_anything_is_applied():
     _run_fresh(_UNKNOWN_REDIRECT)
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.timeout(300)
 def test_incomplete_torchrun_environment_is_named():
     _run_fresh(_INCOMPLETE_TORCHRUN_ENV)
@@ -171,6 +173,7 @@ print("OK")
 """
 
 
+@pytest.mark.heavy  # starts a process
 @pytest.mark.timeout(120)
 def test_with_cuda_ensure_platform_changes_nothing_and_without_it_applies_all():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}

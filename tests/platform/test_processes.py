@@ -28,6 +28,7 @@ def test_a_clock_step_does_not_make_a_live_process_look_gone(monkeypatch):
     assert not is_gone(*me)
 
 
+@pytest.mark.heavy  # starts a process
 def test_an_ended_process_and_a_reused_pid_are_gone():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     ended = identity(child.pid)
@@ -39,6 +40,7 @@ def test_an_ended_process_and_a_reused_pid_are_gone():
     assert is_gone(pid, start - 100)  # this pid, another start: a process that had the pid before
 
 
+@pytest.mark.heavy  # starts a process
 @linux_only
 def test_the_start_time_is_the_kernels_and_a_name_with_spaces_and_parentheses_parses(tmp_path):
     exe = tmp_path / "odd ) name (x"

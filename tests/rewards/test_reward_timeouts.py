@@ -21,7 +21,7 @@ from megarl.checks import ConfigError, load_config
 from megarl.rewards import RewardFunction, RewardFunctionError, RewardManager
 from megarl.rewards.pool import RewardPool
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.heavy]  # reward worker processes
 REPO = Path(__file__).resolve().parents[2]
 
 HANGING = textwrap.dedent('''

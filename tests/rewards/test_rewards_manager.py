@@ -132,6 +132,7 @@ def _batch(data_sources=("openai/gsm8k", "megarl/arithmetic", "lighteval/MATH"))
     return sources, responses, truths
 
 
+@pytest.mark.heavy  # worker processes
 @pytest.mark.timeout(120)
 def test_parallel_processes_equal_sequential(reward_file):
     # gsm8k and arithmetic only: MATH would make each worker import math-verify (slow on 2 cores);

@@ -163,6 +163,7 @@ def test_verl_rollout_keys_reach_the_engine_arguments():
     assert resolve_sampling(config).ignore_eos and resolve_sampling(config, validate=True).ignore_eos
 
 
+@pytest.mark.heavy  # starts a process
 def test_engine_kwargs_are_checked_against_vllms_engine_args():
     import dataclasses
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from megarl.cluster import run_reaper
 from megarl.platform.processes import identity, start_time
@@ -31,6 +32,7 @@ def stale_dir(directory: Path, driver: tuple[int, float], processes: list[subpro
     return directory
 
 
+@pytest.mark.heavy  # starts a process
 def test_the_next_run_removes_only_dead_runs_temp_dirs(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone_driver = identity(gone.pid)
@@ -83,6 +85,7 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.heavy  # starts a process
 def test_the_reaper_cleans_up_after_a_killed_driver(tmp_path):
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -101,6 +104,7 @@ def test_the_reaper_cleans_up_after_a_killed_driver(tmp_path):
                 process.kill()
 
 
+@pytest.mark.heavy  # starts a process
 def test_a_normal_stop_ends_the_reaper_and_touches_nothing(tmp_path):
     temp_dir = tmp_path / "ray_x"
     temp_dir.mkdir()
@@ -118,6 +122,7 @@ def test_a_normal_stop_ends_the_reaper_and_touches_nothing(tmp_path):
         child.wait()
 
 
+@pytest.mark.heavy  # starts a process
 def test_the_pipe_ending_without_the_stop_word_is_a_death_even_while_the_driver_looks_alive(tmp_path):
     """A SIGKILLed driver's files close before it is a zombie: the reaper can see the pipe end while the
     driver's pid still reads as running. A CI run saw the reaper take that for a normal stop and leave the

@@ -103,6 +103,7 @@ def test_first_signal_raises_in_the_main_thread():
     assert not logging.getLogger("asyncio").filter(interrupted_task)  # the interrupt, not a failure
 
 
+@pytest.mark.heavy  # starts a process
 def test_second_signal_kills_the_processes_at_once(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, subprocess, sys, time
@@ -129,6 +130,7 @@ def test_second_signal_kills_the_processes_at_once(tmp_path):
     assert (tmp_path / "killed").exists()
 
 
+@pytest.mark.heavy  # starts a process
 def test_sigterm_to_the_driver_then_to_its_group_is_one_interrupt(tmp_path):
     """GNU timeout (and other supervisors) send SIGTERM to the driver, then to its whole process group:
     when the driver's handler has run between the two (a busy machine), it gets a second SIGTERM
@@ -160,6 +162,7 @@ def test_sigterm_to_the_driver_then_to_its_group_is_one_interrupt(tmp_path):
     assert "SIGTERM again" not in err, err
 
 
+@pytest.mark.heavy  # starts a process
 def test_what_the_interrupted_code_leaves_behind_stays_off_the_console(tmp_path):
     script = textwrap.dedent("""
         import os, signal

@@ -107,6 +107,7 @@ def _consume(handle: bytes, results) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU (the CPU variant is tested above)")
+@pytest.mark.heavy  # a consumer process
 def test_a_cuda_handle_maps_the_same_memory_in_another_process():
     import multiprocessing as mp
 
