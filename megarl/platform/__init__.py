@@ -14,6 +14,7 @@ from megarl.platform.cpu_compat import (
     redirect_names,
 )
 from megarl.platform.hardware import (
+    cuda_profiler,
     default_dtype,
     device,
     device_rng_state,
@@ -24,6 +25,7 @@ from megarl.platform.hardware import (
     host_buffer,
     local_rank,
     memory_stats,
+    nvtx_range,
     set_device,
     set_device_rng_state,
     synchronize,
@@ -39,6 +41,7 @@ __all__ = [
     "applied_redirects",
     "apply_cpu_compat",
     "cpu_transformer_config_overrides",
+    "cuda_profiler",
     "default_dtype",
     "destroy",
     "device",
@@ -53,6 +56,7 @@ __all__ = [
     "initialize_model_parallel",
     "local_rank",
     "memory_stats",
+    "nvtx_range",
     "model_parallel_seed",
     "redirect_names",
     "set_device",

@@ -121,3 +121,16 @@ def gpu_identity() -> tuple[str, int] | None:
     if not has_cuda():
         return None
     return torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory
+
+
+def nvtx_range(label: str):
+    """A context manager naming a range for Nsight Systems (``torch.cuda.nvtx.range``)."""
+    return torch.cuda.nvtx.range(label)
+
+
+def cuda_profiler(start: bool) -> None:
+    """Start or stop the CUDA profiler's capture (nsys with ``capture-range=cudaProfilerApi`` records between)."""
+    if start:
+        torch.cuda.profiler.start()
+    else:
+        torch.cuda.profiler.stop()

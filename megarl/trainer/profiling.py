@@ -20,6 +20,8 @@ from typing import Iterator
 
 import torch
 
+from megarl import platform
+
 logger = logging.getLogger(__name__)
 TRACE_SUFFIX = ".pt.trace.json"  # TensorBoard's profile plugin lists files so named; Perfetto opens them too
 
@@ -85,12 +87,12 @@ class RankProfiler:
 
     def _label(self, label: str):
         if self.settings.tool == "nsys":
-            return torch.cuda.nvtx.range(label)
+            return platform.nvtx_range(label)
         return torch.profiler.record_function(label)
 
     def _start(self, contents: frozenset) -> None:
         if self.settings.tool == "nsys":
-            torch.cuda.profiler.start()  # nsys records between start and stop (capture-range=cudaProfilerApi)
+            platform.cuda_profiler(start=True)  # nsys records between start and stop (capture-range=cudaProfilerApi)
             self._capturing = True
             return
         from torch._C._profiler import _ExperimentalConfig
@@ -106,7 +108,7 @@ class RankProfiler:
 
     def _stop(self, stem: Path) -> None:
         if self._capturing:
-            torch.cuda.profiler.stop()
+            platform.cuda_profiler(start=False)
             self._capturing = False
         if self._trace is None:
             return
@@ -125,6 +127,6 @@ class RankProfiler:
 def activities(contents: frozenset) -> list:
     """CPU always (the stage labels and the operators are CPU events); CUDA when asked for and present."""
     chosen = [torch.profiler.ProfilerActivity.CPU]
-    if "cuda" in contents and torch.cuda.is_available():
+    if "cuda" in contents and platform.has_cuda():
         chosen.append(torch.profiler.ProfilerActivity.CUDA)
     return chosen
