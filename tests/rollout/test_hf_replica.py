@@ -357,3 +357,40 @@ def test_checkpoint_tensors_fill_the_model_tensors_exactly(tmp_path, family, tie
         receiver._check_plan({n: s for n, s in needed.items() if n != dropped}, 0)
     with pytest.raises(SyncError, match="the model has no tensor for \\['model.extra.weight'\\]"):
         receiver._check_plan({**needed, "model.extra.weight": (1,)}, 0)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "gpt_oss"])
+def test_recurrent_and_window_caches_run_row_by_row_with_transformers_numbers(family, tmp_path):
+    """Linear attention (Qwen3-Next's DeltaNet state) and sliding windows (gpt-oss) cannot share a left-padded
+    cache: such a model runs row by row. Greedy equals transformers' generate and the log-probs its forward,
+    with a prompt's n samples started from copies of one prefill and a short request leaving the batch early
+    (the other rows keep their own caches)."""
+    from transformers import AutoModelForCausalLM
+
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.rollout.hf.replica import HFReplica
+
+    model_dir = make_tiny_model(family, "tiny", tmp_path / family, seed=0)
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts = [[5, 17, 42, 9, 7, 7, 3], [250, 11], [31, 64, 128, 5, 6, 7, 100, 12, 9]]  # windows shorter than them
+    replica = HFReplica(0, spec(model_dir))
+    assert replica.engine.per_row
+
+    async def both(r):
+        return await asyncio.gather(r.generate([(i, p, 0) for i, p in enumerate(prompts)], kwargs(n=2, temperature=0.0)),
+                                    r.generate([(9, prompts[1], 0)], kwargs(temperature=0.0, max_tokens=3)))
+
+    loop = asyncio.new_event_loop()
+    try:
+        samples, short = loop.run_until_complete(both(replica))
+    finally:
+        loop.run_until_complete(replica.close())
+        loop.close()
+    assert len(samples) == 6 and len(short[0].response_ids) == 3
+    for sample in samples + short:
+        tokens = len(sample.response_ids)
+        with torch.no_grad():
+            expected = hf_model.generate(torch.tensor([sample.prompt_ids]), do_sample=False, max_new_tokens=tokens,
+                                         min_new_tokens=tokens)
+        assert sample.response_ids == expected[0, len(sample.prompt_ids):].tolist(), (family, sample.prompt_index)
+        assert max_diff(sample.logprobs, hf_logprobs(hf_model, sample.prompt_ids, sample.response_ids)) < TOLERANCE
