@@ -324,16 +324,20 @@ def test_pause_with_abort_resumes_the_request_and_a_failed_sync_stops_generation
 
 
 @pytest.mark.parametrize("family,tied", [("qwen3_moe", False), ("mixtral", False), ("deepseek_v3", False),
-                                         ("llama", True)])
+                                         ("llama", True), ("gpt_oss", False)])
 def test_checkpoint_tensors_fill_the_model_tensors_exactly(tmp_path, family, tied):
     """transformers 5 fuses MoE experts (and renames Mixtral's): each checkpoint tensor, written through
     its target, restores the model that transformers loaded from the same files; a plan that lacks a
-    tensor, or sends one the model has not, is refused at connect."""
+    tensor, or sends one the model has not, is refused at connect. gpt-oss's checkpoint packs its experts:
+    the sync sends the bridge's per-expert parts, each read from its packed tensor here."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from megarl.devtools.tiny_model import make_tiny_model
-    from megarl.models import hf_tensor_shapes
+    from megarl.models import hf_tensor_shapes, model_dims
+    from megarl.models.families import family_for
+    from megarl.models.dims import load_hf_config
+    from megarl.models.packed import packed_parts
     from megarl.rollout.hf.weights import SyncReceiver
     from megarl.weight_sync.errors import SyncError
 
@@ -346,11 +350,13 @@ def test_checkpoint_tensors_fill_the_model_tensors_exactly(tmp_path, family, tie
     checkpoint = {}
     for path in sorted(directory.glob("*.safetensors")):
         checkpoint.update(load_file(path))
+    parts = packed_parts(family_for(load_hf_config(str(directory))), model_dims(str(directory)))
     with torch.no_grad():
         for tensor in model.state_dict().values():
             tensor.zero_()
         for name in needed:
-            receiver.targets[name].write(checkpoint[name])
+            packed, row, unpack = parts.get(name, (None, 0, None))
+            receiver.targets[name].write(checkpoint[name] if packed is None else unpack(checkpoint[packed.name][row]))
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in loaded.items())
     dropped = sorted(needed)[len(needed) // 2]
     with pytest.raises(SyncError, match="nothing would update \\['.*'\\]"):
