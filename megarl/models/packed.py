@@ -63,5 +63,4 @@ def checkpoint_stream(hf_config, tensors: Iterator[tuple[str, torch.Tensor]]) ->
     from megarl.models.families import family_for
 
     family = family_for(hf_config)
-    dims = family.read_dims(hf_config)
-    return pack_stream(family, dims, tensors) if family.packed_tensors(dims) else tensors
+    return pack_stream(family, family.read_dims(hf_config), tensors) if family.packs_tensors else tensors

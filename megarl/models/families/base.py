@@ -139,6 +139,11 @@ class FamilySpec:
     hf_classes: Callable[[], tuple[type, type]] | None = None
     # ``packed_tensors(dims) -> [PackedTensor]``: checkpoint tensors holding several bridge tensors (gpt-oss's experts)
     packed_tensors: Callable[[ModelDims], list[PackedTensor]] = field(default=lambda dims: [])
+
+    @property
+    def packs_tensors(self) -> bool:
+        """Whether the family declares packed checkpoint tensors (read without its dims)."""
+        return self.packed_tensors is not FamilySpec.__dataclass_fields__["packed_tensors"].default
     # why the weight sync into vLLM refuses this family (checked by ``megarl.models.vllm_layout.vllm_splits``), or None
     weight_sync_refusal: str | None = None
     # HF vision-language architectures holding this family's language model (refused, see ``vision_language_refusal``)

@@ -75,6 +75,8 @@ def _packed_parts(model) -> dict[str, list[tuple[str, int, Any]]]:
 
     family = family_for(model.config)
     by_packed: dict[str, list[tuple[str, int, Any]]] = {}
+    if not family.packs_tensors:
+        return by_packed
     for name, (packed, row, unpack) in packed_parts(family, family.read_dims(model.config)).items():
         by_packed.setdefault(packed.name, []).append((name, row, unpack))
     return by_packed
