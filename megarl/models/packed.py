@@ -10,9 +10,7 @@ ordinary one; this module maps between those parts and the checkpoint tensors:
 * ``read_piece``: the loader reads the part's row of the packed tensor (one expert's row, never the
   whole tensor), makes the part of it and takes the piece's slice;
 * ``pack_stream``: the exporter's stream of parts becomes the checkpoint's tensors, each packed
-  tensor yielded once its last part arrives, so an export reproduces the checkpoint bit for bit;
-  ``checkpoint_stream`` does the same for a weight sync's stream of whole tensors into an engine that
-  loads the checkpoint's names (vLLM's gpt-oss).
+  tensor yielded once its last part arrives, so an export reproduces the checkpoint bit for bit.
 """
 from __future__ import annotations
 
@@ -56,11 +54,3 @@ def pack_stream(family, dims, tensors: Iterator[tuple[str, torch.Tensor]]) -> It
             yield packed.name, packed.pack(waiting.pop(packed.name))
     if waiting:
         raise RuntimeError(f"packed tensors left incomplete by the export: {sorted(waiting)}")
-
-
-def checkpoint_stream(hf_config, tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """A stream of whole HF tensors under the bridge's names -> under the checkpoint's (packed where the family packs)."""
-    from megarl.models.families import family_for
-
-    family = family_for(hf_config)
-    return pack_stream(family, family.read_dims(hf_config), tensors) if family.packs_tensors else tensors

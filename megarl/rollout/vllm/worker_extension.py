@@ -53,12 +53,7 @@ class MegaRLWorkerExtension:
         apply_vllm_fixes()
         hf_config = getattr(getattr(getattr(self, "vllm_config", None), "model_config", None), "hf_config", None)
         set_tied_lm_head(bool(getattr(hf_config, "tie_word_embeddings", False)))  # its head's reload warning is noise
-        weights = receiver.receive(self._megarl_transport)
-        if hf_config is not None:  # gpt-oss: vLLM loads its packed experts, the (full-mode) sync sends their parts
-            from megarl.models.packed import checkpoint_stream
-
-            weights = checkpoint_stream(hf_config, weights)
-        self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        self.reload_weights(weights_iterator=receiver.receive(self._megarl_transport), is_checkpoint_format=True)
         stats = receiver.last_stats
         return {"seconds": time.perf_counter() - start, "bytes": stats.bytes_received if stats is not None else 0}
 
