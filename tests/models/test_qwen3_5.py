@@ -43,12 +43,16 @@ def test_names_of_the_unfused_deltanet_projections():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tensor_parallelism_and_the_weight_sync_are_refused(family):
+def test_tensor_parallelism_is_refused_and_vllm_splits_the_unfused_deltanet(family):
+    from megarl.models import vllm_cpu_refusal
+
     config = build_config(family)
     with pytest.raises(ValueError, match="tp=2: megarl's gated DeltaNet layers"):
         check_layout(model_dims(config), ParallelLayout(tp=2))
-    with pytest.raises(ValueError, match=f"{config.model_type}: the weight sync into vLLM is not supported.*Qwen3.5"):
-        vllm_splits(config)
+    splits = vllm_splits(config)
+    assert splits["model.layers.0.linear_attn.in_proj_qkv.weight"].kind == "whole"
+    assert splits["model.layers.0.linear_attn.in_proj_z.weight"].kind == "column"
+    assert "torchvision" in vllm_cpu_refusal(config) and "rollout.name=hf" in vllm_cpu_refusal(config)
 
 
 @pytest.mark.parametrize("architecture, family", [("Qwen3_5ForConditionalGeneration", "qwen3_5"),

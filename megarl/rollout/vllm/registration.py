@@ -6,8 +6,11 @@ from megarl.rollout.vllm.engine_config import ReplicaSpec, replica_env, replica_
 
 
 def spec_for(request: ReplicaRequest) -> ReplicaSpec:
-    from megarl.models import uses_mla, vllm_hf_overrides
+    from megarl.models import uses_mla, vllm_cpu_refusal, vllm_hf_overrides
 
+    refusal = None if request.use_gpu else vllm_cpu_refusal(request.model_path)
+    if refusal:
+        raise ValueError(f"actor_rollout_ref.rollout.name=vllm on CPU for {request.model_path}: {refusal}")
     return replica_spec(
         request.config, request.model_path, use_gpu=request.use_gpu, tokenizer_path=request.tokenizer_path,
         cpus_per_replica=request.cpus_per_replica, cpu_kv_cache_gib=request.cpu_kv_cache_gib,
