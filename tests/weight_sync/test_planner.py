@@ -161,7 +161,7 @@ def reference_vllm_slice(name, shape, tp, rank, kv_heads):
 # MLA: test_deepseek_v3.py; gpt-oss: shard mode refuses it (tests/models/test_gpt_oss.py); Qwen3-Next, Qwen3.5: their
 # DeltaNet splits are checked against vLLM's own loaders (tests/models/test_vllm_delta_net_splits.py)
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"deepseek_v3", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5",
-                                                           "qwen3_5_moe"}))
+                                                           "qwen3_5_moe", "qwen2_5_vl", "qwen3_vl"}))
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_shard_regions_follow_vllm_rules(family, tp):
     """Every tensor of every GQA family: the split derived from the bridge's maps = vLLM's rules by layer name."""
