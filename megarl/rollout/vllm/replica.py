@@ -29,6 +29,7 @@ import pickle
 import time
 from typing import Any, Sequence
 
+from megarl.rollout.images import check_expanded, engine_prompt_ids
 from megarl.rollout.vllm.engine_config import ReplicaSpec, llm_kwargs
 from megarl.rollout.gate import Segment, generate_group_resumable, generate_resumable
 from megarl.rollout.replica_base import GatedReplica, ReplicaLost, batch_samples, check_finish, require_one_sample
@@ -75,6 +76,7 @@ class EngineReplica(GatedReplica):
             vllm_config.parallel_config.placement_group = ray.util.get_current_placement_group()
         self.engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=spec.disable_log_stats)
         self.model_config = vllm_config.model_config
+        self.image_token_id = getattr(self.model_config.hf_config, "image_token_id", None)
         self.start_seconds = time.perf_counter() - start - self.import_seconds
         self.model_path = spec.model_path
         self.http = None  # the OpenAI-compatible server, once serve_http started it
@@ -91,28 +93,37 @@ class EngineReplica(GatedReplica):
             max_model_len=self.model_config.max_model_len,
             vocab_size=self.model_config.get_vocab_size(),
             dtype=str(self.model_config.dtype),
+            image_token_id=self.image_token_id,
             import_seconds=self.import_seconds,
             start_seconds=self.start_seconds,
         )
 
     # ------------------------------------------------------------------ generation
-    async def _final_output(self, prompt_ids: Sequence[int], params, tag: str, request_id: str | None = None):
-        """Run one request to completion; its last ``RequestOutput``."""
+    async def _final_output(self, prompt_ids: Sequence[int], params, tag: str, request_id: str | None = None,
+                            images: Sequence | None = None):
+        """Run one request to completion; its last ``RequestOutput``. With ``images``, ``prompt_ids`` repeat
+        each image's placeholder once per image token, and vLLM's processor must make the same ids."""
         from vllm.inputs import TokensPrompt
 
+        if images:
+            prompt = TokensPrompt(prompt_token_ids=engine_prompt_ids(prompt_ids, self.image_token_id),
+                                  multi_modal_data={"image": list(images)})
+        else:
+            prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
         if request_id is None:
             request_id = self._request_id(tag)
         from vllm.v1.engine.exceptions import EngineDeadError
 
         final = None
         try:
-            async for output in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
-                                                     request_id, lora_request=self.lora_request):
+            async for output in self.engine.generate(prompt, params, request_id, lora_request=self.lora_request):
                 final = output
         except EngineDeadError as exc:  # its engine core process is gone: the fleet replaces this replica
             raise ReplicaLost(f"replica {self.index}: its vLLM engine died ({exc})") from exc
         if final is None:
             raise RuntimeError(f"replica {self.index}: request {request_id} returned no output")
+        if images:
+            check_expanded(f"request {request_id}", prompt_ids, final.prompt_token_ids, self.index)
         return final
 
     def _params(self, sampling_kwargs: dict[str, Any], seed: int, **extra):
@@ -131,18 +142,20 @@ class EngineReplica(GatedReplica):
                        stop_string=stop_reason if isinstance(stop_reason, str) else None, text=completion.text)
 
     async def generate(self, requests: Sequence[tuple[int, list[int], int]],
-                       sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
+                       sampling_kwargs: dict[str, Any], images: dict[int, list] | None = None) -> list[RolloutSample]:
         """Generate for ``(prompt_index, prompt_ids, request_seed)`` requests; n samples per prompt.
 
         All requests are in flight at once; vLLM gives the k-th of a prompt's n samples the seed
         ``request_seed + k``. A weight sync waits for them (an abort would be an error: batch
-        requests are not resumed).
+        requests are not resumed). ``images``: the PIL images of the prompts that have any, by prompt index.
         """
-        def one(ids, seed):
-            return self._gated(lambda rid: self._final_output(ids, self._params(sampling_kwargs, seed), "batch", rid),
-                               "batch")
+        images = images or {}
 
-        outputs = await asyncio.gather(*[one(ids, seed) for _, ids, seed in requests])
+        def one(index, ids, seed):
+            return self._gated(lambda rid: self._final_output(ids, self._params(sampling_kwargs, seed), "batch", rid,
+                                                              images.get(index)), "batch")
+
+        outputs = await asyncio.gather(*[one(index, ids, seed) for index, ids, seed in requests])
         samples = []
         for (prompt_index, prompt_ids, _), output in zip(requests, outputs):
             samples += batch_samples(self.index, prompt_index, prompt_ids, [
