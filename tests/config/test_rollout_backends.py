@@ -66,7 +66,7 @@ def test_the_hf_replica_spec_reads_the_rollout_keys():
         request(logprobs_mode="raw_logprobs")).logprobs_mode == "raw_logprobs"
     assert backend.replica_env(spec, False)["OMP_NUM_THREADS"] == "2"
     assert backend.tensor_splits is None and backend.traits() == {"needs_gpu": False, "sleeps": False,
-                                                                 "adapters": False, "pooling": False}
+                                                                 "adapters": False, "pooling": False, "images": False}
 
 
 def test_the_hf_replica_spec_refuses_what_reaches_it_at_start():

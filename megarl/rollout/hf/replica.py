@@ -132,14 +132,19 @@ class HFReplica(GatedReplica):
                        text=sequence.text)
 
     async def generate(self, requests: Sequence[tuple[int, list[int], int]],
-                       sampling_kwargs: dict[str, Any]) -> list[RolloutSample]:
+                       sampling_kwargs: dict[str, Any], images: dict[int, list] | None = None) -> list[RolloutSample]:
         """Generate for ``(prompt_index, prompt_ids, request_seed)`` requests; n samples per prompt.
 
         All requests are in flight at once; the k-th of a prompt's n samples is seeded with
         ``request_seed + k`` (as vLLM does). A weight sync waits for them (an abort would be an
-        error: batch requests are not resumed).
+        error: batch requests are not resumed). ``images``: this backend serves text prompts only (no
+        ``images`` trait; the fleet refuses image prompts before they reach it).
         """
         import asyncio
+
+        if images:
+            raise ValueError(f"replica {self.index}: the hf rollout backend serves text prompts only; image prompts "
+                             "need actor_rollout_ref.rollout.name=vllm")
 
         settings = self._settings(sampling_kwargs)
 
