@@ -38,6 +38,9 @@ setup(
         "matplotlib",  # reward-curve PNG written next to the TensorBoard logs
         "packaging>=24.2",
         "math-verify>=0.9,<1",  # MATH answers: equivalence of LaTeX forms, after string normalisation
+        # Geometry3K answers: verl's grader (mathruler declares no dependencies; it imports pylatexenc and sympy)
+        "mathruler==0.1.0",
+        "pylatexenc>=2.10,<3",
         # LLM judges (megarl.rewards.reward_models): retries with backoff, per-minute rate limits, the HTTP client
         "tenacity>=9.2,<10",
         "aiolimiter>=1.2,<2",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from megarl.config.registry import Registry
-from megarl.rewards import arithmetic, gsm8k, math_reward
+from megarl.rewards import arithmetic, geo3k, gsm8k, math_reward
 
 # data_source -> its scoring function; ``prefix=True``: every data_source starting with the name.
 RULE_REWARDS = Registry("rule reward", "data_source (a column of the data; else custom_reward_function.path)",
@@ -35,6 +35,10 @@ def _math_dapo(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs: 
     return math_reward.compute_dapo_score(solution_str, str(ground_truth), **kwargs)
 
 
+def _geo3k(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs: Any) -> float:
+    return geo3k.compute_score(solution_str, ground_truth, **kwargs)
+
+
 def _arithmetic(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs: Any) -> float:
     return arithmetic.compute_score(solution_str, str(ground_truth), **kwargs)
 
@@ -42,7 +46,7 @@ def _arithmetic(solution_str: str, ground_truth: Any, extra_info: Any, **kwargs:
 for _name, _fn in (("openai/gsm8k", _gsm8k), ("lighteval/MATH", _math), ("DigitalLearningGmbH/MATH-lighteval", _math),
                    ("HuggingFaceH4/MATH-500", _math), ("math_dapo", _math_dapo),
                    ("math", _math_dapo), ("math_dapo_reasoning", _math_dapo),  # verl scores these with DAPO's reward too
-                   ("megarl/arithmetic", _arithmetic)):
+                   ("hiyouga/geometry3k", _geo3k), ("megarl/arithmetic", _arithmetic)):
     RULE_REWARDS.register(_name)(_fn)
 RULE_REWARDS.register("aime", prefix=True)(_math_dapo)
 
@@ -51,7 +55,6 @@ VERL_ONLY_REWARDS: dict[str, str] = {
     **{f"numina_{name}": "PRIME's math grader" for name in ("aops_forum", "synthetic_math", "amc_aime",
                                                             "synthetic_amc", "cn_k12", "olympiads")},
     **{name: "code execution against test cases" for name in ("codecontests", "apps", "codeforces", "taco")},
-    "hiyouga/geometry3k": "Geometry3K answers",
     **{f"searchR1_{name}": "search-QA exact match" for name in ("nq", "triviaqa", "popqa", "hotpotqa",
                                                                "2wikimultihopqa", "musique", "bamboogle")},
 }

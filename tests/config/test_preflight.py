@@ -68,14 +68,14 @@ def test_data_files_columns_rows_and_sources(files):
     root, model, data = files
     no_source = write_prompts(root / "no_source.parquet", rows=8, data_source=None)
     few = write_prompts(root / "few.parquet", rows=2)
-    geo = write_prompts(root / "geo.parquet", rows=8, data_source="hiyouga/geometry3k")
+    geo = write_prompts(root / "geo.parquet", rows=8, data_source="searchR1_nq")
     mine = write_prompts(root / "mine.parquet", rows=8, data_source="my/dataset")
     got = check(f"actor_rollout_ref.model.path={model}", f"data.train_files=[{no_source},{few}]",
                 f"data.val_files=[{geo},{mine},{root / 'gone.parquet'}]")
     text = "\n".join(got)
     assert f"{no_source}: missing column(s) ['data_source']" in text and "set custom_reward_function.path" in text
     assert "data.train_files hold 10 rows" not in text  # only files whose columns are fine count
-    assert "'hiyouga/geometry3k' (column 'data_source'): verl's built-in reward for hiyouga/geometry3k" in text
+    assert "'searchR1_nq' (column 'data_source'): verl's built-in reward for searchR1_nq" in text
     assert "no built-in reward for the data source(s) ['my/dataset']" in text
     assert f"'{root / 'gone.parquet'}' does not exist" in text
     assert "data.train_files hold 2 rows, fewer than data.train_batch_size=4" in check(

@@ -152,3 +152,27 @@ def test_dispatch_by_data_source():
     assert default_compute_score("DigitalLearningGmbH/MATH-lighteval", r"\boxed{3}", "3") == 1.0
     with pytest.raises(UnknownDataSourceError, match=re.escape("custom_reward_function.path")):
         default_compute_score("my/unknown", "x", "y")
+
+
+# Geometry3K (verl's geo3k.compute_score: 0.9 x accuracy of the last \boxed{} by mathruler + 0.1 x format)
+@pytest.mark.parametrize("response, truth, score", [
+    ("<think>The angles sum to 180.</think> So x = \\boxed{30}", "30", 1.0),
+    ("So x = \\boxed{30}", "30", 0.9),  # right answer, no <think> block
+    ("<think>guess</think> \\boxed{45}", "30", 0.1),  # the format without the answer
+    ("<think>it is 30</think> 30", "30", 0.0),  # no \boxed{}: no answer, no format
+    ("\\boxed{\\frac{1}{2}}", "0.5", 0.9),  # equal under sympy
+    ("<think>a</think>\\boxed{2\\sqrt{3}}", "2 \\sqrt{3}", 1.0),
+    ("<think>a</think>\\boxed{30^\\circ}", "30", 1.0),
+])
+def test_geometry3k_scores_as_verl(response, truth, score):
+    assert default_compute_score("hiyouga/geometry3k", response, truth) == pytest.approx(score)
+
+
+def test_geometry3k_takes_verls_parameters():
+    from megarl.rewards.geo3k import compute_score as geo3k_score
+
+    assert geo3k_score("\\boxed{30}", "30", format_score=0.0) == 1.0
+    assert geo3k_score("the answer is 30", "30", use_boxed=False) == 0.0  # the whole text is not an answer
+    assert geo3k_score("30", "30", use_boxed=False) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="format_score"):
+        geo3k_score("x", "1", format_score=2.0)
