@@ -153,7 +153,7 @@ class _Templating:
         rendered = []
         for index, row in chunk:
             messages, images, tokens = row.messages, (), ()
-            if row.images:
+            if self.processor is not None:  # text rows too: an <image> without its image is a bad row
                 try:
                     vision = image_prompt(row.messages, row.images, self.processor, self.rule)
                 except BadImage as exc:
@@ -241,50 +241,61 @@ class PromptDataset:
             _refuse_images(rows, image_key)
         templated = _Templating(tokenizer, dict(apply_chat_template_kwargs or {}), chat_tools, processor)
         prepared = templated.all(rows, f"preparing {_describe(files)}", self.skipped)
-        if self.skipped:
-            logger.warning("%s", self.skipped.summary(len(rows)))
         if not prepared:
             raise DataFormatError(f"no usable rows in {files!r}: {self.skipped.summary(len(rows))}")
 
-        self.items: list[PromptItem] = []
         self.num_filtered = 0
         self.num_truncated = 0
-        overlong = [(p.row, len(p.ids)) for p in prepared if len(p.ids) > max_prompt_length]
-        if overlong and not filter_overlong_prompts and truncation == "error":
+        self.items: list[PromptItem] = self._length_rules(prepared, templated.image_token_id)
+        self._report(files, len(rows), prepared)
+
+    def _length_rules(self, prepared: list[_Prepared], image_token_id: int | None) -> list[PromptItem]:
+        """``data.max_prompt_length`` over the prepared rows: filtered, truncated (never through an image) or refused."""
+        limit, truncation = self.max_prompt_length, self.truncation
+        overlong = [(p.row, len(p.ids)) for p in prepared if len(p.ids) > limit]
+        if overlong and not self.filter_overlong_prompts and truncation == "error":
             raise self._overlong_error(overlong, len(prepared))
+        items = []
         for p in prepared:
             ids = p.ids
-            if len(ids) > max_prompt_length:
-                if filter_overlong_prompts:
+            if len(ids) > limit:
+                if self.filter_overlong_prompts:
                     self.num_filtered += 1
                     continue
-                if _cuts_an_image(p, max_prompt_length, truncation, templated.image_token_id):
+                if _cuts_an_image(p, limit, truncation, image_token_id):
                     self.skipped.add(p.row.source_file, p.row.row_number, BadImage(
                         "truncation would cut an image's tokens",
-                        f"{len(ids)} tokens, data.truncation={truncation}, data.max_prompt_length={max_prompt_length}"))
+                        f"{len(ids)} tokens, data.truncation={truncation}, data.max_prompt_length={limit}"))
                     continue
                 self.num_truncated += 1
-                ids = truncate_ids(ids, max_prompt_length, truncation)
-            self.items.append(self._make_item(p, ids))
+                ids = truncate_ids(ids, limit, truncation)
+            items.append(self._make_item(p, ids))
+        return items
 
+    def _report(self, files, total: int, prepared: list[_Prepared]) -> None:
+        """The warnings for the rows left out; an error when none is left."""
+        limit = self.max_prompt_length
+        if self.skipped:
+            logger.warning("%s", self.skipped.summary(total))
         if self.num_filtered:
             logger.warning(
                 "filtered %d of %d prompts longer than data.max_prompt_length=%d tokens (data.filter_overlong_prompts=True)",
-                self.num_filtered, len(prepared), max_prompt_length,
+                self.num_filtered, len(prepared), limit,
             )
         if self.num_truncated:
             logger.warning("truncated %d of %d prompts to %d tokens (data.truncation=%r)",
-                           self.num_truncated, len(prepared), max_prompt_length, truncation)
-        if not self.items:
-            if not self.num_filtered:  # every row left was cut through an image
-                raise DataFormatError(f"no usable rows in {files!r}: {self.skipped.summary(len(rows))}; raise "
-                                      "data.max_prompt_length or set data.filter_overlong_prompts=True")
-            shortest = min(len(p.ids) for p in prepared)
-            raise DataFormatError(
-                f"no prompts left in {files!r}: all {len(prepared)} prompts are longer than "
-                f"data.max_prompt_length={max_prompt_length} tokens (the shortest has {shortest}); "
-                "raise data.max_prompt_length or set data.filter_overlong_prompts=False with a data.truncation mode"
-            )
+                           self.num_truncated, len(prepared), limit, self.truncation)
+        if self.items:
+            return
+        if not self.num_filtered:  # every row left would be cut through an image
+            raise DataFormatError(f"no usable rows in {files!r}: {self.skipped.summary(total)}; raise "
+                                  "data.max_prompt_length or set data.filter_overlong_prompts=True")
+        shortest = min(len(p.ids) for p in prepared)
+        raise DataFormatError(
+            f"no prompts left in {files!r}: all {len(prepared)} prompts are longer than "
+            f"data.max_prompt_length={limit} tokens (the shortest has {shortest}); "
+            "raise data.max_prompt_length or set data.filter_overlong_prompts=False with a data.truncation mode"
+        )
 
     def _overlong_error(self, overlong: list[tuple[PromptRow, int]], total: int) -> DataFormatError:
         """Every prompt over ``max_prompt_length`` at once (data.truncation=error, filtering off), the first few by

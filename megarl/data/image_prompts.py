@@ -7,7 +7,8 @@ empty text left out) that the chat template renders as ``<|vision_start|><|image
 each ``<|image_pad|>`` is then expanded to the image's token count, so that the prompt ids are
 exactly what the model sees (the processor's own ``input_ids``) and the prompt's length counts them.
 
-A row whose images cannot be used is skipped and counted by reason (``SkippedRows``), as verl's
+With a processor every row is checked so (a text row: no placeholders, no images), so that a wrong
+``data.image_key`` cannot turn image prompts into text. A row whose images cannot be used is skipped and counted by reason (``SkippedRows``), as verl's
 filter skips a sample that fails: placeholders and images that do not pair up, an image that does
 not decode or whose file is missing, a truncation that would cut through an image's tokens.
 """
@@ -36,7 +37,9 @@ def image_messages(messages: Sequence[dict[str, str]], num_images: int) -> list[
     if any(VIDEO_PLACEHOLDER in message["content"] for message in messages):
         raise BadImage("a <video> placeholder", "megarl does not train on video yet")
     if placeholders > num_images:
-        raise BadImage("more <image> placeholders than images", f"{placeholders} placeholders, {num_images} images")
+        hint = " (is data.image_key the column of the images?)" if not num_images else ""
+        raise BadImage("more <image> placeholders than images",
+                       f"{placeholders} placeholders, {num_images} images{hint}")
     if placeholders < num_images:
         raise BadImage("fewer <image> placeholders than images", f"{placeholders} placeholders, {num_images} images")
     out = []
