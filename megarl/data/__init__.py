@@ -1,5 +1,6 @@
 """Prompt data in verl's parquet format: loading, validation, chat templates, images, resumable batches."""
 from megarl.data.dataset import TRUNCATION_MODES, PromptDataset, PromptItem, truncate_ids
+from megarl.data.image_prompts import collapse_image_tokens
 from megarl.data.images import BadImage, decode_image, pixel_inputs, resize_image
 from megarl.data.loader import (
     PromptBatch,
@@ -21,6 +22,7 @@ __all__ = [
     "PromptItem",
     "PromptRow",
     "ResumableBatchSampler",
+    "collapse_image_tokens",
     "collate",
     "column_problems",
     "decode_image",

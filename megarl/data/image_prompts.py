@@ -85,6 +85,17 @@ def expand_image_tokens(ids: Sequence[int], image_token_id: int, tokens: Sequenc
     return out
 
 
+def collapse_image_tokens(ids: Sequence[int], image_token_id: int, num_images: int) -> list[int]:
+    """``ids`` with each image's run of image tokens back to one token: the prompt form vLLM takes with
+    ``multi_modal_data`` (its processor expands each image token itself; an expanded prompt would be expanded
+    again). The inverse of ``expand_image_tokens`` for templates that put markers around images, as Qwen's do."""
+    out = [token for i, token in enumerate(ids) if token != image_token_id or i == 0 or ids[i - 1] != image_token_id]
+    runs = sum(1 for token in out if token == image_token_id)
+    if runs != num_images:
+        raise ValueError(f"the prompt has {runs} runs of image tokens for {num_images} images")
+    return out
+
+
 def image_spans(ids: Sequence[int], image_token_id: int) -> list[tuple[int, int]]:
     """``[start, end)`` of each image in ``ids``: its run of image tokens and the marker on either side."""
     spans, start = [], None

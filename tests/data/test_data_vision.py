@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from megarl.data import DataFormatError, PromptDataset, collate
+from megarl.data import DataFormatError, PromptDataset, collapse_image_tokens, collate
 from megarl.data.images import pixel_inputs
 from megarl.settings.data import build_dataset
 from tests.data.conftest import VISION_FAMILIES
@@ -53,6 +53,8 @@ def test_verls_geo3k_parquet_loads_unchanged_with_the_ids_the_processor_makes(tm
         assert item.prompt_text.count("<|vision_start|><|image_pad|><|vision_end|>") == 1 and "<image>" not in \
             item.prompt_text
         assert item.data_source == GEO3K_SOURCE and item.ability == "math" and item.extra_info["split"] == "train"
+        engine_ids = collapse_image_tokens(item.prompt_ids, processor.image_token_id, len(item.images))
+        assert engine_ids == tokenizer(item.prompt_text, add_special_tokens=False)["input_ids"]  # vLLM's form
     assert dataset[2].raw_prompt[0]["content"][:2] == [{"type": "text", "text": "In the figure, "}, {"type": "image"}]
     assert collate(list(dataset))["images"] == [item.images for item in dataset]
 
@@ -70,6 +72,9 @@ def test_several_images_of_different_sizes_in_one_row_and_text_rows_mixed_in(tmp
     first = dataset[0]
     assert _runs(first.prompt_ids, processor.image_token_id) == tokens == [6, 54, 4]  # in placeholder order
     assert [im.size for im in first.images] == [(84, 56), (168, 252), (56, 56)]  # PIL: (width, height)
+    assert len(collapse_image_tokens(first.prompt_ids, processor.image_token_id, 3)) == len(first.prompt_ids) - 61
+    with pytest.raises(ValueError, match="3 runs of image tokens for 2 images"):
+        collapse_image_tokens(first.prompt_ids, processor.image_token_id, 2)
     for item, question in zip(dataset.items[1:], ["What is 3 + 4?", "What is 5 + 6?"]):
         text_ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False)
