@@ -38,6 +38,9 @@ class DataConfig:
     train_max_samples: int = -1  # -1: every row; N: the first N rows of the train files
     val_max_samples: int = -1
     drop_last: bool = True  # megarl: an incomplete last batch of an epoch is dropped
+    image_key: str = "images"  # the column of each row's images (vision-language models: docs/data.md)
+    video_key: str = "videos"  # a row with videos is refused: megarl does not train on video yet
+    audio_key: str = "audios"  # a row with audio is refused: megarl does not train on audio yet
 
 
 # ------------------------------------------------------------------- megatron layout

@@ -248,9 +248,13 @@ RULES: tuple[Rule, ...] = ALIASES + (
           "the actor's adapters only"),
     Refused((f"{ACTOR}.freeze_vision_tower",), "vision-language models",
             "megarl trains text-only causal LMs", off=(False,)),
-    Parameters(("data.image_key", "data.video_key", "data.audio_key", "data.image_patch_size",
-                "data.return_multi_modal_inputs", "data.mm_processor_kwargs"),
-               of="vision-language data (refused by the model check)"),
+    Noted(("data.image_patch_size",), "megarl resizes each image once, by the model's image processor (the patch "
+          "size, merge size and min/max pixels of its preprocessor_config.json); verl's pre-resize to multiples of "
+          "2 x data.image_patch_size is not done"),
+    Noted(("data.return_multi_modal_inputs",), "the dataset keeps each row's resized images; pixel values are made "
+          "from them where they are needed (megarl.data.images.pixel_inputs)"),
+    Refused(("data.mm_processor_kwargs",), "processor arguments per call", "images are resized once, at load, by "
+            "the model's image processor: set min_pixels / max_pixels in its preprocessor_config.json"),
     # ---------------------------------------------------------------- LoRA (the FSDP-style lora_rank, ...: ALIASES)
     Refused(_each((MODEL, "critic.model"), "lora.a2a_experimental"), "Megatron-Bridge's experimental all-to-all "
             "LoRA for experts", "expert adapters run inside megatron's token dispatcher", off=(False,)),

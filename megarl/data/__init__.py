@@ -1,5 +1,7 @@
-"""Prompt data in verl's parquet format: loading, validation, chat templates, resumable batches."""
+"""Prompt data in verl's parquet format: loading, validation, chat templates, images, resumable batches."""
 from megarl.data.dataset import TRUNCATION_MODES, PromptDataset, PromptItem, truncate_ids
+from megarl.data.image_prompts import collapse_image_tokens
+from megarl.data.images import BadImage, decode_image, pixel_inputs, resize_image
 from megarl.data.loader import (
     PromptBatch,
     PromptDataLoader,
@@ -11,6 +13,7 @@ from megarl.data.sampler import ResumableBatchSampler
 
 __all__ = [
     "TRUNCATION_MODES",
+    "BadImage",
     "UNKNOWN_SOURCE",
     "DataFormatError",
     "PromptBatch",
@@ -19,9 +22,13 @@ __all__ = [
     "PromptItem",
     "PromptRow",
     "ResumableBatchSampler",
+    "collapse_image_tokens",
     "collate",
     "column_problems",
+    "decode_image",
     "iterate_in_order",
+    "pixel_inputs",
     "read_rows",
+    "resize_image",
     "truncate_ids",
 ]

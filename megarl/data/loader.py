@@ -40,6 +40,7 @@ def collate(items: list[PromptItem]) -> dict[str, list[Any]]:
         "reward_model": [it.reward_model for it in items],
         "extra_info": [it.extra_info for it in items],
         "agent_name": [it.agent_name for it in items],
+        "images": [it.images for it in items],
     }
 
 

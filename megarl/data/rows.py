@@ -14,7 +14,10 @@ verl's RL datasets are parquet files with one prompt per row:
   it is passed to the reward function unchanged (multi-turn data keeps verl's
   ``tools_kwargs`` here: per tool, ``create_kwargs`` and friends);
 - ``agent_name`` (str, optional): the agent loop of the row (verl's column), e.g.
-  ``tool_agent``; unset rows use ``actor_rollout_ref.rollout.agent.default_agent_loop``.
+  ``tool_agent``; unset rows use ``actor_rollout_ref.rollout.agent.default_agent_loop``;
+- ``images`` (list, optional; the column is ``data.image_key``): the row's images, one per
+  ``<image>`` placeholder in its messages (entries: ``megarl.data.images``). Videos and audio
+  (``data.video_key``, ``data.audio_key``) are refused: megarl does not train on them yet.
 
 Every row is checked when the files are loaded, so a bad row fails the run
 before any model starts, with an error that names the file, the row and the key (text that is
@@ -63,6 +66,7 @@ class PromptRow:
     source_file: str
     row_number: int  # 0-based row within ``source_file``
     agent_name: str | None = None
+    images: tuple = ()  # the row's image entries as stored (data.image_key), decoded by the dataset
 
     @property
     def ground_truth(self) -> Any:
@@ -82,19 +86,33 @@ def normalize_file_list(files: str | os.PathLike | Iterable[str | os.PathLike]) 
 
 
 def read_rows(files: str | os.PathLike | Sequence[str | os.PathLike], prompt_key: str = "prompt",
-              reward_fn_key: str = "data_source", need_reward_fn_key: bool = True) -> list[PromptRow]:
+              reward_fn_key: str = "data_source", need_reward_fn_key: bool = True, image_key: str = "images",
+              refused_media: dict[str, str] | None = None) -> list[PromptRow]:
     """Load and validate every row of the given parquet files, in file order.
 
     ``reward_fn_key`` names the column read as each row's ``data_source``; without
-    ``need_reward_fn_key`` (a custom reward function is given) a file may lack it.
+    ``need_reward_fn_key`` (a custom reward function is given) a file may lack it. ``image_key``
+    names the images column; ``refused_media`` maps the config key of each refused media column
+    to its name (``{"data.video_key": "videos"}``): a file with a non-empty value there is refused.
     """
     rows: list[PromptRow] = []
     for path in normalize_file_list(files):
-        rows.extend(_read_file(path, prompt_key, reward_fn_key, need_reward_fn_key))
+        rows.extend(_read_file(path, prompt_key, reward_fn_key, need_reward_fn_key, image_key, refused_media or {}))
     return rows
 
 
-def _read_file(path: str, prompt_key: str, reward_fn_key: str, need_reward_fn_key: bool) -> list[PromptRow]:
+def _refuse_media(path: str, records: list[dict[str, Any]], refused_media: dict[str, str]) -> None:
+    for config_key, column in refused_media.items():
+        found = [i for i, record in enumerate(records) if record.get(column) not in (None, [], {}, "")]
+        if found:
+            shown = ", ".join(map(str, found[:5])) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+            raise DataFormatError(
+                f"{path}: {len(found)} row(s) hold {column!r} ({config_key}; rows {shown}): megarl does not train on "
+                f"{column} yet (images only, data.image_key). Drop those rows or the column")
+
+
+def _read_file(path: str, prompt_key: str, reward_fn_key: str, need_reward_fn_key: bool, image_key: str,
+               refused_media: dict[str, str]) -> list[PromptRow]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file not found: {path!r} (check data.train_files / data.val_files)")
     try:
@@ -109,11 +127,13 @@ def _read_file(path: str, prompt_key: str, reward_fn_key: str, need_reward_fn_ke
         records = to_python_rows(table, path)
     except InvalidUtf8 as exc:
         raise DataFormatError(str(exc)) from None
-    return [_validate_row(record, path, i, prompt_key, reward_fn_key if has_source else None)
+    _refuse_media(path, records, refused_media)
+    return [_validate_row(record, path, i, prompt_key, reward_fn_key if has_source else None, image_key)
             for i, record in enumerate(records)]
 
 
-def _validate_row(record: dict[str, Any], path: str, row: int, prompt_key: str, reward_fn_key: str | None) -> PromptRow:
+def _validate_row(record: dict[str, Any], path: str, row: int, prompt_key: str, reward_fn_key: str | None,
+                  image_key: str = "images") -> PromptRow:
     def fail(key: str, problem: str) -> DataFormatError:
         return DataFormatError(f"{path}: row {row}: key {key!r}: {problem}")
 
@@ -157,7 +177,12 @@ def _validate_row(record: dict[str, Any], path: str, row: int, prompt_key: str, 
     if agent_name is not None and (not isinstance(agent_name, str) or not agent_name):
         raise fail("agent_name", f"must be a non-empty string (an agent loop name) or null, got {agent_name!r}")
 
+    images = record.get(image_key)
+    if images is not None and not isinstance(images, list):
+        raise fail(image_key, f"must be a list of images (data.image_key) or null, got {type(images).__name__}")
+
     return PromptRow(
+        images=tuple(images or ()),
         agent_name=agent_name,
         messages=[{"role": m["role"], "content": m["content"]} for m in messages],
         data_source=data_source,

@@ -50,7 +50,7 @@ def prepare(cfg, log_dir: Path, load_tokenizer) -> Prepared:
     from megarl.run.interrupts import finished_run
     from megarl.settings import typed_config
     from megarl.settings.agent import agent_settings
-    from megarl.settings.data import build_dataset, build_train_loader
+    from megarl.settings.data import build_dataset, build_train_loader, load_processor
     from megarl.data import DataFormatError
     from megarl.settings.derived import critic_enabled
     from megarl.settings.distillation import distillation_settings, routing_problem
@@ -63,8 +63,10 @@ def prepare(cfg, log_dir: Path, load_tokenizer) -> Prepared:
     agent = agent_settings(cfg)
     loops = LoopSet(build_agent_context(agent, tokenizer))
     chat_tools = tool_schemas_for(loops, agent.default_loop)
-    train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools)
-    val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools) if cfg.data.val_files else None
+    processor = load_processor(cfg)  # a vision-language model's: its datasets' images
+    train_loader = build_train_loader(cfg.data, tokenizer, need_source, chat_tools, processor)
+    val_dataset = build_dataset(cfg.data, tokenizer, "val", need_source, chat_tools, processor) \
+        if cfg.data.val_files else None
     routing = routing_problem(distillation_settings(cfg), {"train": train_loader.dataset})  # several teachers
     if routing:
         raise DataFormatError(routing)
