@@ -4,7 +4,7 @@ A vision-language prompt reaches the fleet as the token ids the model sees, each
 ``<|image_pad|>`` token already repeated once per image token (the data loader resized the image by
 the model's processor rule and counted them), plus the sample's images. vLLM wants the other form:
 one ``<|image_pad|>`` per image in the prompt ids, and the images; its own processor then repeats
-the token. ``engine_prompt_ids`` gives that form, and the engine's expanded prompt must come back
+the token. ``collapse_image_tokens`` (the data loader's) gives that form, and the engine's expanded prompt must come back
 equal to the fleet's (``check_expanded``): the trainer computes log-probs over those ids, so a
 different image-token count would misalign every position after the image.
 """
@@ -12,29 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from megarl.data.image_prompts import collapse_image_tokens, image_spans
 
-def image_runs(ids: Sequence[int], image_token_id: int) -> list[int]:
-    """The length of each run of consecutive ``image_token_id`` tokens, in order (one run per image)."""
-    runs, length = [], 0
-    for token in ids:
-        if token == image_token_id:
-            length += 1
-        elif length:
-            runs.append(length)
-            length = 0
-    if length:
-        runs.append(length)
-    return runs
-
-
-def engine_prompt_ids(ids: Sequence[int], image_token_id: int) -> list[int]:
-    """``ids`` with each run of image tokens folded into one token (the form vLLM expands itself)."""
-    folded = []
-    for token in ids:
-        if token == image_token_id and folded and folded[-1] == image_token_id:
-            continue
-        folded.append(int(token))
-    return folded
+__all__ = ["check_expanded", "check_images", "collapse_image_tokens"]
 
 
 def check_images(prompts: Sequence[Sequence[int]], images: Sequence[Sequence[Any]], image_token_id: int | None) -> None:
@@ -53,9 +33,9 @@ def check_images(prompts: Sequence[Sequence[int]], images: Sequence[Sequence[Any
                 raise ValueError(f"images[{i}] holds {len(sample)} images, but the rollout model is not a "
                                  "vision-language model (its config has no image_token_id)")
             continue
-        runs = image_runs(ids, image_token_id)
-        if len(runs) != len(sample):
-            raise ValueError(f"prompt {i} has {len(runs)} image placeholders (runs of token {image_token_id}) but "
+        runs = len(image_spans(ids, image_token_id))
+        if runs != len(sample):
+            raise ValueError(f"prompt {i} has {runs} image placeholders (runs of token {image_token_id}) but "
                              f"{len(sample)} images; each image needs its own placeholder in the prompt")
 
 

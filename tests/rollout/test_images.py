@@ -5,16 +5,9 @@ import pytest
 from PIL import Image
 
 from megarl.rollout.fleet import RolloutFleet
-from megarl.rollout.images import check_expanded, check_images, engine_prompt_ids, image_runs
+from megarl.rollout.images import check_expanded, check_images
 
 PAD = 5
-
-
-def test_runs_and_folding():
-    ids = [1, 3, PAD, PAD, PAD, 4, 7, 3, PAD, 4, PAD]
-    assert image_runs(ids, PAD) == [3, 1, 1]
-    assert engine_prompt_ids(ids, PAD) == [1, 3, PAD, 4, 7, 3, PAD, 4, PAD]
-    assert engine_prompt_ids([1, 2], PAD) == [1, 2] and image_runs([1, 2], PAD) == []
 
 
 def test_check_images_names_the_prompt():

@@ -29,7 +29,7 @@ import pickle
 import time
 from typing import Any, Sequence
 
-from megarl.rollout.images import check_expanded, engine_prompt_ids
+from megarl.rollout.images import check_expanded, collapse_image_tokens
 from megarl.rollout.vllm.engine_config import ReplicaSpec, llm_kwargs
 from megarl.rollout.gate import Segment, generate_group_resumable, generate_resumable
 from megarl.rollout.replica_base import GatedReplica, ReplicaLost, batch_samples, check_finish, require_one_sample
@@ -106,7 +106,7 @@ class EngineReplica(GatedReplica):
         from vllm.inputs import TokensPrompt
 
         if images:
-            prompt = TokensPrompt(prompt_token_ids=engine_prompt_ids(prompt_ids, self.image_token_id),
+            prompt = TokensPrompt(prompt_token_ids=collapse_image_tokens(prompt_ids, self.image_token_id, len(images)),
                                   multi_modal_data={"image": list(images)})
         else:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
