@@ -54,7 +54,7 @@ class SingleTurnAgentLoop(AgentLoop):
                     for s in samples]
         # the k-th sample's seed is seed(0) of sample k = the group's seed + k (rollout.sampling.turn_seed)
         generations = await client.generate_group(first.prompt_ids, first.sampling, first.seed(0), len(samples),
-                                                  max_tokens=room)
+                                                  max_tokens=room, images=first.images)
         trajectories = []
         for sample, generation in zip(samples, generations):
             builder = TrajectoryBuilder(sample.prompt_ids, self.context.response_length)
@@ -94,7 +94,7 @@ class ToolAgentLoop(AgentLoop):
                     finish = "length"
                     break
                 generation = await client.generate(builder.context, sample.sampling, sample.seed(assistant_turns),
-                                                   max_tokens=room)
+                                                   max_tokens=room, images=sample.images)
                 assistant_turns += 1
                 builder.add_model(generation.token_ids, generation.logprobs, generation.versions)
                 turn = self.parser.parse(tokenizer.decode(generation.token_ids, skip_special_tokens=True))

@@ -51,6 +51,7 @@ class AgentSample:
     step: int
     base_seed: int
     sampling: Sampling  # this call's sampling (training or validation); ``max_tokens`` is not the budget
+    images: tuple = ()  # the prompt's images (a vision-language row; megarl.data.images), sent with every turn
 
     def seed(self, turn: int) -> int:
         """The seed of this sample's ``turn``-th engine call (see ``rollout.sampling.turn_seed``)."""

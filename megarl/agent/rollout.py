@@ -174,7 +174,8 @@ class AgentRollout:
             for k in range(params.n):
                 sample = AgentSample(prompt_ids=list(prompts["prompt_ids"][i]), messages=list(prompts["raw_prompt"][i]),
                                      extra_info=dict(prompts["extra_info"][i] or {}), prompt_index=prompt_offset + i,
-                                     sample_index=k, step=step, base_seed=int(self.config.seed), sampling=params)
+                                     sample_index=k, step=step, base_seed=int(self.config.seed), sampling=params,
+                                     images=tuple((prompts.get("images") or [()] * len(replicas))[i] or ()))
                 jobs.append((names[i], sample, client))
         return jobs
 

@@ -58,22 +58,23 @@ class GenerateClient:
         return self.max_model_len - num_tokens
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling, seed: int,
-                       max_tokens: int | None = None) -> Generation:
+                       max_tokens: int | None = None, images: Sequence = ()) -> Generation:
         """One completion of ``prompt_ids`` with ``sampling`` (its ``n`` is ignored: one sample),
-        at most ``max_tokens`` tokens (default ``sampling.max_tokens``), seeded with ``seed``."""
+        at most ``max_tokens`` tokens (default ``sampling.max_tokens``), seeded with ``seed``; ``images``:
+        a vision-language prompt's images, one per run of image tokens in ``prompt_ids``."""
         ids, limit = self._check(prompt_ids, sampling, max_tokens)
         kwargs = {**sampling.engine_kwargs(), "n": 1, "max_tokens": limit}
-        return await self._call("generate_tokens", ids, kwargs, int(seed))
+        return await self._call("generate_tokens", ids, kwargs, int(seed), list(images))
 
     async def generate_group(self, prompt_ids: Sequence[int], sampling: Sampling, seed: int, n: int,
-                             max_tokens: int | None = None) -> list[Generation]:
+                             max_tokens: int | None = None, images: Sequence = ()) -> list[Generation]:
         """``n`` completions of ``prompt_ids`` in one engine request: the k-th equals
-        ``generate(prompt_ids, sampling, seed + k, max_tokens)``."""
+        ``generate(prompt_ids, sampling, seed + k, max_tokens, images)``."""
         if n < 1:
             raise ValueError(f"n={n}: ask for at least one completion")
         ids, limit = self._check(prompt_ids, sampling, max_tokens)
         kwargs = {**sampling.engine_kwargs(), "n": int(n), "max_tokens": limit}
-        return await self._call("generate_group", ids, kwargs, int(seed))
+        return await self._call("generate_group", ids, kwargs, int(seed), list(images))
 
     def _check(self, prompt_ids: Sequence[int], sampling: Sampling, max_tokens: int | None) -> tuple[list[int], int]:
         ids = [int(t) for t in prompt_ids]

@@ -30,12 +30,14 @@ class ScriptedClient:
         self.contexts: list[list[int]] = []
         self.seeds: list[int] = []
         self.sampled: list[list[int]] = []
+        self.images: list[list] = []  # the images each call was given
 
     def room(self, num_tokens: int) -> int:
         return self.max_model_len - num_tokens
 
-    async def generate(self, prompt_ids, sampling, seed, max_tokens=None) -> Generation:
+    async def generate(self, prompt_ids, sampling, seed, max_tokens=None, images=()) -> Generation:
         assert len(prompt_ids) + max_tokens <= self.max_model_len, "the loop asked for more than the context holds"
+        self.images.append(list(images))
         text = self.script[len(self.contexts)]
         self.contexts.append(list(prompt_ids))
         self.seeds.append(seed)
@@ -45,8 +47,8 @@ class ScriptedClient:
         return Generation(cut, [-0.5 - 0.001 * i for i in range(len(cut))], "length" if len(cut) < len(ids) else "stop",
                           None, self.tokenizer.decode(cut, skip_special_tokens=True))
 
-    async def generate_group(self, prompt_ids, sampling, seed, n, max_tokens=None) -> list[Generation]:
-        return [await self.generate(prompt_ids, sampling, seed + k, max_tokens) for k in range(n)]
+    async def generate_group(self, prompt_ids, sampling, seed, n, max_tokens=None, images=()) -> list[Generation]:
+        return [await self.generate(prompt_ids, sampling, seed + k, max_tokens, images) for k in range(n)]
 
 
 class EchoTool(BaseTool):

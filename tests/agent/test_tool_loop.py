@@ -246,3 +246,23 @@ def test_many_trajectories_share_one_loop_concurrently(tokenizer):
     assert echo.most_at_once == 8
     assert [tokenizer.decode(r.response_ids, skip_special_tokens=True).split("\n")[-1] for r in results] == \
         [str(k) for k in range(8)]
+
+
+def test_a_samples_images_go_with_every_engine_call(tokenizer):
+    """A vision-language row's images reach the engine with the group call and with every turn of a tool loop
+    (each turn's context still holds the image tokens, so the engine needs the pixels again)."""
+    from dataclasses import replace
+
+    from PIL import Image
+
+    images = (Image.new("RGB", (56, 56), "red"), Image.new("RGB", (28, 84), "blue"))
+    ctx = context(tokenizer, [EchoTool()])
+    client = ScriptedClient(tokenizer, [call("echo", text="hi"), "done"])
+    run(ToolAgentLoop(ctx), replace(sample(tokenizer, ctx), images=images), client)
+    assert len(client.images) == 2 and all(seen == list(images) for seen in client.images)
+    single = ScriptedClient(tokenizer, ["a b"])
+    run(SingleTurnAgentLoop(ctx), replace(sample(tokenizer, ctx), images=images), single)
+    assert single.images == [list(images)]
+    text = ScriptedClient(tokenizer, ["a b"])
+    run(SingleTurnAgentLoop(ctx), sample(tokenizer, ctx), text)
+    assert text.images == [[]]

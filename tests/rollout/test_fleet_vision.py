@@ -5,6 +5,7 @@ repeated once per image token, and the sample's images); the engine must sample 
 ids, and its log-probs must be transformers' forward of the same checkpoint on the same pixels.
 One fleet per family, shared by the module's tests.
 """
+import asyncio
 import os
 
 import numpy as np
@@ -14,7 +15,7 @@ from PIL import Image
 
 from megarl.cluster import ray_cluster
 from megarl.config.schema import RolloutConfig
-from megarl.rollout import RolloutFleet
+from megarl.rollout import RolloutFleet, resolve_sampling
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(480)]
 
@@ -82,6 +83,13 @@ def test_image_prompts_sample_what_transformers_computes_on_the_same_pixels(serv
         assert len(sample.response_ids) == MAX_TOKENS
         expected = hf_logprobs(hf, x, sample.response_ids)
         assert np.allclose(sample.logprobs, expected, atol=TOLERANCE), (sample.logprobs, expected)
+    # the agent seam's calls (one group request; one turn) carry the images too, and sample the same
+    client = fleet.client(0)
+    greedy = resolve_sampling(fleet.config, {"do_sample": False, "ignore_eos": True}, 1, False)
+    group = asyncio.run(client.generate_group(prompts[0], greedy, 0, 1, images=rows[0][1]))[0]
+    turn = asyncio.run(client.generate(prompts[2], greedy, 0, images=rows[2][1]))
+    assert group.token_ids == samples[0].response_ids and turn.token_ids == samples[2].response_ids
+    assert np.allclose(group.logprobs, samples[0].logprobs, atol=TOLERANCE)
     # the images matter: the same ids with other pixels give other log-probs
     other = fleet.generate(prompts[2:], {"do_sample": False, "ignore_eos": True}, n=1, images=[[image(64, 64, 9)]])[0]
     assert not np.allclose(other.logprobs[:1], samples[2].logprobs[:1], atol=1e-3)

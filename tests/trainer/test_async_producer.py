@@ -47,7 +47,7 @@ class FakeReplica:
             tokens.append(TOKEN_BASE + self.version)
         return Segment(tokens, [-0.5] * len(tokens), "length" if len(tokens) == max_tokens else "stop", None, "x")
 
-    async def generate_tokens(self, prompt_ids, sampling_kwargs, seed):
+    async def generate_tokens(self, prompt_ids, sampling_kwargs, seed, images=()):
         original = list(prompt_ids)
 
         async def run_segment(request_id, ids, max_tokens, segment_seed):
@@ -56,7 +56,7 @@ class FakeReplica:
         return await generate_resumable(self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
                                         lambda: self.version, "fake")
 
-    async def generate_group(self, prompt_ids, sampling_kwargs, seed):
+    async def generate_group(self, prompt_ids, sampling_kwargs, seed, images=()):
         original = list(prompt_ids)
 
         async def run_group(request_id, ids, max_tokens, group_seed):

@@ -131,6 +131,11 @@ class HFReplica(GatedReplica):
                        finish_reason=sequence.finish_reason, stop_string=stop if isinstance(stop, str) else None,
                        text=sequence.text)
 
+    def _text_only(self, images) -> None:
+        if images:
+            raise ValueError(f"replica {self.index}: the hf rollout backend serves text prompts only; image prompts "
+                             "need actor_rollout_ref.rollout.name=vllm")
+
     async def generate(self, requests: Sequence[tuple[int, list[int], int]],
                        sampling_kwargs: dict[str, Any], images: dict[int, list] | None = None) -> list[RolloutSample]:
         """Generate for ``(prompt_index, prompt_ids, request_seed)`` requests; n samples per prompt.
@@ -142,9 +147,7 @@ class HFReplica(GatedReplica):
         """
         import asyncio
 
-        if images:
-            raise ValueError(f"replica {self.index}: the hf rollout backend serves text prompts only; image prompts "
-                             "need actor_rollout_ref.rollout.name=vllm")
+        self._text_only(images)
 
         settings = self._settings(sampling_kwargs)
 
@@ -173,19 +176,23 @@ class HFReplica(GatedReplica):
         """The text of a completion that ran in several segments (as vLLM's detokenizer: no special tokens)."""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> Generation:
+    async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int,
+                              images: Sequence = ()) -> Generation:
         """One completion (``n=1``), resumed on the new weights after a sync that aborts it: the contract of
-        ``EngineReplica.generate_tokens``, on the scheduler's rows."""
+        ``EngineReplica.generate_tokens``, on the scheduler's rows (text prompts only: ``images`` refused)."""
+        self._text_only(images)
         require_one_sample(sampling_kwargs)
         self._settings(sampling_kwargs)  # bad settings fail before the request enters the gate
         run_segment = self._segment_runner(sampling_kwargs, f"a request of {len(prompt_ids)} tokens")
         return await generate_resumable(self.gate, run_segment, prompt_ids, int(sampling_kwargs["max_tokens"]), seed,
                                         lambda: self.weights.version, f"turn-{self.index}", self._detokenize)
 
-    async def generate_group(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> list[Generation]:
+    async def generate_group(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int,
+                             images: Sequence = ()) -> list[Generation]:
         """The ``n`` completions of one prompt as one request (single-turn agent loops): the k-th is
         what ``generate_tokens`` gives with seed ``seed + k`` (its own ``torch.Generator``, as in
         ``generate``). A sync that aborts them continues each alone, as ``generate_tokens`` would."""
+        self._text_only(images)
         what = f"a group request of {len(prompt_ids)} tokens"
         self._settings(sampling_kwargs)  # bad settings fail before the request enters the gate
 

@@ -163,12 +163,14 @@ class EngineReplica(GatedReplica):
                 for c in sorted(output.outputs, key=lambda c: c.index)])
         return samples
 
-    async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> Generation:
+    async def generate_tokens(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int,
+                              images: Sequence = ()) -> Generation:
         """One completion of ``prompt_ids`` (token in, token out): one turn of an agent loop.
 
         ``sampling_kwargs`` must ask for one sample (``n=1``); ``seed`` makes it reproducible. A
         weight sync that aborts it (partial rollouts) does not end it: it continues on the new
-        weights, and ``Generation.versions`` records the version of each token.
+        weights, and ``Generation.versions`` records the version of each token. ``images``: the prompt's
+        (a vision-language model's), with each segment: the continuation keeps them in its prefix.
         """
         require_one_sample(sampling_kwargs)
         what = f"a request of {len(prompt_ids)} tokens"
@@ -176,7 +178,7 @@ class EngineReplica(GatedReplica):
         async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
             self.weights.check_fresh()
             params = self._params({**sampling_kwargs, "max_tokens": max_tokens}, segment_seed)
-            output = await self._final_output(ids, params, "turn", request_id)
+            output = await self._final_output(ids, params, "turn", request_id, images)
             return self._segment(output.outputs[0], what, allow_abort=True)
 
         tokenizer = self.engine.tokenizer
@@ -185,7 +187,8 @@ class EngineReplica(GatedReplica):
             lambda: self.weights.version, f"turn-{self.index}",
             detokenize=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None)
 
-    async def generate_group(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int) -> list[Generation]:
+    async def generate_group(self, prompt_ids: list[int], sampling_kwargs: dict[str, Any], seed: int,
+                             images: Sequence = ()) -> list[Generation]:
         """The ``n`` completions of one prompt as one engine request (single-turn agent loops): the
         k-th is what ``generate_tokens`` gives with seed ``seed + k``, sampled once for all with the
         prompt's prefix computed once. A sync that aborts them continues each alone."""
@@ -194,13 +197,13 @@ class EngineReplica(GatedReplica):
         async def run_group(request_id: str, ids: list[int], max_tokens: int, group_seed: int) -> list[Segment]:
             self.weights.check_fresh()
             params = self._params({**sampling_kwargs, "max_tokens": max_tokens}, group_seed)
-            output = await self._final_output(ids, params, "group", request_id)
+            output = await self._final_output(ids, params, "group", request_id, images)
             return [self._segment(c, what, allow_abort=True) for c in sorted(output.outputs, key=lambda c: c.index)]
 
         async def run_segment(request_id: str, ids: list[int], max_tokens: int, segment_seed: int) -> Segment:
             self.weights.check_fresh()
             params = self._params({**sampling_kwargs, "n": 1, "max_tokens": max_tokens}, segment_seed)
-            output = await self._final_output(ids, params, "turn", request_id)
+            output = await self._final_output(ids, params, "turn", request_id, images)
             return self._segment(output.outputs[0], what, allow_abort=True)
 
         tokenizer = self.engine.tokenizer
