@@ -162,3 +162,18 @@ def test_layouts_the_vision_language_models_cannot_take(vision_zoo):
         param_shards(config, ParallelLayout(pp=2))
     with pytest.raises(ValueError, match="M-RoPE under context parallelism"):
         param_shards(vision_zoo / "qwen2_5_vl", ParallelLayout(cp=2))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vllm_splits_name_the_checkpoint_and_send_the_tower_whole(vision_zoo, family):
+    """The weight sync's vLLM splits use the checkpoint's names; vLLM splits the tower with its own loaders."""
+    from megarl.models.vllm_layout import vllm_splits
+
+    splits = vllm_splits(vision_zoo / family)
+    names = _checkpoint_tensors(vision_zoo / family)
+    assert sorted(splits) == sorted(names)
+    language = model_dims(vision_zoo / family).hf_prefix
+    assert splits[language + "layers.0.self_attn.q_proj.weight"].kind == "column"
+    assert splits[language + "layers.0.mlp.down_proj.weight"].kind == "row"
+    tower = [name for name in names if "visual." in name]
+    assert tower and all(splits[name].kind == "whole" for name in tower)
