@@ -10,7 +10,8 @@ import copy
 import pytest
 import torch
 
-from megarl.models import ParallelLayout, build_model, gather_hf_tensors, load_hf_config, model_dims
+from megarl.models import (ParallelLayout, build_model, freeze_vision_tower, gather_hf_tensors, load_hf_config,
+                           model_dims)
 from megarl.models.mrope import mrope_position_ids
 from megarl.models.shards import hf_tensor_shapes, param_shards
 from tests.models.test_bridge_tp1 import _checkpoint_tensors, world  # noqa: F401  (the TP=1 process group)
@@ -153,6 +154,8 @@ def test_vision_tower_is_trained_unless_frozen(world, vision_zoo):
     _train_step(frozen, reference, "qwen2_5_vl", vision_zoo)
     assert all(params[name].grad is None for name in tower)
     assert params["embedding.word_embeddings.weight"].grad is not None
+    assert freeze_vision_tower([frozen], frozen=False) == len(tower)
+    assert all(params[name].requires_grad for name in tower)
 
 
 def test_layouts_the_vision_language_models_cannot_take(vision_zoo):
