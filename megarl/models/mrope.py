@@ -25,28 +25,32 @@ from __future__ import annotations
 import torch
 
 
-def image_runs(row: torch.Tensor, image_token_id: int) -> list[tuple[int, int]]:
-    """[start, stop) of every run of consecutive image tokens in ``row`` (one run per image)."""
-    is_image = (row == image_token_id).int()
+MASK_HINT = " (image token ids a response holds as text need image_mask: the prompt's image tokens)"
+
+
+def image_runs(is_image: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, stop) of every run of consecutive image tokens (``is_image``, one row): one run per image."""
+    is_image = is_image.int()
     edges = torch.diff(is_image, prepend=is_image.new_zeros(1), append=is_image.new_zeros(1))
     starts = (edges == 1).nonzero().flatten().tolist()
     stops = (edges == -1).nonzero().flatten().tolist()
     return list(zip(starts, stops))
 
 
-def row_positions(tokens: torch.Tensor, grids: list[tuple[int, int, int]], image_token_id: int,
-                  spatial_merge_size: int, where: str = "row") -> torch.Tensor:
-    """[3, len(tokens)] positions of one sample's real tokens, its images' grids (t, H, W) in order."""
-    runs = image_runs(tokens, image_token_id)
+def row_positions(is_image: torch.Tensor, grids: list[tuple[int, int, int]], spatial_merge_size: int,
+                  where: str = "row") -> torch.Tensor:
+    """[3, len(is_image)] positions of one sample's real tokens (``is_image``: its image tokens), its images'
+    grids (t, H, W) in order."""
+    runs = image_runs(is_image)
     if len(runs) != len(grids):
         raise ValueError(f"{where}: {len(runs)} runs of image tokens but {len(grids)} images in image_grid_thw; "
-                         "each image must be one run of image tokens, as the processor expands it")
+                         f"each image must be one run of image tokens, as the processor expands it{MASK_HINT}")
     pieces, position, cursor = [], 0, 0
     for (start, stop), (t, height, width) in zip(runs, grids):
         h, w = height // spatial_merge_size, width // spatial_merge_size
         if stop - start != t * h * w:
             raise ValueError(f"{where}: an image of grid {(t, height, width)} needs {t * h * w} image tokens, the row "
-                             f"has {stop - start} at {start}; expand the prompt with the grids it is given")
+                             f"has {stop - start} at {start}; expand the prompt with the grids it is given{MASK_HINT}")
         text = start - cursor
         pieces.append(torch.arange(text).expand(3, text) + position)
         position += text
@@ -54,30 +58,34 @@ def row_positions(tokens: torch.Tensor, grids: list[tuple[int, int, int]], image
         pieces.append(torch.stack([grid_t, grid_h, grid_w]).reshape(3, -1) + position)
         position += max(h, w)
         cursor = stop
-    text = len(tokens) - cursor
+    text = len(is_image) - cursor
     pieces.append(torch.arange(text).expand(3, text) + position)
     return torch.cat(pieces, dim=1)
 
 
 def mrope_position_ids(input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None, attention_mask: torch.Tensor | None,
-                       *, image_token_id: int, spatial_merge_size: int) -> torch.Tensor:
+                       *, image_token_id: int, spatial_merge_size: int, image_mask: torch.Tensor | None = None) -> torch.Tensor:
     """[3, B, S] M-RoPE positions of a batch (transformers' ``get_rope_index``), 0 at padding.
 
     ``input_ids [B, S]``; ``image_grid_thw [images, 3]``: the images of all rows in row order (rows
     without images take none); ``attention_mask [B, S]`` (None: no padding) marks the real tokens,
-    wherever the padding sits (left, right or both).
+    wherever the padding sits (left, right or both). ``image_mask [B, S]``: the tokens that hold an image
+    (transformers' ``mm_token_type_ids == 1``); None: every ``image_token_id``. Give it when a response may
+    hold that token id as text (a sampled one, which vLLM embeds and positions as text), e.g. the prompt's
+    image tokens only.
     """
     batch, length = input_ids.shape
     mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    is_image = (input_ids == image_token_id) if image_mask is None else image_mask.bool()
     grids = [] if image_grid_thw is None else [tuple(int(v) for v in g) for g in image_grid_thw.tolist()]
     positions = torch.zeros(3, batch, length, dtype=torch.long)
     used = 0
     for b in range(batch):
-        tokens = input_ids[b][mask[b]].cpu()
-        count = len(image_runs(tokens, image_token_id))
+        row_images = is_image[b][mask[b]].cpu()
+        count = len(image_runs(row_images))
         if used + count > len(grids):
             raise ValueError(f"row {b}: image_grid_thw has {len(grids)} images, the rows up to this one hold {used + count}")
-        row = row_positions(tokens, grids[used:used + count], image_token_id, spatial_merge_size, where=f"row {b}")
+        row = row_positions(row_images, grids[used:used + count], spatial_merge_size, where=f"row {b}")
         positions[:, b, mask[b].cpu()] = row
         used += count
     if used != len(grids):

@@ -29,7 +29,7 @@ from megarl.models.vision import vision_module_class
 
 class VisionLanguageModel(GPTModel):
     """See the module docstring. ``forward(input_ids [B, S], position_ids [3, B, S], attention_mask,
-    pixel_values=[patches, C*T*P*P], image_grid_thw=[images, 3], **GPTModel kwargs)``."""
+    pixel_values=[patches, C*T*P*P], image_grid_thw=[images, 3], image_mask=[B, S] or None, **GPTModel kwargs)``."""
 
     def __init__(self, config, spec, *, dims: ModelDims, vision_config, **kwargs):
         super().__init__(config, spec, scatter_embedding_sequence_parallel=False, **kwargs)
@@ -51,22 +51,25 @@ class VisionLanguageModel(GPTModel):
                     layer.register_forward_hook(self._deepstack_hook(index))
 
     def forward(self, input_ids, position_ids, attention_mask=None, decoder_input=None, *args,
-                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None, **kwargs):
+                pixel_values: torch.Tensor | None = None, image_grid_thw: torch.Tensor | None = None,
+                image_mask: torch.Tensor | None = None, **kwargs):
         if self.pre_process and decoder_input is None:
-            decoder_input = self.embed(input_ids, pixel_values, image_grid_thw)
+            decoder_input = self.embed(input_ids, pixel_values, image_grid_thw, image_mask)
         return super().forward(input_ids, position_ids, attention_mask, decoder_input, *args, **kwargs)
 
-    def embed(self, input_ids: torch.Tensor, pixel_values: torch.Tensor | None,
-              image_grid_thw: torch.Tensor | None) -> torch.Tensor:
-        """The decoder input [S, B, H] (this rank's share of S under SP): words, then the images over their tokens."""
+    def embed(self, input_ids: torch.Tensor, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None,
+              image_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder input [S, B, H] (this rank's share of S under SP): words, then the images over their tokens
+        (``image_mask [B, S]``; None: every image token id, see ``megarl.models.mrope.mrope_position_ids``)."""
         embeddings = self.embedding(input_ids=input_ids, position_ids=None)  # [S, B, H], all of S
         self._deepstack = None
         if pixel_values is not None:
-            mask = input_ids == self.tower.image_token_id  # [B, S]
+            mask = input_ids == self.tower.image_token_id if image_mask is None else image_mask.bool()  # [B, S]
             features, deepstack = self.image_features(pixel_values, image_grid_thw)
             if int(mask.sum()) != features.shape[0]:
                 raise ValueError(f"input_ids hold {int(mask.sum())} image tokens, the {image_grid_thw.shape[0]} images "
-                                 f"give {features.shape[0]} features; expand each image to its grid's token count")
+                                 f"give {features.shape[0]} features; expand each image to its grid's token count (and "
+                                 "give image_mask, the prompt's image tokens, when a response holds the id as text)")
             embeddings = _scatter_rows(embeddings, mask, features)
             self._deepstack = [self._to_sequence_parallel(_scatter_rows(torch.zeros_like(embeddings), mask, extra))
                                for extra in deepstack]

@@ -180,3 +180,37 @@ def test_vllm_splits_name_the_checkpoint_and_send_the_tower_whole(vision_zoo, fa
     assert splits[language + "layers.0.mlp.down_proj.weight"].kind == "row"
     tower = [name for name in names if "visual." in name]
     assert tower and all(splits[name].kind == "whole" for name in tower)
+
+
+def test_an_image_token_sampled_in_a_response_is_text(world, vision_zoo):
+    """A response holding the image token id (sampled: vLLM embeds and positions it as text). With
+    ``image_mask`` (the prompt's image tokens) the positions equal ``get_rope_index``'s with that
+    ``mm_token_type_ids`` and the logits HF's language model's on the prompt's images; without it, refused."""
+    reference = _reference(vision_zoo, "qwen2_5_vl")
+    image_token = model_dims(vision_zoo / "qwen2_5_vl").vision.image_token_id
+    prompt = reference["attention_mask"].bool()
+    lengths = prompt.sum(dim=1)
+    ids = torch.nn.functional.pad(reference["input_ids"], (0, 3))
+    mask = torch.nn.functional.pad(reference["attention_mask"], (0, 3))
+    for b, length in enumerate(lengths.tolist()):  # a 3-token response right after each prompt
+        ids[b, length:length + 3] = torch.tensor([7, image_token, 9])
+        mask[b, length:length + 3] = 1
+    image_mask = (ids == image_token) & torch.nn.functional.pad(prompt, (0, 3))
+    hf = hf_model(vision_zoo / "qwen2_5_vl")
+    expected_positions, _ = hf.model.get_rope_index(ids, image_mask.int(), image_grid_thw=reference["image_grid_thw"],
+                                                    attention_mask=mask)
+    kwargs = dict(image_token_id=image_token, spatial_merge_size=2)
+    positions = mrope_position_ids(ids, reference["image_grid_thw"], mask, image_mask=image_mask, **kwargs)
+    assert torch.equal(positions, expected_positions)
+    with pytest.raises(ValueError, match="need image_mask"):
+        mrope_position_ids(ids, reference["image_grid_thw"], mask, **kwargs)
+
+    with torch.no_grad():
+        embeds = hf.model.get_input_embeddings()(ids)
+        features = hf.model.get_image_features(reference["pixel_values"], reference["image_grid_thw"]).pooler_output
+        embeds[image_mask] = torch.cat(features)
+        hidden = hf.model.language_model(inputs_embeds=embeds, position_ids=positions, attention_mask=mask).last_hidden_state
+        expected = hf.lm_head(hidden)
+    [model] = build_model(vision_zoo / "qwen2_5_vl", ParallelLayout())
+    logits = _logits(model, {**reference, "input_ids": ids}, positions, image_mask=image_mask)
+    assert (logits - expected)[mask.bool()].abs().max().item() <= TOLERANCE
