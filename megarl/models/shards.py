@@ -115,15 +115,16 @@ def check_layout(dims: ModelDims, layout: ParallelLayout) -> None:
             problems.append(f"shared expert ffn size {dims.moe.shared_expert_ffn_hidden_size} is not divisible by tp={layout.tp}")
     elif layout.ep > 1 or layout.etp > 1:
         problems.append(f"ep={layout.ep}, etp={layout.etp} need a MoE model; set both to 1 for a dense model")
-    layout.stage_layer_counts(dims.num_layers)  # raises on an impossible pipeline split
     if dims.mrope is not None and layout.cp > 1:
         problems.append(f"cp={layout.cp}: M-RoPE under context parallelism is not supported; use cp=1")
-    deepstack = dims.vision.deepstack_layers if dims.vision is not None else 0
-    if deepstack > len(layout.chunk_layers(dims.num_layers, 0, 0)):
-        problems.append(f"the first {deepstack} layers take the vision tower's DeepStack features and must be on the "
-                        "first pipeline stage (chunk); give it more layers (num_layers_in_first_pipeline_stage)")
     if problems:
         raise ValueError(f"layout {layout} cannot split this model: " + "; ".join(problems))
+    layout.stage_layer_counts(dims.num_layers)  # raises on an impossible pipeline split
+    deepstack = dims.vision.deepstack_layers if dims.vision is not None else 0
+    if deepstack > len(layout.chunk_layers(dims.num_layers, 0, 0)):
+        raise ValueError(f"layout {layout} cannot split this model: the first {deepstack} layers take the vision "
+                         "tower's DeepStack features and must be on the first pipeline stage (chunk); give it more "
+                         "layers (num_layers_in_first_pipeline_stage)")
 
 
 def _layer_param(family: FamilySpec, dims: ModelDims, param: ParamMap, layer: int, impl: str) -> ParamMap:
