@@ -16,6 +16,8 @@ Public API:
   export_hf_pieces, gather_hf_tensors,             -- export.py: HF-named pieces / full tensors / checkpoint
   save_hf_checkpoint, ExportedPiece
   ValueHead                                        -- value_head.py: the critic head
+  VisionLanguageModel, freeze_vision_tower,        -- vision_model.py / mrope.py: vision-language models (Qwen2.5-VL,
+  mrope_position_ids                                  Qwen3-VL): the megatron model, its tower switch, 3-D positions
 """
 # Imported on first use (PEP 562), so that `megarl.models.layout` or `.dims` alone (the planner, the
 # config checks) does not pay for megatron-core and torch.
@@ -54,6 +56,9 @@ _HOMES = {
     "vllm_splits": "megarl.models.vllm_layout",
     "vllm_tp_problems": "megarl.models.vllm_layout",
     "vllm_cpu_refusal": "megarl.models.vllm_layout",
+    "VisionLanguageModel": "megarl.models.vision_model",
+    "freeze_vision_tower": "megarl.models.vision_model",
+    "mrope_position_ids": "megarl.models.mrope",
 }
 
 
@@ -111,4 +116,7 @@ __all__ = [
     "vllm_hf_overrides",
     "vllm_splits",
     "vllm_cpu_refusal",
+    "VisionLanguageModel",
+    "freeze_vision_tower",
+    "mrope_position_ids",
 ]

@@ -108,6 +108,7 @@ def build_model(
     value_head_seed: int = 0,
     transforms: Sequence[ModelTransform] = (),
     hf_overrides: dict | None = None,
+    freeze_vision_tower: bool = False,
 ) -> list:
     """This rank's GPTModel chunks (one per VPP chunk, in chunk order).
 
@@ -118,7 +119,8 @@ def build_model(
     are TransformerConfig fields applied last (e.g. ``recompute_granularity``). ``transforms``
     run last, in order, on the loaded chunks (see the module docstring). ``hf_overrides`` are HF config
     fields set before the bridge reads the config (verl's ``override_config.model_config``;
-    ``megarl.models.config_overrides``).
+    ``megarl.models.config_overrides``). A vision-language model is a ``VisionLanguageModel``
+    (``megarl.models.vision_model``); ``freeze_vision_tower`` stops its tower's gradients.
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -148,6 +150,10 @@ def build_model(
         dims, family, layout, params_dtype, moe_token_dispatcher, getattr(config, "initializer_range", 0.02)
     )
     overrides = {"perform_initialization": checkpoint is None, **(config_overrides or {})}
+    if dims.vision is not None and dims.vision.deepstack_layers and overrides.get("recompute_granularity") == "full":
+        raise ValueError(f"{dims.architecture}: full activation recomputation is not supported with DeepStack features "
+                         "(a pipeline schedule would recompute a layer with another micro-batch's features); use "
+                         "recompute_granularity=selective or none")
     transformer_config = build_transformer_config(kwargs, transformer_config_overrides(), overrides, family.config_class)
 
     pp_rank = ps.get_pipeline_model_parallel_rank()
@@ -155,13 +161,19 @@ def build_model(
     for vpp_chunk in range(layout.vpp):
         spec = decoder_block_spec(family, dims, transformer_config, impl, vpp_chunk, pp_rank)
         pre, post = layout.is_first_chunk(pp_rank, vpp_chunk), layout.is_last_chunk(pp_rank, vpp_chunk)
-        model = GPTModel(
+        model_class, extra = GPTModel, {}
+        if dims.vision is not None:
+            from megarl.models.vision_model import VisionLanguageModel
+
+            model_class, extra = VisionLanguageModel, dict(dims=dims, vision_config=config.vision_config)
+        model = model_class(
             transformer_config,
             spec,
             pre_process=pre,
             post_process=post,
             vp_stage=vpp_chunk if layout.vpp > 1 else None,
             **gpt_model_kwargs(dims, layout, role),
+            **extra,
         )
         if isinstance(dims.rope, (Llama3Rope, LinearRope, TransformersRope)):
             model.rotary_pos_emb.inv_freq = rope_inverse_frequencies(config, dims, model.rotary_pos_emb.inv_freq)
@@ -188,6 +200,10 @@ def build_model(
         if dims.final_logit_softcap is not None:
             softcap_logits(models, dims.final_logit_softcap)
         mask_padding_logits(models, dims.vocab_size, layout)
+    if freeze_vision_tower:
+        from megarl.models.vision_model import freeze_vision_tower as freeze
+
+        freeze(models)
     context = BuildContext(config, layout, role, impl)
     for transform in transforms:
         transform(models, context)

@@ -166,6 +166,31 @@ class MoE:
 
 
 @dataclass(frozen=True)
+class Mrope:
+    """Multimodal RoPE (``megarl.models.mrope``): the rotary frequencies of time, height and width, in
+    blocks (Qwen2.5-VL) or interleaved (Qwen3-VL)."""
+
+    section: tuple[int, int, int]
+    interleaved: bool
+
+
+@dataclass(frozen=True)
+class VisionTower:
+    """A vision-language model's vision tower (``megarl.models.vision``): transformers' own module
+    ``module_class``, built from ``config.vision_config``; its tensors ``tensors`` (name -> shape, relative
+    to ``hf_prefix`` in the checkpoint and to ``visual.`` in the megatron model), replicated on every TP
+    rank of the first pipeline stage. Its features replace the embeddings of the ``image_token_id``
+    tokens; ``deepstack_layers``: Qwen3-VL adds its DeepStack features after that many first layers."""
+
+    hf_prefix: str
+    module_class: str
+    tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    image_token_id: int
+    spatial_merge_size: int
+    deepstack_layers: int = 0
+
+
+@dataclass(frozen=True)
 class ModelDims:
     """Shape and features of a decoder-only transformer, independent of the HF config class."""
 
@@ -188,6 +213,11 @@ class ModelDims:
     embedding_scale: float | None = None  # the embedding output is multiplied by it (Gemma: sqrt(hidden))
     final_logit_softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma-2)
     clamped_swiglu: tuple[float, float] | None = None  # gpt-oss's (limit, alpha): see families/gpt_oss.py
+    # Vision-language models: the language model's checkpoint prefix (``model.language_model.`` for Qwen3-VL;
+    # every HF name the family's maps give under ``model.`` moves there), M-RoPE, the vision tower.
+    hf_prefix: str = "model."
+    mrope: Mrope | None = None
+    vision: VisionTower | None = None
 
     @property
     def is_moe(self) -> bool:

@@ -21,7 +21,7 @@ Kinds:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
@@ -170,3 +170,13 @@ class VocabSplit:
 
 
 Mapping = Replicated | Split | FusedQKV | GatedQKV | FusedGateUp | VocabSplit
+
+
+def renamed(mapping, rename):
+    """``mapping`` with the name of each of its HF tensors passed through ``rename`` (shapes and splits kept)."""
+    changes = {}
+    for f in fields(mapping):
+        value = getattr(mapping, f.name)
+        if isinstance(value, HFTensor):
+            changes[f.name] = HFTensor(rename(value.name), value.shape)
+    return replace(mapping, **changes)

@@ -26,7 +26,7 @@ Owners and replicas:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from transformers import PretrainedConfig
@@ -34,7 +34,7 @@ from transformers import PretrainedConfig
 from megarl.models.dims import ModelDims, load_hf_config
 from megarl.models.families import FamilySpec, ParamMap, family_for
 from megarl.models.layout import ParallelLayout
-from megarl.models.mappings import HFTensor, Mapping, Replicated, VocabSplit
+from megarl.models.mappings import HFTensor, Mapping, Replicated, VocabSplit, renamed
 
 ROLES = ("actor", "ref", "critic")
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
@@ -44,6 +44,7 @@ FINAL_NORM = "decoder.final_layernorm.weight"
 OUTPUT_LAYER = "output_layer.weight"
 VALUE_HEAD_WEIGHT = "output_layer.weight"
 VALUE_HEAD_BIAS = "output_layer.bias"
+VISION_TOWER = "visual."  # a vision-language model's tower (``ModelDims.vision``), under its HF names
 # HF names of the value head: AutoModelForTokenClassification(num_labels=1)'s ``score`` layer.
 HF_VALUE_WEIGHT = "score.weight"
 HF_VALUE_BIAS = "score.bias"
@@ -114,9 +115,16 @@ def check_layout(dims: ModelDims, layout: ParallelLayout) -> None:
             problems.append(f"shared expert ffn size {dims.moe.shared_expert_ffn_hidden_size} is not divisible by tp={layout.tp}")
     elif layout.ep > 1 or layout.etp > 1:
         problems.append(f"ep={layout.ep}, etp={layout.etp} need a MoE model; set both to 1 for a dense model")
+    if dims.mrope is not None and layout.cp > 1:
+        problems.append(f"cp={layout.cp}: M-RoPE under context parallelism is not supported; use cp=1")
     if problems:
         raise ValueError(f"layout {layout} cannot split this model: " + "; ".join(problems))
     layout.stage_layer_counts(dims.num_layers)  # raises on an impossible pipeline split
+    deepstack = dims.vision.deepstack_layers if dims.vision is not None else 0
+    if deepstack > len(layout.chunk_layers(dims.num_layers, 0, 0)):
+        raise ValueError(f"layout {layout} cannot split this model: the first {deepstack} layers take the vision "
+                         "tower's DeepStack features and must be on the first pipeline stage (chunk); give it more "
+                         "layers (num_layers_in_first_pipeline_stage)")
 
 
 def _layer_param(family: FamilySpec, dims: ModelDims, param: ParamMap, layer: int, impl: str) -> ParamMap:
@@ -156,6 +164,10 @@ def chunk_params(
     params: list[ModelParam] = []
     if first:
         params.append(ModelParam(EMBEDDING, EMBEDDING, embedding))
+        if dims.vision is not None:
+            for name, shape in dims.vision.tensors:
+                tower = Replicated(HFTensor(dims.vision.hf_prefix + name, shape))
+                params.append(ModelParam(VISION_TOWER + name, VISION_TOWER + name, tower))
     for local, layer in enumerate(layout.chunk_layers(dims.num_layers, pp_stage, vpp_chunk)):
         for param in family.layer_params(dims, layer):
             param = _layer_param(family, dims, param, layer, transformer_impl)
@@ -185,7 +197,17 @@ def chunk_params(
         elif not first:
             # Tied embeddings across stages: the last stage keeps a copy of the embedding.
             params.append(ModelParam(OUTPUT_LAYER, OUTPUT_LAYER, embedding, primary=False))
+    if dims.hf_prefix != "model.":
+        params = [replace(p, mapping=renamed(p.mapping, lambda name: language_name(dims, name))) for p in params]
     return params
+
+
+def language_name(dims: ModelDims, name: str) -> str:
+    """The checkpoint name of a language-model tensor the family's maps name under ``model.``
+    (``ModelDims.hf_prefix``: Qwen3-VL's ``model.language_model.``); other names are kept."""
+    if name.startswith("model.") and not (dims.vision is not None and name.startswith(dims.vision.hf_prefix)):
+        return dims.hf_prefix + name[len("model."):]
+    return name
 
 
 def _full(shape: tuple[int, ...]) -> tuple[slice, ...]:

@@ -13,7 +13,8 @@ A vLLM layer keeps, on TP rank ``r``, one region of each HF tensor it loads
 * ``whole``: sent whole to every rank, whose vLLM loader keeps a part that is not one region: the
   gated DeltaNet's ``conv1d`` and Qwen3.5's ``in_proj_qkv``, whose q, k and v row blocks vLLM splits
   over TP each on its own (``mamba_v2_sharded_weight_loader``; a ``MergedColumnParallelLinear`` with
-  output sizes ``[key_dim, key_dim, value_dim]``).
+  output sizes ``[key_dim, key_dim, value_dim]``); and a vision-language model's vision tower, which
+  megarl replicates and vLLM splits with its own layers' loaders.
 
 The split follows from the megatron mapping of the same tensor (``megarl.models.mappings``):
 a megatron split along dim 0 is column-parallel in vLLM as well, along dim 1 row-parallel, a fused
@@ -110,7 +111,10 @@ def vllm_splits(hf_config_or_dir: PretrainedConfig | str) -> dict[str, VllmSplit
                          "sends them unpacked; the bridge loads, trains and exports it (save_hf_checkpoint), a vLLM engine "
                          "cannot receive its weights yet: use megarl's Hugging Face rollout backend "
                          "(actor_rollout_ref.rollout.name=hf), which takes them unpacked")
-    return splits_of_params(chunk_params(dims, family, ParallelLayout(), 0, 0, "actor"), family)
+    splits = splits_of_params(chunk_params(dims, family, ParallelLayout(), 0, 0, "actor"), family)
+    if dims.vision is not None:  # megarl replicates the vision tower; vLLM splits it over TP with its own loaders
+        splits.update({name: VllmSplit("whole") for name in splits if name.startswith(dims.vision.hf_prefix)})
+    return splits
 
 
 def splits_of_params(params, family) -> dict[str, VllmSplit]:

@@ -113,3 +113,11 @@ def build_zoo(root: Path) -> Path:
 @pytest.fixture(scope="session")
 def model_zoo(tmp_path_factory) -> Path:
     return build_zoo(tmp_path_factory.mktemp("model_zoo"))
+
+
+@pytest.fixture(scope="session")
+def vision_zoo(tmp_path_factory) -> Path:
+    """Tiny Qwen2.5-VL / Qwen3-VL checkpoints, an image + text batch and HF's logits (``vision_fixture``)."""
+    from tests.models.vision_fixture import make_vision_zoo
+
+    return make_vision_zoo(tmp_path_factory.mktemp("vision_zoo"))

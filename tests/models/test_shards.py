@@ -15,7 +15,8 @@ from transformers import LlamaConfig, MixtralConfig
 from megarl.models.published import published_config_dir
 from megarl.models import (FAMILIES, ParallelLayout, family_for, hf_tensor_shapes, load_hf_config, model_dims, param_shards,
                            rank_shards)
-from megarl.devtools.tiny_model import build_config
+from megarl.devtools.tiny_model import build_config, build_tokenizer
+from megarl.devtools.tiny_vision import VISION_LANGUAGE_FAMILIES, vision_token_ids
 
 
 def _box(slices):
@@ -71,7 +72,8 @@ MOE_LAYOUTS = [ParallelLayout(ep=2), ParallelLayout(ep=4), ParallelLayout(tp=2, 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("tied", [False, True])
 def test_tiny_families_are_covered_exactly(family, tied):
-    config = build_config(family, "small", tie_word_embeddings=tied)
+    ids = vision_token_ids(build_tokenizer(family)) if family in VISION_LANGUAGE_FAMILIES else None
+    config = build_config(family, "small", tie_word_embeddings=tied, special_token_ids=ids)
     layouts = TINY_LAYOUTS + [ParallelLayout(pp=2, vpp=2), ParallelLayout(tp=2, pp=2, vpp=2)]
     if family in ("qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5_moe"):
         layouts += MOE_LAYOUTS

@@ -40,6 +40,11 @@ it states in the ``ModelDims`` its ``read_dims`` returns; the bridge applies it.
 
 The top-level parameters (embedding, final norm, output layer or value head) use the standard HF
 names and live in ``megarl.models.shards``.
+
+A vision-language family (Qwen2.5-VL, Qwen3-VL) reuses its language model's family and says the rest in
+its ``ModelDims`` (``megarl.models.vision.vision_language_dims``): ``hf_prefix``, where the checkpoint keeps
+the language model (every name the maps give under ``model.`` moves there), ``mrope`` and ``vision``, the
+tower whose tensors ``megarl.models.shards`` adds to the first chunk under ``visual.``.
 """
 from __future__ import annotations
 
