@@ -122,6 +122,10 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
         except ValueError as exc:
             problems.append(Problem(f"{key}.* for actor_rollout_ref.model.path={arr.model.path}: {exc}; pick "
                                     "parallel sizes that divide these counts", key=f"{key}.tensor_model_parallel_size"))
+    if arr.actor.freeze_vision_tower and dims.vision is None:
+        problems.append(Problem(f"actor_rollout_ref.actor.freeze_vision_tower=True: actor_rollout_ref.model.path="
+                                f"{arr.model.path} has no vision tower (a text model); leave it False",
+                                key="actor_rollout_ref.actor.freeze_vision_tower"))
     ep = arr.rollout.expert_parallel_size
     if ep > 1 and (dims.moe is None or ep > dims.moe.num_experts):
         what = "has no routed experts" if dims.moe is None else f"has {dims.moe.num_experts} routed experts"
