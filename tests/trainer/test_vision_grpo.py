@@ -14,7 +14,7 @@ import math
 import pytest
 
 from megarl.checks import load_config
-from tests.trainer.test_e2e import VARIED_REWARD, overrides, quickstart_inputs, scalars  # noqa: F401 (a fixture)
+from tests.trainer.test_e2e import VARIED_REWARD, overrides, scalars
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ STEPS = 2
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_grpo_on_images_keeps_the_trainer_and_the_fleet_in_step(family, quickstart_inputs, tmp_path):  # noqa: F811
+def test_grpo_on_images_keeps_the_trainer_and_the_fleet_in_step(family, quickstart_inputs, tmp_path):
     from megarl.devtools.tiny_model import make_tiny_model
     from megarl.devtools.visual_task import write_shape_parquet
     from megarl.run.train import run
