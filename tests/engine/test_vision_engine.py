@@ -1,4 +1,5 @@
-"""The engine on image samples (``RLBatch.multi_modal_inputs``), in this process at TP=PP=1, against Hugging Face.
+"""The engine on image samples (``RLBatch.multi_modal_inputs``) against Hugging Face: in this process at
+TP=PP=1, and in one torchrun launch (2 ranks) at TP=2 + SP, PP=2 (padded and packed) and DP=2.
 
 The batch (``_vision_engine_data``) mixes image and text samples in verl's layout (left-padded prompts,
 right-padded responses). The actor's log-prob pass (``compute_log_prob``, the call the trainer makes) must give
@@ -11,11 +12,13 @@ import torch
 import _engine_data as _data
 import _engine_hf
 import _vision_engine_data as _vision
+from _engine_launch import run_worker
 from megarl.engine import MegatronActor
 from megarl.models import ParallelLayout, build_model
 from tests.models.test_bridge_tp1 import world  # noqa: F401  (the TP=1 process group)
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(400)
+WORKER = __import__("pathlib").Path(__file__).with_name("_vision_engine_worker.py")
 
 TOLERANCE = 1e-5
 
@@ -29,8 +32,27 @@ def vision_work(tmp_path_factory):
     for family in _vision.FAMILIES:
         make_tiny_model(family, "tiny", root / family, seed=0)
         batch = _vision.image_batch(root / family, family)
-        cases[family] = {"batch": batch, "hf": _vision.hf_log_probs(root / family, batch)}
+        hf = _vision.hf_log_probs(root / family, batch)
+        cases[family] = {"batch": batch, "hf": hf, "trained": _data.with_behaviour_log_probs(batch, hf)}
+    torch.save({"batches": {family: case["trained"] for family, case in cases.items()}}, root / "batch.pt")
     return root, cases
+
+
+@pytest.fixture(scope="module")
+def hf_steps(vision_work):
+    """HF's training step (pg_loss, grad norm) per family on the batch with old/ref log-probs."""
+
+    from tests.models.vision_fixture import hf_model
+
+    root, cases = vision_work
+    original, steps = _engine_hf.load_causal_lm, {}
+    try:
+        for family, case in cases.items():
+            _engine_hf.load_causal_lm = lambda path, batch=case["trained"]: _vision.WithImages(hf_model(path), batch)
+            steps[family] = _engine_hf.hf_training_steps(root / family, [case["trained"]], _data.LOSS, _data.OPTIM)
+    finally:
+        _engine_hf.load_causal_lm = original
+    return steps
 
 
 def _actor(checkpoint, **settings):
@@ -57,17 +79,33 @@ def test_without_the_images_the_log_probs_differ(world, vision_work):
     assert (log_probs - cases["qwen2_5_vl"]["hf"]).abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("family", _vision.FAMILIES)
-def test_an_update_step_matches_hugging_face(world, vision_work, family, monkeypatch):
-    from tests.models.vision_fixture import hf_model
-
-    root, cases = vision_work
-    batch = _data.with_behaviour_log_probs(cases[family]["batch"], cases[family]["hf"])
-    monkeypatch.setattr(_engine_hf, "load_causal_lm", lambda path: _vision.WithImages(hf_model(path), batch))
-    expected = _engine_hf.hf_training_steps(root / family, [batch], _data.LOSS, _data.OPTIM)
-    metrics = _actor(root / family, micro_batch_size=2).update_policy(batch)
+def _assert_step_matches(metrics, expected):
     assert metrics["actor/pg_loss"] == pytest.approx(expected["pg_losses"][0], rel=1e-5, abs=1e-6)
     assert metrics["actor/grad_norm"] == pytest.approx(expected["grad_norms"][0], rel=1e-4)
+
+
+@pytest.mark.parametrize("family", _vision.FAMILIES)
+def test_an_update_step_matches_hugging_face(world, vision_work, hf_steps, family):
+    root, cases = vision_work
+    metrics = _actor(root / family, micro_batch_size=2).update_policy(cases[family]["trained"])
+    _assert_step_matches(metrics, hf_steps[family])
+
+
+@pytest.fixture(scope="module")
+def distributed(vision_work):
+    return run_worker(vision_work[0], "vision", processes=2, timeout=380, worker=WORKER)
+
+
+SCENARIOS = [f"{family}/{layout}" for family in _vision.FAMILIES for layout in ("tp2_sp", "pp2_padded", "pp2_packed", "dp2")]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_log_prob_pass_and_an_update_match_hugging_face_on_two_ranks(vision_work, hf_steps, distributed, scenario):
+    family = scenario.split("/")[0]
+    result = distributed[scenario]
+    assert (result["log_probs"] - vision_work[1][family]["hf"]).abs().max().item() <= TOLERANCE
+    _assert_step_matches(result["metrics"], hf_steps[family])
 
 
 def test_a_text_model_refuses_a_batch_with_images(world, vision_work, tmp_path):
