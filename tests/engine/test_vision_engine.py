@@ -118,3 +118,31 @@ def test_a_text_model_refuses_a_batch_with_images(world, vision_work, tmp_path):
     _actor(tmp_path / "text").compute_log_prob(text_only)  # the same rows without images run
     with pytest.raises(ValueError, match="carries images .* text model"):
         _actor(tmp_path / "text").compute_log_prob(batch.with_fields(input_ids=text_only.input_ids))
+
+
+def test_the_reference_pass_gives_hugging_faces_log_probs(world, vision_work):
+    from megarl.engine import BatchSettings, MegatronReference
+
+    root, cases = vision_work
+    reference = MegatronReference(build_model(root / "qwen3_vl", ParallelLayout(), "ref"), BatchSettings(micro_batch_size=2))
+    log_probs = reference.compute_ref_log_prob(cases["qwen3_vl"]["batch"])
+    assert (log_probs - cases["qwen3_vl"]["hf"]).abs().max().item() <= TOLERANCE
+
+
+def test_critic_values_see_the_images(world, vision_work):
+    """A vision-language critic (the actor's checkpoint, a fresh value head): packed and padded values agree, and
+    blank images change them."""
+    from megarl.engine import BatchSettings, CriticSettings, MegatronCritic
+
+    root, cases = vision_work
+    batch = cases["qwen2_5_vl"]["batch"]
+    values = {}
+    for packed in (True, False):
+        settings = CriticSettings(train=BatchSettings(micro_batch_size=2, use_remove_padding=packed),
+                                  values=BatchSettings(micro_batch_size=3, use_remove_padding=packed))
+        critic = MegatronCritic(build_model(root / "qwen2_5_vl", ParallelLayout(), "critic"), settings)
+        values[packed] = critic.compute_values(batch)
+    blank = [{k: torch.zeros_like(v) if k == "pixel_values" else v for k, v in s.items()} for s in batch.multi_modal_inputs]
+    blanked = critic.compute_values(batch.with_fields(multi_modal_inputs=blank))
+    assert (values[True] - values[False]).abs().max().item() <= TOLERANCE
+    assert (blanked - values[False]).abs().max().item() > 1e-4
