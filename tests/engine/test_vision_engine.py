@@ -6,6 +6,8 @@ right-padded responses). The actor's log-prob pass (``compute_log_prob``, the ca
 HF's log-probs of the response tokens, packed (``use_remove_padding``) and padded, with micro-batches that split
 the images; one update step's pg_loss and gradient norm must equal a direct HF step (vision tower included).
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -55,17 +57,27 @@ def hf_steps(vision_work):
     return steps
 
 
-def _actor(checkpoint, **settings):
-    return MegatronActor(build_model(checkpoint, ParallelLayout(), "actor"), _data.actor_settings(**settings))
+def _actor(checkpoint, dynamic: bool = False, **settings):
+    """The actor at TP1; ``dynamic``: token-budget micro-batches (``use_dynamic_bsz``) for both passes, 100
+    tokens for samples of 16..51: packed [[0, 3], [1, 2]] (out of order), padded [[0], [1], [2, 3]]."""
+    settings = _data.actor_settings(**settings)
+    if dynamic:
+        budget = 100
+        settings = dataclasses.replace(
+            settings, train=dataclasses.replace(settings.train, use_dynamic_bsz=True, max_token_len=budget),
+            log_prob=dataclasses.replace(settings.log_prob, use_dynamic_bsz=True, max_token_len=budget))
+    return MegatronActor(build_model(checkpoint, ParallelLayout(), "actor"), settings)
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+@pytest.mark.parametrize("packed, dynamic", [(True, False), (False, False), (True, True), (False, True)],
+                         ids=["packed", "padded", "packed_dynamic", "padded_dynamic"])
 @pytest.mark.parametrize("family", _vision.FAMILIES)
-def test_the_log_prob_pass_gives_hugging_faces_log_probs(world, vision_work, family, packed):
+def test_the_log_prob_pass_gives_hugging_faces_log_probs(world, vision_work, family, packed, dynamic):
     root, cases = vision_work
     batch, expected = cases[family]["batch"], cases[family]["hf"]
     assert batch.has_images() and not all(batch.multi_modal_inputs)  # image and text samples mixed
-    log_probs, _ = _actor(root / family, packed=packed).compute_log_prob(batch)  # micro-batches of 3: [0, 1, 2], [3]
+    # fixed micro-batches of 3: [0, 1, 2], [3]; token budgets: the samples dealt out of order
+    log_probs, _ = _actor(root / family, dynamic, packed=packed).compute_log_prob(batch)
     assert (log_probs - expected).abs().max().item() <= TOLERANCE
     assert (log_probs != 0).sum() == batch.attention_mask[:, batch.prompt_length:].sum()
 
@@ -84,10 +96,11 @@ def _assert_step_matches(metrics, expected):
     assert metrics["actor/grad_norm"] == pytest.approx(expected["grad_norms"][0], rel=1e-4)
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed", "dynamic"])
 @pytest.mark.parametrize("family", _vision.FAMILIES)
-def test_an_update_step_matches_hugging_face(world, vision_work, hf_steps, family):
+def test_an_update_step_matches_hugging_face(world, vision_work, hf_steps, family, dynamic):
     root, cases = vision_work
-    metrics = _actor(root / family, micro_batch_size=2).update_policy(cases[family]["trained"])
+    metrics = _actor(root / family, dynamic, micro_batch_size=2).update_policy(cases[family]["trained"])
     _assert_step_matches(metrics, hf_steps[family])
 
 
