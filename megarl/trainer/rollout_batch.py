@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from megarl.engine.batch import RLBatch
+from megarl.engine.batch import RLBatch, concat_multi_modal_inputs
 
 PROMPT_COLUMNS = ("prompt_ids", "prompt_text", "raw_prompt", "agent_name", "data_source", "ground_truth", "extra_info",
                   "images")
@@ -90,11 +90,8 @@ def concat_step_data(parts: Sequence[StepData]) -> StepData:
         ids.append(pad(b.input_ids, sides))
         attention.append(pad(b.attention_mask, sides))
         mask.append(pad(b.response_mask, (0, sides[1])))
-    pixels = [p.batch.multi_modal_inputs for p in parts]
-    joined_pixels = None if all(x is None for x in pixels) else [
-        inputs for p, x in zip(parts, pixels) for inputs in (x if x is not None else [{}] * len(p))]
     batch = RLBatch(input_ids=torch.cat(ids), attention_mask=torch.cat(attention), response_mask=torch.cat(mask),
-                    multi_modal_inputs=joined_pixels)
+                    multi_modal_inputs=concat_multi_modal_inputs([p.batch for p in parts]))
     joined = {}
     for name in parts[0].fields:
         values = [p.fields[name] for p in parts]
