@@ -17,9 +17,9 @@ import _vision_engine_data as _vision
 from _engine_launch import run_worker
 from megarl.engine import MegatronActor
 from megarl.models import ParallelLayout, build_model
-from tests.models.test_bridge_tp1 import world  # noqa: F401  (the TP=1 process group)
+from tests.models.test_bridge_tp1 import world  # noqa: F401  (the TP=1 process group: pytestmark)
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.usefixtures("world")]
 WORKER = __import__("pathlib").Path(__file__).with_name("_vision_engine_worker.py")
 
 TOLERANCE = 1e-5
@@ -72,7 +72,7 @@ def _actor(checkpoint, dynamic: bool = False, **settings):
 @pytest.mark.parametrize("packed, dynamic", [(True, False), (False, False), (True, True), (False, True)],
                          ids=["packed", "padded", "packed_dynamic", "padded_dynamic"])
 @pytest.mark.parametrize("family", _vision.FAMILIES)
-def test_the_log_prob_pass_gives_hugging_faces_log_probs(world, vision_work, family, packed, dynamic):
+def test_the_log_prob_pass_gives_hugging_faces_log_probs(vision_work, family, packed, dynamic):
     root, cases = vision_work
     batch, expected = cases[family]["batch"], cases[family]["hf"]
     assert batch.has_images() and not all(batch.multi_modal_inputs)  # image and text samples mixed
@@ -82,7 +82,7 @@ def test_the_log_prob_pass_gives_hugging_faces_log_probs(world, vision_work, fam
     assert (log_probs != 0).sum() == batch.attention_mask[:, batch.prompt_length:].sum()
 
 
-def test_without_the_images_the_log_probs_differ(world, vision_work):
+def test_without_the_images_the_log_probs_differ(vision_work):
     """The pixels reach the model: the same ids with the images zeroed give other log-probs."""
     root, cases = vision_work
     batch = cases["qwen2_5_vl"]["batch"]
@@ -98,7 +98,7 @@ def _assert_step_matches(metrics, expected):
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["fixed", "dynamic"])
 @pytest.mark.parametrize("family", _vision.FAMILIES)
-def test_an_update_step_matches_hugging_face(world, vision_work, hf_steps, family, dynamic):
+def test_an_update_step_matches_hugging_face(vision_work, hf_steps, family, dynamic):
     root, cases = vision_work
     metrics = _actor(root / family, dynamic, micro_batch_size=2).update_policy(cases[family]["trained"])
     _assert_step_matches(metrics, hf_steps[family])
@@ -121,7 +121,7 @@ def test_the_log_prob_pass_and_an_update_match_hugging_face_on_two_ranks(vision_
     _assert_step_matches(result["metrics"], hf_steps[family])
 
 
-def test_a_text_model_refuses_a_batch_with_images(world, vision_work, tmp_path):
+def test_a_text_model_refuses_a_batch_with_images(vision_work, tmp_path):
     from megarl.devtools.tiny_model import make_tiny_model
 
     make_tiny_model("qwen2", "tiny", tmp_path / "text", seed=0)
@@ -133,7 +133,7 @@ def test_a_text_model_refuses_a_batch_with_images(world, vision_work, tmp_path):
         _actor(tmp_path / "text").compute_log_prob(batch.with_fields(input_ids=text_only.input_ids))
 
 
-def test_the_reference_pass_gives_hugging_faces_log_probs(world, vision_work):
+def test_the_reference_pass_gives_hugging_faces_log_probs(vision_work):
     from megarl.engine import BatchSettings, MegatronReference
 
     root, cases = vision_work
@@ -142,7 +142,7 @@ def test_the_reference_pass_gives_hugging_faces_log_probs(world, vision_work):
     assert (log_probs - cases["qwen3_vl"]["hf"]).abs().max().item() <= TOLERANCE
 
 
-def test_critic_values_see_the_images(world, vision_work):
+def test_critic_values_see_the_images(vision_work):
     """A vision-language critic (the actor's checkpoint, a fresh value head): packed and padded values agree, and
     blank images change them."""
     from megarl.engine import BatchSettings, CriticSettings, MegatronCritic
