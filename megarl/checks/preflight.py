@@ -122,6 +122,14 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
         except ValueError as exc:
             problems.append(Problem(f"{key}.* for actor_rollout_ref.model.path={arr.model.path}: {exc}; pick "
                                     "parallel sizes that divide these counts", key=f"{key}.tensor_model_parallel_size"))
+    if dims.vision is not None:  # what does not read images yet (each would score the image tokens without pixels)
+        for on, key, feature in ((cfg.distillation.enabled, "distillation.enabled=True", "distillation teachers that "
+                                  "read images"), (cfg.reward_model.enable, "reward_model.enable=True",
+                                                   "reward models that read images")):
+            if on:
+                problems.append(refusal(key, f"{feature} (for the vision-language actor {arr.model.path})",
+                                        "score with a rule reward or a custom reward function (verl's signature), "
+                                        "which see the response text and the row's ground truth", issue=28))
     if arr.actor.freeze_vision_tower and dims.vision is None:
         problems.append(Problem(f"actor_rollout_ref.actor.freeze_vision_tower=True: actor_rollout_ref.model.path="
                                 f"{arr.model.path} has no vision tower (a text model); leave it False",
