@@ -328,7 +328,7 @@ class EngineReplica(GatedReplica):
             if self.lora_request is not None and self.lora_request.lora_int_id != request.lora_int_id:
                 await self.engine.remove_lora(self.lora_request.lora_int_id)
             self.lora_request = request
-            await self.engine.reset_prefix_cache()
+            await self._drop_stale_caches()
             self.weights.version, self.weights.stale = int(version), None
         except BaseException as exc:
             self.weights.stale = f"LoRA adapter update to version {version} failed: {exc}"
@@ -348,7 +348,14 @@ class EngineReplica(GatedReplica):
         return None
 
     async def _after_receive(self) -> None:
-        await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        await self._drop_stale_caches()
+
+    async def _drop_stale_caches(self) -> None:
+        """After new weights: cached KV blocks, and a vision-language model's cached image embeddings (its
+        encoder cache), were computed with the old ones."""
+        await self.engine.reset_prefix_cache()
+        if self.image_token_id is not None:
+            await self.engine.reset_encoder_cache()
 
     async def sync_close(self) -> None:
         if self.engine is not None:
