@@ -343,6 +343,9 @@ class EngineReplica(GatedReplica):
 
     async def _after_receive(self) -> None:
         await self.engine.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        # and so were the cached vision-tower outputs of images (an image sent again would reuse them; after
+        # vLLM's reload its runner has dropped them while the scheduler still counts them: "Encoder cache miss")
+        await self.engine.reset_encoder_cache()
 
     async def sync_close(self) -> None:
         if self.engine is not None:
