@@ -50,3 +50,20 @@ def test_the_vision_tower_is_counted_whole_on_each_tp_rank_of_the_first_stage(ti
     first, last = model.stage_params(layout, 0), model.stage_params(layout, 1)
     assert sum(p.numel for p in first.params if p.name.startswith("visual.")) == model.vision_params
     assert not any(p.name.startswith("visual.") for p in last.params)
+
+
+def test_the_report_names_the_vision_tower(tiny, tmp_path):
+    from megarl.checks import load_config
+    from megarl.plan import gpu, plan_config
+    from megarl.plan.report import as_dict, render
+
+    model = tiny["qwen3_vl"]
+    path = tmp_path / "qwen3_vl"
+    model.hf_config.save_pretrained(path)
+    cfg = load_config(None, ["data.train_files=x.parquet", f"actor_rollout_ref.model.path={path}",
+                             "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "algorithm.adv_estimator=grpo",
+                             "actor_rollout_ref.rollout.n=2"])
+    plan = plan_config(cfg, gpu("H100"))
+    assert as_dict(plan)["model"]["vision_parameters"] == model.vision_params > 0
+    assert "the vision tower (whole on each TP rank of the first stage)" in render(plan)
