@@ -1,6 +1,6 @@
 """Suite-wide settings (one thread per process: 2-core machines oversubscribe 40-fold otherwise;
 no hub), the split into light and heavy tests (tests/process_guard.py) and the suite-wide real
-checkpoint fixture ``smollm2``."""
+checkpoint fixture ``smollm2`` and the quickstart's model and data, ``quickstart_inputs``."""
 import os
 
 import pytest
@@ -27,3 +27,13 @@ def smollm2():
         return pretrained_model("smollm2")
     except PretrainedError as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def quickstart_inputs(tmp_path_factory):
+    """The quickstart's arithmetic data and its format-warmed tiny model (``megarl.run.quickstart.prepare``:
+    ``{"data": dir, "model": dir}``), built once per session (3-5 s on 2 cores) for the eight modules
+    that train on it. Read-only: a test that changes a file copies the model first."""
+    from megarl.run.quickstart import prepare
+
+    return prepare(tmp_path_factory.mktemp("quickstart"))

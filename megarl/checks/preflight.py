@@ -111,11 +111,21 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
 
     problems += router_replay.model_problems(cfg, dims)
     key = "actor_rollout_ref.actor.megatron"
-    try:
-        check_layout(dims, layout_from_config(arr.actor.megatron, dims.num_layers))
-    except ValueError as exc:
-        problems.append(Problem(f"{key}.* for actor_rollout_ref.model.path={arr.model.path}: {exc}; pick parallel "
-                                "sizes that divide these counts", key=f"{key}.tensor_model_parallel_size"))
+    cp = arr.actor.megatron.context_parallel_size
+    if dims.mrope is not None and cp > 1:  # a feature megarl lacks, not a layout that cannot split
+        problems.append(refusal(f"{key}.context_parallel_size={cp}", "context parallelism for vision-language "
+                                "models (M-RoPE positions)", "set context_parallel_size=1; a long image prompt "
+                                "fits with more tensor or pipeline parallelism", issue=28))
+    else:
+        try:
+            check_layout(dims, layout_from_config(arr.actor.megatron, dims.num_layers))
+        except ValueError as exc:
+            problems.append(Problem(f"{key}.* for actor_rollout_ref.model.path={arr.model.path}: {exc}; pick "
+                                    "parallel sizes that divide these counts", key=f"{key}.tensor_model_parallel_size"))
+    if arr.actor.freeze_vision_tower and dims.vision is None:
+        problems.append(Problem(f"actor_rollout_ref.actor.freeze_vision_tower=True: actor_rollout_ref.model.path="
+                                f"{arr.model.path} has no vision tower (a text model); leave it False",
+                                key="actor_rollout_ref.actor.freeze_vision_tower"))
     ep = arr.rollout.expert_parallel_size
     if ep > 1 and (dims.moe is None or ep > dims.moe.num_experts):
         what = "has no routed experts" if dims.moe is None else f"has {dims.moe.num_experts} routed experts"

@@ -277,6 +277,9 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     grad_clip: float = 1.0
+    # a vision-language model's vision tower (and merger) stays as loaded: no gradients, no optimizer
+    # state, not in the weight sync (the engines keep the checkpoint's, the same weights)
+    freeze_vision_tower: bool = False
     # verl's megatron actor key. None: the separate old-log-prob pass runs only when needed (several
     # updates per batch, KL in the reward, dropout); on-policy the update's own forward gives them.
     # True: always run it. False: never (an error where they are needed). See validate.old_log_prob_pass.

@@ -246,8 +246,6 @@ RULES: tuple[Rule, ...] = ALIASES + (
             "the critic scores the actor's token ids", off=lambda value, get: value == get(f"{MODEL}.custom_chat_template")),
     Noted(("critic.model.lora.merge",), "the critic's weights never reach a rollout engine: lora.merge applies to "
           "the actor's adapters only"),
-    Refused((f"{ACTOR}.freeze_vision_tower",), "vision-language models",
-            "megarl trains text-only causal LMs", off=(False,)),
     Noted(("data.image_patch_size",), "megarl resizes each image once, by the model's image processor (the patch "
           "size, merge size and min/max pixels of its preprocessor_config.json); verl's pre-resize to multiples of "
           "2 x data.image_patch_size is not done"),

@@ -27,7 +27,7 @@ Modules, one concept each:
   disk_space     room for a checkpoint, checked before a save and named when one runs out
 """
 from megarl.engine.actor import MegatronActor
-from megarl.engine.batch import PER_TOKEN_FIELDS, RLBatch, data_parallel_shard
+from megarl.engine.batch import PER_TOKEN_FIELDS, RLBatch, concat_multi_modal_inputs, data_parallel_shard
 from megarl.engine.batching import (balanced_partitions, fixed_micro_batches, mini_batches, restore_order,
                                    token_budget_micro_batches)
 from megarl.engine.checkpoint import (checkpoint_contents, checkpoint_dir, checkpoint_extra, checkpoint_problems,
@@ -54,6 +54,7 @@ __all__ = [
     "PER_TOKEN_FIELDS",
     "PolicyLossSettings",
     "RLBatch",
+    "concat_multi_modal_inputs",
     "UnsafeCheckpointError",
     "balanced_partitions",
     "checkpoint_contents",

@@ -7,7 +7,11 @@ count in losses (usually the response's attention mask; multi-turn data may mask
 Per-token RL fields (old/ref/rollout/teacher log-probs, advantages, returns, values, rollout importance
 weights) are ``[B, R]``, aligned with ``responses``; the MoE routing table of router replay,
 ``routed_experts``, is ``[B, T, layers, top-k]``, aligned with ``input_ids``; a distillation teacher's
-top-k (``teacher_topk_ids`` / ``_log_probs``) is ``[B, R, k]``.
+top-k (``teacher_topk_ids`` / ``_log_probs``) is ``[B, R, k]``. A vision-language batch carries each
+sample's pixel inputs in ``multi_modal_inputs`` (verl's name), a list of B dicts
+``{"pixel_values": [patches, D], "image_grid_thw": [images, 3]}`` (the processor's output for that sample's
+images, in prompt order; ``{}`` for a text sample); None for a text-only batch. Its prompt ids hold each
+image's tokens expanded; the response never holds an image.
 
 The engine never feeds this padded layout to the model directly: ``packing`` packs the samples'
 real tokens into one row (or, with ``use_remove_padding=False``, left-aligns each row), see there.
@@ -39,6 +43,7 @@ class RLBatch:
     teacher_topk_ids: torch.Tensor | None = None  # [B, R, k] the teacher's top-k tokens at each response position
     teacher_topk_log_probs: torch.Tensor | None = None  # [B, R, k] their log-probs (top-k distillation losses)
     routed_experts: torch.Tensor | None = None  # [B, P + R, layers, top-k] int16 MoE routing to replay (router_replay)
+    multi_modal_inputs: list[dict[str, torch.Tensor]] | None = None  # B dicts: pixel_values, image_grid_thw ({}: text)
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2 or self.input_ids.dtype not in (torch.int32, torch.int64):
@@ -72,6 +77,8 @@ class RLBatch:
                                                 or self.routed_experts.shape[:2] != self.input_ids.shape):
             raise ValueError(f"routed_experts {tuple(self.routed_experts.shape)} must be [batch, tokens, layers, top-k] "
                              f"with the batch and tokens of input_ids {tuple(self.input_ids.shape)}")
+        if self.multi_modal_inputs is not None:
+            check_multi_modal_inputs(self.multi_modal_inputs, batch_size)
         outside = self.response_mask.bool() & ~self.attention_mask[:, self.prompt_length :].bool()
         if bool(outside.any()):
             raise ValueError("response_mask marks padding tokens (attention_mask 0) as trainable; it must be 0 there")
@@ -129,7 +136,10 @@ class RLBatch:
         picked = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            picked[f.name] = None if value is None else value.index_select(0, index)
+            if f.name == "multi_modal_inputs" and value is not None:
+                picked[f.name] = [value[i] for i in index.tolist()]
+            else:
+                picked[f.name] = None if value is None else value.index_select(0, index)
         return RLBatch(**picked)
 
     def with_fields(self, **values: torch.Tensor) -> "RLBatch":
@@ -144,7 +154,55 @@ class RLBatch:
 
     def to(self, device: torch.device | str) -> "RLBatch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return RLBatch(**{name: None if value is None else value.to(device) for name, value in moved.items()})
+        images = moved.pop("multi_modal_inputs")
+        if images is not None:
+            images = [{key: tensor.to(device) for key, tensor in sample.items()} for sample in images]
+        return RLBatch(**{name: None if value is None else value.to(device) for name, value in moved.items()},
+                       multi_modal_inputs=images)
+
+    def has_images(self) -> bool:
+        """Whether any sample carries pixel inputs."""
+        return self.multi_modal_inputs is not None and any(self.multi_modal_inputs)
+
+    def pixel_inputs(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The samples' ``pixel_values`` and ``image_grid_thw`` concatenated in row order (the order in
+        which the model writes images over the image tokens, padded or packed); None without images."""
+        if not self.has_images():
+            return None
+        samples = [sample for sample in self.multi_modal_inputs if sample]
+        return (torch.cat([sample["pixel_values"] for sample in samples]),
+                torch.cat([sample["image_grid_thw"] for sample in samples]))
+
+
+MULTI_MODAL_KEYS = ("pixel_values", "image_grid_thw")
+
+
+def check_multi_modal_inputs(samples: list, batch_size: int) -> None:
+    """Raise a ValueError naming the sample whose pixel inputs do not fit the field's contract."""
+    if not isinstance(samples, (list, tuple)) or len(samples) != batch_size:
+        raise ValueError(f"multi_modal_inputs must be a list of {batch_size} dicts (one per sample, {{}} for a text "
+                         f"sample), got {type(samples).__name__} of {len(samples) if hasattr(samples, '__len__') else '?'}")
+    for row, sample in enumerate(samples):
+        if not isinstance(sample, dict) or (sample and set(sample) != set(MULTI_MODAL_KEYS)):
+            raise ValueError(f"multi_modal_inputs[{row}] must be {{}} or a dict with exactly the keys "
+                             f"{MULTI_MODAL_KEYS}, got {sorted(sample) if isinstance(sample, dict) else type(sample).__name__}")
+        if not sample:
+            continue
+        pixels, grid = sample["pixel_values"], sample["image_grid_thw"]
+        if grid.dim() != 2 or grid.shape[1] != 3 or grid.shape[0] < 1:
+            raise ValueError(f"multi_modal_inputs[{row}]['image_grid_thw'] must be [images >= 1, 3], got {tuple(grid.shape)}")
+        patches = int(grid.long().prod(dim=1).sum())
+        if pixels.dim() != 2 or pixels.shape[0] != patches:
+            raise ValueError(f"multi_modal_inputs[{row}]['pixel_values'] {tuple(pixels.shape)} must be [patches, D] with "
+                             f"patches = sum(t*h*w) of its image_grid_thw = {patches}")
+
+
+def concat_multi_modal_inputs(batches: list[RLBatch]) -> list[dict[str, torch.Tensor]] | None:
+    """The ``multi_modal_inputs`` of ``batches`` joined in order (rows of a text-only batch: ``{}``), for code
+    that concatenates batches' rows; None when no batch has the field."""
+    if all(b.multi_modal_inputs is None for b in batches):
+        return None
+    return [sample for b in batches for sample in (b.multi_modal_inputs or [{}] * len(b))]
 
 
 def data_parallel_shard(batch: RLBatch, dp_rank: int, dp_size: int) -> RLBatch:

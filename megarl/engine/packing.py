@@ -41,6 +41,9 @@ class ModelInputs:
     source: torch.Tensor | None = None  # [rows, S] flat index into the batch's [B * T] tokens; -1: padding
     packed_seq_params: object | None = None  # megatron's PackedSeqParams (packed layout)
     cp_group: object | None = None  # the CP group when CP > 1 (scatter_response sums over it)
+    image_mask: torch.Tensor | None = None  # [rows, S] bool: the prompts' image tokens (vision-language models)
+    pixel_values: torch.Tensor | None = None  # [patches, D] the micro-batch's images in row (packing) order
+    image_grid_thw: torch.Tensor | None = None  # [images, 3]
 
     @property
     def global_length(self) -> int:
@@ -134,19 +137,45 @@ def packed_row(batch: RLBatch, cp_size: int = 1, cp_rank: int = 0, cp_group=None
                        cp_group=cp_group if cp_size > 1 else None)
 
 
+def with_vision(inputs: ModelInputs, batch: RLBatch, image_token_id: int, spatial_merge_size: int) -> ModelInputs:
+    """``inputs`` for a vision-language model: M-RoPE positions ``[3, rows, S]`` (transformers' ``get_rope_index``
+    of each sample's real tokens, so they restart in every sample of a packed row; 0 at padding), the image
+    mask (the image tokens of the PROMPT part only: a response may sample the id as text) and the pixel inputs
+    in the layout's sample order (both layouts keep the batch's row order)."""
+    from megarl.models.mrope import mrope_position_ids
+
+    if batch.position_ids is not None:
+        raise ValueError("batch.position_ids cannot be given for a vision-language model: its M-RoPE positions "
+                         "are computed from the image grids; leave position_ids None")
+    pixels = batch.pixel_inputs()
+    grid = None if pixels is None else pixels[1]
+    image_mask = torch.zeros_like(batch.attention_mask, dtype=torch.bool)
+    if pixels is not None:
+        prompt = batch.input_ids[:, : batch.prompt_length]
+        image_mask[:, : batch.prompt_length] = (prompt == image_token_id) & batch.attention_mask[:, : batch.prompt_length].bool()
+    positions = mrope_position_ids(batch.input_ids, grid, batch.attention_mask, image_token_id=image_token_id,
+                                   spatial_merge_size=spatial_merge_size, image_mask=image_mask)
+    source, real = inputs.source.clamp(min=0), inputs.source >= 0
+    flat = positions.reshape(3, -1)[:, source] * real  # [3, rows, S]
+    image_mask = image_mask.reshape(-1)[source] & real
+    return replace(inputs, position_ids=flat.to(inputs.position_ids.dtype), image_mask=image_mask,
+                   pixel_values=None if pixels is None else pixels[0], image_grid_thw=grid)
+
+
 def pad_to(inputs: ModelInputs, rows: int, length: int) -> ModelInputs:
     """Padded-layout inputs grown to ``[rows, length]`` with padding rows and columns (token id 0), for
     schedules that need every micro-batch in the same shape; the extra rows are never read."""
-    def grow(tensor: torch.Tensor, fill: int = 0) -> torch.Tensor:
-        grown = tensor.new_full((rows, length), fill)
-        grown[: tensor.shape[0], : tensor.shape[1]] = tensor
+    def grow(tensor: torch.Tensor, fill: int = 0) -> torch.Tensor:  # [..., rows, S] (M-RoPE positions: [3, rows, S])
+        grown = tensor.new_full((*tensor.shape[:-2], rows, length), fill)
+        grown[..., : tensor.shape[-2], : tensor.shape[-1]] = tensor
         return grown
 
     old = inputs.tokens.shape[1]
     row = inputs.response_index // old
     return replace(inputs, tokens=grow(inputs.tokens), position_ids=grow(inputs.position_ids),
                    response_index=inputs.response_index + row * (length - old),
-                   source=None if inputs.source is None else grow(inputs.source, -1))
+                   source=None if inputs.source is None else grow(inputs.source, -1),
+                   image_mask=None if inputs.image_mask is None else grow(inputs.image_mask))
 
 
 def gather_response(per_position: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:

@@ -15,6 +15,11 @@ computes the same losses and metrics from complete ``[B, R]`` tensors. The gradi
 rank is that of its own tokens; megatron's schedule multiplies each loss by CP and its DDP averages
 gradients over DP x CP, which together give the gradient of the loss once. A token budget
 (``use_dynamic_bsz``) is per device, so a CP group's micro-batch holds ``CP x`` it, as in verl.
+
+Vision-language models (``megarl.models.VisionLanguageModel``): every micro-batch gets M-RoPE positions
+``[3, rows, S]`` (on every pipeline stage), and, on the first stage, its samples' pixel inputs in the
+layout's order and the mask of the prompts' image tokens (``packing.with_vision``). A text model's path is
+unchanged; a batch with images for a text model is refused.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import torch.distributed as dist
 from megarl.engine.batch import RLBatch
 from megarl.engine.batching import fixed_micro_batches, restore_order, token_budget_micro_batches
 from megarl.engine.packing import (ModelInputs, gather_response, packed_lengths, packed_row, pad_to, padded_rows,
-                                  scatter_response)
+                                  scatter_response, with_vision)
 from megarl.engine.schedule import run_micro_batches, share_from_last_stage
 from megarl.engine.settings import BatchSettings
 from megarl.engine.vocab_parallel import vocab_parallel_entropy, vocab_parallel_log_probs
@@ -69,6 +74,7 @@ class ModelRunner:
         self.cp_rank = parallel_state.get_context_parallel_rank()
         self.cp_group = parallel_state.get_context_parallel_group() if self.cp_size > 1 else None
         self.is_last_stage = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+        self.vision = _vision_tower(self.chunks[0])  # the tower's dims for a vision-language model, else None
         self.replay = None  # a RoutingReplay when the model's MoE routers replay recorded choices (router_replay)
 
     # ------------------------------------------------------------------ micro-batches
@@ -138,6 +144,9 @@ class ModelRunner:
         extra = {} if inputs.packed_seq_params is None else {"packed_seq_params": inputs.packed_seq_params}
         if self.replay is not None:
             self.replay.before_forward(model, micro_batch)
+        if inputs.image_mask is not None and _unwrap(model).pre_process:  # pixels go to the first stage only
+            extra.update(pixel_values=inputs.pixel_values, image_grid_thw=inputs.image_grid_thw,
+                         image_mask=inputs.image_mask)
         output = model(input_ids=inputs.tokens, position_ids=inputs.position_ids, attention_mask=None, **extra)
         if self.replay is not None:
             self.replay.after_forward(model, micro_batch)
@@ -151,15 +160,24 @@ class ModelRunner:
         multiple = self.tp_size if self.config.sequence_parallel else 1
         if self.cp_size > 1 and not packed:
             raise ValueError("context parallelism runs on packed micro-batches: set <role>.megatron.use_remove_padding=True")
+        if batch.has_images() and self.vision is None:
+            raise ValueError("the batch carries images (multi_modal_inputs) but the model is a text model; "
+                             "train a vision-language checkpoint (Qwen2.5-VL / Qwen3-VL) or drop the images")
         pieces = [batch.select(part) for part in parts]
         if packed:
             total = None
             if len(self.chunks) > 1:
                 total = max(sum(packed_lengths(piece, self.cp_size, multiple)) for piece in pieces)
-            return [MicroBatch(piece, packed_row(piece, self.cp_size, self.cp_rank, self.cp_group, multiple, total),
-                               len(parts), part) for piece, part in zip(pieces, parts)]
-        micro_batches = [MicroBatch(piece, padded_rows(piece, multiple), len(parts), part)
-                         for piece, part in zip(pieces, parts)]
+            micro_batches = [MicroBatch(piece, packed_row(piece, self.cp_size, self.cp_rank, self.cp_group, multiple,
+                                                          total), len(parts), part) for piece, part in zip(pieces, parts)]
+        else:
+            micro_batches = [MicroBatch(piece, padded_rows(piece, multiple), len(parts), part)
+                             for piece, part in zip(pieces, parts)]
+        if self.vision is not None:
+            for mb in micro_batches:
+                mb.inputs = with_vision(mb.inputs, mb.batch, self.vision.image_token_id, self.vision.spatial_merge_size)
+        if packed:
+            return micro_batches
         if len(self.chunks) > 1:
             rows = max(len(mb.batch) for mb in micro_batches)
             length = max(mb.inputs.tokens.shape[1] for mb in micro_batches)
@@ -231,6 +249,20 @@ class ModelRunner:
         if table is not None:
             shared = {**shared, "routed_experts": self.replay.gather_record(table)}
         return shared
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    from megarl.models.loading import unwrap
+
+    return unwrap(model)
+
+
+def _vision_tower(chunk: torch.nn.Module):
+    """The vision dims (``ModelDims.vision``) of a vision-language model chunk; None for a text model."""
+    from megarl.models.vision_model import VisionLanguageModel
+
+    model = _unwrap(chunk)
+    return model.tower if isinstance(model, VisionLanguageModel) else None
 
 
 def response_logits(output: torch.Tensor, micro_batch: MicroBatch, temperature: float = 1.0) -> torch.Tensor:

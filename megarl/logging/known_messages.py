@@ -50,8 +50,9 @@ KNOWN_MESSAGES: tuple[KnownMessage, ...] = (
            "is about the replica's own process"),
     _known("vLLM engine shutdown grace period",
            r"\[shutdown\] Process manager: force killing remaining process",
-           "megarl stops its engines at the end of a run; vLLM gives an engine process 5 s to exit, then kills "
-           "it, which on a loaded CPU host is normal: nothing of the run is lost (the summary is written first)"),
+           "megarl stops its engines at the end of a run; vLLM gives an engine process 5 s to exit on GPUs and "
+           "0.5 s on CPU (replica.CPU_STOP_GRACE_S), then kills it: nothing of the run is lost (the summary is "
+           "written first)"),
     _known("vLLM raw-prompt deprecation", r"Passing raw prompts to InputProcessor is deprecated",
            "vLLM 0.32 renders the token prompts megarl passes to AsyncLLM itself (once per replica)"),
 )

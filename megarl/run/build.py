@@ -35,6 +35,7 @@ class Prepared:
     total_steps: int
     resume: Any  # ResumePlan
     finished: tuple | None  # (step, checkpoint) when the last step is checkpointed already
+    processor: Any = None  # a vision-language model's AutoProcessor (its images' pixel values), else None
 
     @property
     def start_step(self) -> int:
@@ -74,7 +75,8 @@ def prepare(cfg, log_dir: Path, load_tokenizer) -> Prepared:
     total = total_training_steps(trainer, len(train_loader))
     resume = resume_plan(trainer, log_dir, critic_enabled(cfg))  # refuses here, before any process starts
     finished = finished_run(trainer, log_dir, total, critic_enabled(cfg))
-    return Prepared(cfg, log_dir, tokenizer, agent, loops, train_loader, val_dataset, total, resume, finished)
+    return Prepared(cfg, log_dir, tokenizer, agent, loops, train_loader, val_dataset, total, resume, finished,
+                    processor)
 
 
 @dataclass
@@ -184,7 +186,7 @@ def _start(run: Run, prepared: Prepared, plan, use_gpu: bool, summary, say) -> N
                                        cfg.trainer.experiment_name, settings.config_record)
     run.trainer = RLTrainer(settings, run.workers, run.fleet, run.sync, prepared.tokenizer,
                             prepared.train_loader, reward_manager(cfg, model_reward=run.reward_model), run.agent_rollout,
-                            prepared.val_dataset, teachers=run.teachers)
+                            prepared.val_dataset, teachers=run.teachers, processor=prepared.processor)
     run.samples = SampleReporter(cfg, run.metrics_logger, run.trainer.reward)
     run.loop = TrainingLoop(run.trainer, run.metrics_logger, str(prepared.log_dir), summary, run.samples,
                             prepared.resume)

@@ -9,17 +9,17 @@ from megarl.weight_sync.adapter_updates import AdapterUpdates
 from megarl.weight_sync.session import WeightSyncSession
 
 
-def weight_updates(cfg: Any, workers, fleet, freeze_vision_tower: bool = False):
+def weight_updates(cfg: Any, workers, fleet):
     """Merged weights through the sharded sync (``WeightSyncSession``), or, with LoRA and
-    ``model.lora.merge=False``, the adapter alone (``AdapterUpdates``). ``freeze_vision_tower`` (a
-    vision-language model whose tower the trainer does not train): the tower is left out of the sync, the
+    ``model.lora.merge=False``, the adapter alone (``AdapterUpdates``). With ``actor.freeze_vision_tower``
+    (a vision-language model whose tower the trainer does not train) the tower is left out of the sync: the
     engines keep the checkpoint's, which the frozen tower equals."""
     sync = cfg.actor_rollout_ref.rollout.weight_sync
     if adapter_only(cfg):
         return AdapterUpdates(workers, fleet, float(sync.timeout_s))
     path = cfg.actor_rollout_ref.model.path
     return WeightSyncSession(workers, fleet, path, bucket_mb=sync.bucket_mb, transport=sync.transport,
-                             timeout_s=sync.timeout_s, leave_out=frozen_tensors(path, freeze_vision_tower))
+                             timeout_s=sync.timeout_s, leave_out=frozen_tensors(path, bool(cfg.actor_rollout_ref.actor.freeze_vision_tower)))
 
 
 def frozen_tensors(model_path: str, freeze_vision_tower: bool) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ class RoleSettings:
     adapter_path: str | None = None  # a PEFT adapter the LoRA model starts from
     save_contents: tuple[str, ...] = ("model", "optimizer", "extra")  # <role>.checkpoint.save_contents
     load_contents: tuple[str, ...] = ("model", "optimizer", "extra")  # <role>.checkpoint.load_contents
+    freeze_vision_tower: bool = False  # actor.freeze_vision_tower (a vision-language model's tower keeps its weights)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ def worker_settings(cfg, world_size: int):
             hf_overrides=hf_config_overrides(cfg, name), lora=lora,
             adapter_path=(lora_section.adapter_path or None) if lora is not None else None,
             save_contents=tuple(checkpoint.save_contents) if checkpoint is not None else (),
-            load_contents=tuple(checkpoint.load_contents) if checkpoint is not None else ())
+            load_contents=tuple(checkpoint.load_contents) if checkpoint is not None else (),
+            freeze_vision_tower=name == "actor" and bool(arr.actor.freeze_vision_tower))
 
     with_critic = critic_enabled(cfg)
     return WorkerSettings(

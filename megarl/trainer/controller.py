@@ -73,7 +73,7 @@ class RLTrainer:
     ``reward``: the run's ``RewardManager``; ``rollout``: the agent seam (``AgentRollout``) on ``fleet``."""
 
     def __init__(self, settings: TrainerSettings, workers, fleet, weight_sync, tokenizer, train_loader, reward,
-                 rollout, val_dataset=None, metrics_logger=None, teachers=None):
+                 rollout, val_dataset=None, metrics_logger=None, teachers=None, processor=None):
         from megarl.trainer.asynchronous.batches import AsyncBatches
 
         self.settings, self.workers, self.fleet, self.weight_sync = settings, workers, fleet, weight_sync
@@ -82,6 +82,7 @@ class RLTrainer:
         self.metrics_logger = metrics_logger
         self.reward = reward
         self.teachers = teachers  # on-policy distillation (megarl.trainer.teachers), or None
+        self.processor = processor  # a vision-language model's: the pixel values of the samples' images
         algorithm = settings.algorithm
         k = algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
@@ -100,7 +101,7 @@ class RLTrainer:
         self.correction = RolloutCorrection.from_config(algorithm.rollout_correction)
         self.batches = None if settings.asynchronous is None else AsyncBatches(
             settings.asynchronous, self.rollout, train_loader, weight_sync, n=settings.n, pad_id=self.pad_id,
-            response_length=settings.response_length)
+            response_length=settings.response_length, processor=processor)
         self.in_flight = "wait" if self.batches is None else self.batches.in_flight
         self.rollout_memory = RolloutMemory(fleet, getattr(fleet, "sleep_mode", False), workers,
                                             trainer_offload=settings.trainer_offload, in_flight=self.in_flight)
@@ -130,7 +131,8 @@ class RLTrainer:
             trajectories = self.rollout.generate(cols, step=step, n=n, prompt_offset=prompt_offset)
         rows = [i for i in range(len(prompt_batch)) for _ in range(n)]
         uids = [f"{step}:{prompt_offset + i}" for i in rows]
-        data = build_step_data(cols, trajectories, rows, uids, self.pad_id, self.settings.response_length)
+        data = build_step_data(cols, trajectories, rows, uids, self.pad_id, self.settings.response_length,
+                               processor=self.processor)
         return data, self._score(data, trajectories, timings)
 
     def _score(self, data: StepData, trajectories, timings: dict) -> dict[str, float]:

@@ -110,11 +110,12 @@ class MegatronWorker(DistributedWorker):
         transforms = build_transforms(spec.lora, spec.hf_path, overrides)
         if spec.start is None:
             chunks = build_model(spec.hf_path, self.layout, role, config_overrides=overrides, transforms=transforms,
-                                 hf_overrides=spec.hf_overrides)
+                                 hf_overrides=spec.hf_overrides, freeze_vision_tower=spec.freeze_vision_tower)
         else:
             check_same_architecture(spec.start, (checkpoint_extra(spec.start) or {}).get("hf_config"), spec.hf_path)
             chunks = build_model(spec.hf_path, self.layout, role, load_weights=False, config_overrides=overrides,
-                                 transforms=transforms, hf_overrides=spec.hf_overrides)
+                                 transforms=transforms, hf_overrides=spec.hf_overrides,
+                                 freeze_vision_tower=spec.freeze_vision_tower)
             load_checkpoint(spec.start, chunks, load_rng=False)  # with LoRA: the base (the adapters stay new)
         if spec.adapter_path:
             load_adapter(spec.adapter_path, chunks, spec.hf_path, self.layout, spec.lora, role)

@@ -16,7 +16,8 @@ the sampled tokens, 0 elsewhere), ``versions`` ``[B, R]`` (the weight version th
 token; -1 on tokens the model did not sample and where the loop did not record it),
 ``first_version`` ``[B]`` (the version of a sample's first sampled token, -1 if unknown),
 ``prompt_lengths``, ``response_lengths`` (model tokens),
-``response_tokens`` (model and tool tokens), and every key of the trajectories' ``extras``
+``response_tokens`` (model and tool tokens), ``images`` (a vision-language row's resized images; the batch's
+``multi_modal_inputs`` hold their pixel values, computed once per prompt), and every key of the trajectories' ``extras``
 (``num_turns``, ``tool_calls``, ...; None where a sample's loop has no such key). The controller
 adds ``score`` and the reward function's extra keys.
 """
@@ -27,9 +28,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from megarl.engine.batch import RLBatch
+from megarl.engine.batch import RLBatch, concat_multi_modal_inputs
 
-PROMPT_COLUMNS = ("prompt_ids", "prompt_text", "raw_prompt", "agent_name", "data_source", "ground_truth", "extra_info")
+PROMPT_COLUMNS = ("prompt_ids", "prompt_text", "raw_prompt", "agent_name", "data_source", "ground_truth", "extra_info",
+                  "images")
 
 
 @dataclass
@@ -88,7 +90,8 @@ def concat_step_data(parts: Sequence[StepData]) -> StepData:
         ids.append(pad(b.input_ids, sides))
         attention.append(pad(b.attention_mask, sides))
         mask.append(pad(b.response_mask, (0, sides[1])))
-    batch = RLBatch(input_ids=torch.cat(ids), attention_mask=torch.cat(attention), response_mask=torch.cat(mask))
+    batch = RLBatch(input_ids=torch.cat(ids), attention_mask=torch.cat(attention), response_mask=torch.cat(mask),
+                    multi_modal_inputs=concat_multi_modal_inputs([p.batch for p in parts]))
     joined = {}
     for name in parts[0].fields:
         values = [p.fields[name] for p in parts]
@@ -101,13 +104,26 @@ def concat_step_data(parts: Sequence[StepData]) -> StepData:
     return StepData(batch, joined)
 
 
+def multi_modal_inputs(images: Mapping[int, Sequence[Any]], rows: Sequence[int], processor: Any) -> list[dict] | None:
+    """Each sample's pixel inputs (``megarl.data.images.pixel_inputs``) from its prompt row's images: computed once
+    per prompt row (a group's samples share the tensors); ``{}`` for a text row; None when no row has images."""
+    if processor is None or not any(images.get(r) for r in rows):
+        return None
+    from megarl.data.images import pixel_inputs
+
+    per_row = {r: dict(pixel_inputs(list(images[r]), processor)) if images.get(r) else {} for r in set(rows)}
+    return [per_row[r] for r in rows]
+
+
 def build_step_data(prompts: Mapping[str, list], trajectories: Sequence[Any], prompt_rows: Sequence[int],
-                    uids: Sequence[str], pad_token_id: int, response_length: int | None = None) -> StepData:
+                    uids: Sequence[str], pad_token_id: int, response_length: int | None = None,
+                    processor: Any = None) -> StepData:
     """``trajectories[j]`` answers the prompt at row ``prompt_rows[j]`` of the loader's ``prompts``
     columns and belongs to group ``uids[j]``.
 
     ``response_length`` pads every response to the same width (the configured budget), so tensor
-    shapes stay constant from step to step; None pads to the longest response.
+    shapes stay constant from step to step; None pads to the longest response. ``processor`` (a
+    vision-language model's): the batch carries the pixel values of the rows' ``images``.
     """
     if not trajectories:
         raise ValueError("the rollout returned no trajectories")
@@ -135,7 +151,9 @@ def build_step_data(prompts: Mapping[str, list], trajectories: Sequence[Any], pr
             log_probs[row, :r] = torch.tensor(t.logprobs, dtype=torch.float32)
             if getattr(t, "versions", None) is not None:
                 versions[row, :r] = torch.tensor(t.versions, dtype=torch.long)
-    batch = RLBatch(input_ids=input_ids, attention_mask=attention, response_mask=loss_mask)
+    column = prompts.get("images") or []
+    pixels = multi_modal_inputs({r: column[r] for r in set(prompt_rows) if r < len(column)}, prompt_rows, processor)
+    batch = RLBatch(input_ids=input_ids, attention_mask=attention, response_mask=loss_mask, multi_modal_inputs=pixels)
     fields: dict[str, Any] = {"uid": list(uids)}
     for key in PROMPT_COLUMNS:
         column = prompts.get(key)

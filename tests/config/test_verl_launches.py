@@ -21,7 +21,7 @@ from tests.config._fixtures import write_model_config, write_prompts
 
 HERE = Path(__file__).parent / "verl_launches"
 LAUNCHES = [json.loads(line) for line in (HERE / "megatron-example-launches.jsonl").read_text().splitlines()]
-VALIDATED = 14  # docs/configuration.md and docs/coming-from-verl.md ("verl's launches") state this count
+VALIDATED = 15  # docs/configuration.md and docs/coming-from-verl.md ("verl's launches") state this count
 
 # model id (or path) -> (architecture, model_type, the dims of that model's config.json that the
 # layout checks read: layers, heads, sizes and experts as published in the models' config.json)
@@ -54,10 +54,10 @@ MODELS = {
                                                      num_key_value_heads=2, intermediate_size=11008, vocab_size=151936)),
     "Qwen2.5-32B": ("Qwen2ForCausalLM", "qwen2", dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=40,
                                                       num_key_value_heads=8, intermediate_size=27648, vocab_size=152064)),
-    "Qwen2.5-VL": ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", {}),
+    "Qwen2.5-VL": ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", _published("qwen2.5-vl-7b")),
     "Qwen3-VL-30B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {}),
     "Qwen3-VL-235B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {}),
-    "Qwen3-VL-8B": ("Qwen3VLForConditionalGeneration", "qwen3_vl", {}),
+    "Qwen3-VL-8B": ("Qwen3VLForConditionalGeneration", "qwen3_vl", _published("qwen3-vl-8b")),
     "Qwen3-235B-A22B": ("Qwen3MoeForCausalLM", "qwen3_moe", QWEN3_235B),
     "Qwen3-30B-A3B": ("Qwen3MoeForCausalLM", "qwen3_moe", QWEN3_30B),
     "Qwen1.5-MoE": ("Qwen2MoeForCausalLM", "qwen2_moe", {}),
@@ -190,7 +190,8 @@ def test_every_verl_megatron_launch_validates_or_is_refused_for_a_missing_featur
     with_cp = [launch["script"].rsplit("/", 1)[-1] for launch in LAUNCHES
                if any(a.split("=")[0].endswith("context_parallel_size") and a.split("=")[1] != "1" for a in launch["argv"])]
     assert len(with_cp) == 6 and "grpo_trainer_run_qwen3moe-30b_megatron_lora" in validated
-    assert not any("context parallel" in feature for script in with_cp for feature in refused.get(script, []))
+    assert not any("context parallel" in feature and "vision-language" not in feature
+                   for script in with_cp for feature in refused.get(script, []))
     assert len(validated) == VALIDATED, (f"{len(validated)} launches validate now: update VALIDATED, "
                                          "docs/configuration.md and docs/coming-from-verl.md")
 

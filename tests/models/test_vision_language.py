@@ -14,7 +14,7 @@ from megarl.models import (ParallelLayout, build_model, freeze_vision_tower, gat
                            model_dims)
 from megarl.models.mrope import mrope_position_ids
 from megarl.models.shards import hf_tensor_shapes, param_shards
-from tests.models.test_bridge_tp1 import _checkpoint_tensors, world  # noqa: F401  (the TP=1 process group)
+from tests.models.test_bridge_tp1 import _checkpoint_tensors, world  # noqa: F401  (the TP=1 process group: usefixtures)
 from tests.models.vision_fixture import FAMILIES, hf_model
 
 TOLERANCE = 1e-5
@@ -38,7 +38,8 @@ def _logits(model, batch, positions, **kwargs):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_logits_match_hugging_face(world, vision_zoo, family):
+@pytest.mark.usefixtures("world")
+def test_logits_match_hugging_face(vision_zoo, family):
     reference = _reference(vision_zoo, family)
     [model] = build_model(vision_zoo / family, ParallelLayout())
     logits = _logits(model, reference, _positions(vision_zoo, family, reference, reference["attention_mask"]))
@@ -48,7 +49,8 @@ def test_logits_match_hugging_face(world, vision_zoo, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_packed_rows_match_hugging_face(world, vision_zoo, family):
+@pytest.mark.usefixtures("world")
+def test_packed_rows_match_hugging_face(vision_zoo, family):
     """Every row's real tokens one after the other in one THD row, each with its own positions."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -109,7 +111,8 @@ def test_mrope_positions_refuse_images_that_do_not_fit(vision_zoo):
         mrope_position_ids(reference["input_ids"], grids, reference["attention_mask"], **kwargs)
 
 
-def test_deepstack_features_reach_the_first_layers(world, vision_zoo, monkeypatch):
+@pytest.mark.usefixtures("world")
+def test_deepstack_features_reach_the_first_layers(vision_zoo, monkeypatch):
     """Qwen3-VL without its DeepStack features is far from HF: the logits test sees them."""
     from megarl.models.vision_model import VisionLanguageModel
 
@@ -123,7 +126,8 @@ def test_deepstack_features_reach_the_first_layers(world, vision_zoo, monkeypatc
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_export_reproduces_the_checkpoint_bit_for_bit(world, vision_zoo, family):
+@pytest.mark.usefixtures("world")
+def test_export_reproduces_the_checkpoint_bit_for_bit(vision_zoo, family):
     [model] = build_model(vision_zoo / family, ParallelLayout())
     original = _checkpoint_tensors(vision_zoo / family)
     exported = dict(gather_hf_tensors([model], vision_zoo / family, ParallelLayout()))
@@ -139,7 +143,8 @@ def _train_step(model, reference, family, vision_zoo):
     logits.float().logsumexp(-1).mean().backward()
 
 
-def test_vision_tower_is_trained_unless_frozen(world, vision_zoo):
+@pytest.mark.usefixtures("world")
+def test_vision_tower_is_trained_unless_frozen(vision_zoo):
     reference = _reference(vision_zoo, "qwen2_5_vl")
     tower = [name for name in _checkpoint_tensors(vision_zoo / "qwen2_5_vl") if name.startswith("visual.")]
     [model] = build_model(vision_zoo / "qwen2_5_vl", ParallelLayout())
@@ -182,7 +187,8 @@ def test_vllm_splits_name_the_checkpoint_and_send_the_tower_whole(vision_zoo, fa
     assert tower and all(splits[name].kind == "whole" for name in tower)
 
 
-def test_an_image_token_sampled_in_a_response_is_text(world, vision_zoo):
+@pytest.mark.usefixtures("world")
+def test_an_image_token_sampled_in_a_response_is_text(vision_zoo):
     """A response holding the image token id (sampled: vLLM embeds and positions it as text). With
     ``image_mask`` (the prompt's image tokens) the positions equal ``get_rope_index``'s with that
     ``mm_token_type_ids`` and the logits HF's language model's on the prompt's images; without it, refused."""

@@ -22,7 +22,6 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from megarl.checks import load_config
-from megarl.run.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -30,8 +29,8 @@ LEARNING_STEPS = 15  # even answers reach 0.9+ by step 4-6, 0.98-1.0 from step 1
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    return prepare(tmp_path_factory.mktemp("quickstart"))
+def inputs(quickstart_inputs):
+    return quickstart_inputs  # tests/conftest.py: built once per session
 
 
 def scalars(log_dir: Path) -> dict[str, list[float]]:

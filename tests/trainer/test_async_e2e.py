@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from megarl.checks import load_config
-from megarl.run.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
@@ -56,8 +55,8 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    return prepare(tmp_path_factory.mktemp("async_quickstart"))
+def inputs(quickstart_inputs):
+    return quickstart_inputs  # tests/conftest.py: built once per session
 
 
 def config(inputs, out, *extra):

@@ -24,7 +24,6 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from megarl.checks import load_config
-from megarl.run.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 STEPS = 3
@@ -32,11 +31,11 @@ TOPK = 25  # more than vLLM's default cap of 20 log-probs per position: the teac
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
+def inputs(quickstart_inputs, tmp_path_factory):
     from megarl.devtools.chat_warmup import warmup_on_conversations
 
     root = tmp_path_factory.mktemp("distillation")
-    made = prepare(root)
+    made = quickstart_inputs  # tests/conftest.py: built once per session
     rows = pq.read_table(made["data"] / "train.parquet").to_pylist()
 
     def answered(rng: random.Random) -> list[dict]:

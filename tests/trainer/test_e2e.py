@@ -3,6 +3,7 @@
 The quickstart task ("What is a + 1?") with the quickstart's format warm-up; GRPO must raise the
 validation accuracy by at least 0.3. Also PPO with a critic (its 120-step curve in ``make test-all``),
 resume equality (after a crash, from a checkpoint older than a damaged one), bad input and logs.
+The model and data (``quickstart_inputs``) come from tests/conftest.py, built once per session.
 """
 from __future__ import annotations
 
@@ -16,15 +17,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from megarl.checks import ConfigError, load_config
-from megarl.run.quickstart import prepare
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def quickstart_inputs(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("quickstart")
-    return prepare(run_dir)
 
 
 def overrides(inputs, out: Path, *extra: str) -> list[str]:

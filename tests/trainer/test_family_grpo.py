@@ -13,7 +13,7 @@ import math
 import pytest
 
 from megarl.checks import load_config
-from tests.trainer.test_e2e import VARIED_REWARD, overrides, quickstart_inputs, scalars  # noqa: F401 (a fixture)
+from tests.trainer.test_e2e import VARIED_REWARD, overrides, scalars
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -22,7 +22,7 @@ STEPS = 2
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe", "gpt_oss"])
-def test_grpo_steps_complete_and_the_hf_rollout_serves_the_trainers_weights(family, quickstart_inputs, tmp_path):  # noqa: F811
+def test_grpo_steps_complete_and_the_hf_rollout_serves_the_trainers_weights(family, quickstart_inputs, tmp_path):
     from megarl.devtools.tiny_model import make_tiny_model
     from megarl.run.train import run
 

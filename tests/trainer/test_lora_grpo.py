@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 
 from megarl.checks import load_config
-from tests.trainer.test_e2e import quickstart_inputs  # noqa: F401 (a fixture)
 from tests.trainer.test_e2e import CURVE_STEPS, overrides, scalars, short_and_curve
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
@@ -25,7 +24,7 @@ LORA = ["actor_rollout_ref.model.lora.rank=16", "actor_rollout_ref.model.lora.al
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("steps", short_and_curve(4))
-def test_lora_grpo_learns_with_merged_syncs(quickstart_inputs, tmp_path, steps):  # noqa: F811
+def test_lora_grpo_learns_with_merged_syncs(quickstart_inputs, tmp_path, steps):
     """4 steps (make test): the fleet serves the merged weights after every sync and the adapters move
     the policy off the reference; 120 (make test-all): the adapters learn the task."""
     from megarl.run.train import run
@@ -47,7 +46,7 @@ def test_lora_grpo_learns_with_merged_syncs(quickstart_inputs, tmp_path, steps):
 
 
 @pytest.mark.timeout(900)
-def test_lora_grpo_with_adapter_only_updates(quickstart_inputs, tmp_path):  # noqa: F811
+def test_lora_grpo_with_adapter_only_updates(quickstart_inputs, tmp_path):
     """verl's default ``lora.merge=False`` through ``megarl.run.train``: the fleet runs vLLM's LoRA and each
     step's sync sends only the adapter, which the fleet serves exactly (``rollout/logprob_diff``)."""
     from megarl.run.train import run

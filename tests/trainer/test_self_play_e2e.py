@@ -12,7 +12,6 @@ import pytest
 
 from megarl.checks import load_config
 from tests.trainer.test_e2e import overrides, scalars
-from tests.trainer.test_e2e import quickstart_inputs as quickstart_inputs  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 

@@ -50,6 +50,37 @@ def test_step_data_layout_left_padded_prompts_right_padded_responses():
     assert merged["rollout_log_probs"].shape == (4, 4) and merged["response_lengths"].tolist() == [1, 2, 3, 0]
 
 
+def test_step_data_carries_each_prompts_pixels_once_and_keeps_them_with_their_rows(tmp_path):
+    """A vision-language batch: each sample's pixel inputs are its prompt row's (computed once and shared by the
+    group's samples), a text row's are {}, and select / concat keep them with their rows."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from megarl.data.images import pixel_inputs
+    from megarl.devtools.tiny_model import make_tiny_model
+
+    processor = AutoProcessor.from_pretrained(make_tiny_model("qwen2_5_vl", "tiny", tmp_path / "vl"))
+    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    red, blue = Image.new("RGB", (56, 84), "red"), Image.new("RGB", (84, 56), "blue")
+    cols = {**prompts(), "images": [(red, blue), ()]}
+    samples = [trajectory([3, pad, pad, pad, pad, pad, pad, 4, 3, pad, pad, pad, pad, pad, pad, 4, 7], [8], [-0.5])] * 2 \
+        + [trajectory([4], [11], [-1.0])] * 2
+    data = build_step_data(cols, samples, [0, 0, 1, 1], ["s:0", "s:0", "s:1", "s:1"], 0, processor=processor)
+    inputs = data.batch.multi_modal_inputs
+    expected = pixel_inputs([red, blue], processor)
+    assert torch.equal(inputs[0]["pixel_values"], expected["pixel_values"]) and inputs[0]["image_grid_thw"].tolist() == \
+        [[1, 6, 4], [1, 4, 6]]  # (t, h, w): PIL sizes are (w, h)
+    assert inputs[1] is inputs[0] and inputs[2] == {} and inputs[3] == {}  # once per prompt row; text rows empty
+    assert data["images"] == [(red, blue), (red, blue), (), ()]
+    picked = data.select([2, 1])
+    assert picked.batch.multi_modal_inputs[0] == {} and picked.batch.multi_modal_inputs[1] is inputs[0]
+    text_only = build_step_data(prompts(), samples[2:], [1, 1], ["t:1"] * 2, 0, processor=processor)
+    assert text_only.batch.multi_modal_inputs is None  # no row has images: a text batch
+    merged = concat_step_data([text_only, data.select([0])])
+    assert merged.batch.multi_modal_inputs[:2] == [{}, {}] and merged.batch.multi_modal_inputs[2] is inputs[0]
+    assert build_step_data(cols, samples, [0, 0, 1, 1], ["s:0"] * 4, 0).batch.multi_modal_inputs is None  # text model
+
+
 def test_step_data_takes_the_loss_mask_and_every_extra_as_a_field():
     """A tool turn inside the response is context (attention 1) but not trained on (loss mask 0);
     response_length counts model tokens; a trajectory's extras become fields by name."""

@@ -26,10 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    from megarl.run.quickstart import prepare
-
-    return prepare(tmp_path_factory.mktemp("safety"))
+def inputs(quickstart_inputs):
+    return quickstart_inputs  # tests/conftest.py: built once per session
 
 
 def train(inputs, out: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ which is what training does to them. The fleet is scored on image prompts agains
 (``AutoModelForImageTextToText``, fp32) of known weights:
 
 * before any sync it serves the checkpoint;
-* a sync for a frozen tower (``weight_updates(..., freeze_vision_tower=True)``) has no tower tensor in its plan, and the engine then serves the trainer's language model with the checkpoint's tower;
+* a sync under ``actor.freeze_vision_tower=True`` (``weight_updates``) has no tower tensor in its plan, and the engine then serves the trainer's language model with the checkpoint's tower;
 * the full sync makes it serve the trainer's weights, tower included, within 1e-4 — and no longer the
   checkpoint's tower with the trainer's language model (the tower moved).
 
@@ -36,8 +36,8 @@ ROWS = [
 ]
 
 
-def config(model):
-    return load_config(None, [
+def config(model, freeze_vision_tower: bool = False):
+    return load_config(None, [f"actor_rollout_ref.actor.freeze_vision_tower={freeze_vision_tower}",
         "data.train_files=unused.parquet", f"actor_rollout_ref.model.path={model}", "algorithm.adv_estimator=grpo",
         "trainer.n_gpus_per_node=2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -118,7 +118,7 @@ def test_the_fleet_serves_the_trainers_language_model_and_vision_tower(family, r
         assert fleet.tensor_splits() is None  # CPU engines take full tensors
         assert worst_diff(fleet, rows, inputs, hf["original"]) < TOLERANCE, family  # the engine's own load
 
-        session = weight_updates(cfg, workers, fleet, freeze_vision_tower=True)
+        session = weight_updates(config(trained, freeze_vision_tower=True), workers, fleet)
         sent = {t.name for bucket in session.plan.buckets for t in bucket.transfers}
         assert sent and not any(name.startswith(tower) for name in sent), family
         session.sync()

@@ -8,6 +8,8 @@ of these models (its directory name, e.g. ``/models/Llama-3.1-70B-Instruct``, or
     deepseek-v3       deepseek-ai/DeepSeek-V3 (FP8 as published; the planner counts bf16)
     qwen3-235b-a22b   Qwen/Qwen3-235B-A22B
     smollm2-135m      HuggingFaceTB/SmolLM2-135M-Instruct
+    qwen2.5-vl-7b     Qwen/Qwen2.5-VL-7B-Instruct (vision-language; transformers 4.x's flat layout)
+    qwen3-vl-8b       Qwen/Qwen3-VL-8B-Instruct (vision-language; text_config / vision_config)
 """
 from __future__ import annotations
 

@@ -18,6 +18,23 @@ import time
 from megarl.rollout.vllm.compat import apply_vllm_fixes, set_tied_lm_head
 
 
+def _thread_lock_for_progress_bars() -> None:
+    """Give tqdm a thread lock in this engine process, before vLLM's weight-loading progress bar makes its default
+    one. tqdm's default also takes a multiprocessing lock, which in a spawned process (the engine core, the TP
+    workers) is a named semaphore in /dev/shm that only the process's own exit removes; a CPU engine is killed
+    at shutdown (``replica.CPU_STOP_GRACE_S``), which left one such file behind per engine (measured). The
+    bars of one engine process need no lock across processes. vLLM imports this module in each worker as it
+    starts, before it loads the model."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+
+_thread_lock_for_progress_bars()
+
+
 class MegaRLWorkerExtension:
     """Mixed into vLLM's ``Worker``; ``self`` is the worker (``self.model_runner``, ``self.reload_weights``)."""
 

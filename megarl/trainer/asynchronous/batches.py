@@ -34,11 +34,11 @@ class AsyncBatches:
     """The batch source of the asynchronous modes, over ``rollout`` (the agent seam) and ``loader``."""
 
     def __init__(self, settings: AsyncSettings, rollout, loader, weight_sync, *, n: int, pad_id: int,
-                 response_length: int):
+                 response_length: int, processor=None):
         self.settings, self.weight_sync = settings, weight_sync
         self.buffer = SampleBuffer(settings.bound, timeout_s=settings.timeout_s)
         self.producer = RolloutProducer(rollout, loader, self.buffer, n=n, batch_size=settings.bound.batch_groups,
-                                        pad_id=pad_id, response_length=response_length)
+                                        pad_id=pad_id, response_length=response_length, processor=processor)
         self.started_at: int | None = None  # the first step this run trains
 
     @property

@@ -28,11 +28,12 @@ logger = logging.getLogger(__name__)
 
 class RolloutProducer:
     def __init__(self, rollout, loader, buffer: SampleBuffer, *, n: int, batch_size: int, pad_id: int,
-                 response_length: int):
+                 response_length: int, processor=None):
         from megarl.data import collate
 
         self.rollout, self.loader, self.buffer = rollout, loader, buffer
         self.n, self.batch_size, self.pad_id, self.response_length = n, batch_size, pad_id, response_length
+        self.processor = processor  # a vision-language model's (the groups' pixel values), else None
         self.collate = collate
         self.next_key = 0
         self.pending: list[tuple[int, int]] = []  # (key, dataset position), drawn and not yet admitted
@@ -113,7 +114,7 @@ class RolloutProducer:
             replica = self.rollout.fleet.replica_for(index, self.batch_size)
             trajectories = await self.rollout.agenerate(cols, step=step, prompt_index=index, replica=replica, n=self.n)
             data = build_step_data(cols, trajectories, [0] * len(trajectories), [f"{step}:{index}"] * len(trajectories),
-                                   self.pad_id, self.response_length)
+                                   self.pad_id, self.response_length, processor=self.processor)
             unknown = data["first_version"] < 0  # a loop that records no versions: the group started at admission
             data["first_version"][unknown] = group.version
             self.buffer.finish(group.key, data, trajectories)
