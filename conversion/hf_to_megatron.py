@@ -47,13 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def checkpoint_dtype(hf_dir: Path) -> torch.dtype:
-    """The dtype of the HF embedding tensor (the checkpoint's storage dtype)."""
+    """The dtype of the HF embedding tensor (the checkpoint's storage dtype; ``<family prefix>embed_tokens``,
+    e.g. Qwen3-VL's ``model.language_model.embed_tokens.weight``)."""
     from safetensors import safe_open
 
+    from megarl.models import model_dims
     from megarl.models.loading import checkpoint_files
 
     files = checkpoint_files(hf_dir)
-    name = "model.embed_tokens.weight"
+    name = f"{model_dims(hf_dir).hf_prefix}embed_tokens.weight"
     if name not in files:
         raise ConversionError(f"{hf_dir} has no {name}; is it a causal LM checkpoint of a supported family?")
     with safe_open(str(hf_dir / files[name]), framework="pt") as f:

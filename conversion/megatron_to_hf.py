@@ -49,7 +49,7 @@ from conversion.common import (
 )
 from megarl.models.export import copy_tokenizer_files
 
-MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "visual.")  # visual.: a VL model's vision tower
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

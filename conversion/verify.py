@@ -5,9 +5,10 @@
 The megatron side is the ``--megatron`` distributed checkpoint (a converted or training
 checkpoint) or, without it, the HF directory itself loaded through the bridge, at the given
 layout (``pp * lcm(tp, ep * etp)`` torchrun processes). Both sides run in fp32 on the same token
-ids (the HF tokenizer's, right-padded into one batch, causal attention). The last pipeline stage
+ids (the HF tokenizer's, right-padded into one batch, causal attention; a vision-language model gets an image
+row too, ``conversion.verify_inputs``). The last pipeline stage
 gathers the vocab slices of its TP ranks and one rank compares them with
-``AutoModelForCausalLM``'s logits (for an FP8 block-quantised checkpoint: transformers' model on
+``AutoModelForCausalLM``'s logits (``AutoModelForImageTextToText``'s for a vision-language model; for an FP8 block-quantised checkpoint: transformers' model on
 the dequantised weights). Prints the max abs difference; exits 1 when it exceeds ``--tolerance``.
 
 The default tolerance is transformers' own noise floor on the same input: its eager and sdpa
@@ -32,6 +33,7 @@ from conversion.common import (
     start_model_parallel,
     stop_model_parallel,
 )
+from conversion.verify_inputs import VerifyBatch, verify_batch
 
 MIN_TOLERANCE = 1e-5
 NOISE_FACTOR = 4  # the tests' TP=3 tolerance on SmolLM2 is 3e-4 against an eager-vs-sdpa gap of 8.3e-5
@@ -54,29 +56,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"eager-vs-sdpa gap on the same texts, at least {MIN_TOLERANCE:g}")
 
 
-def tokenize(hf_dir, texts) -> torch.Tensor:
-    """[len(texts), longest] token ids, right-padded (pads only follow real tokens: causal attention)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
-    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-    if not all(rows):
-        raise ValueError("every --text must produce at least one token")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    longest = max(len(row) for row in rows)
-    return torch.tensor([row + [pad] * (longest - len(row)) for row in rows])
-
-
-def megatron_logits(models: list, input_ids: torch.Tensor) -> torch.Tensor | None:
+def megatron_logits(models: list, inputs: VerifyBatch) -> torch.Tensor | None:
     """This rank's logits [batch, seq, vocab / tp] on the last pipeline stage, else None."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    batch, seq = input_ids.shape
-    position_ids = torch.arange(seq).unsqueeze(0)
+    batch, seq = inputs.input_ids.shape
     outputs = []
 
     def forward_step(data_iterator, model):
-        output = model(next(data_iterator), position_ids, None)
+        input_ids, position_ids, extra = next(data_iterator)
+        output = model(input_ids, position_ids, None, **extra)
 
         def collect(output_tensor):
             outputs.append(output_tensor.detach())
@@ -84,7 +73,7 @@ def megatron_logits(models: list, input_ids: torch.Tensor) -> torch.Tensor | Non
 
         return output, collect
 
-    micro_batches = list(input_ids.split(1))
+    micro_batches = inputs.micro_batches()
     iterators = [iter(micro_batches) for _ in models]
     for model in models:
         model.eval()
@@ -111,9 +100,9 @@ def full_vocab(logits: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def hf_logits(hf_dir, input_ids: torch.Tensor, attn_implementation: str = "eager") -> torch.Tensor:
+def hf_logits(hf_dir, inputs: VerifyBatch, attn_implementation: str = "eager") -> torch.Tensor:
     with torch.no_grad():
-        return hf_model(hf_dir, attn_implementation).eval()(input_ids).logits
+        return hf_model(hf_dir, attn_implementation).eval()(inputs.input_ids, **inputs.hf_kwargs()).logits
 
 
 def default_tolerance(noise_floor: float) -> float:
@@ -124,13 +113,17 @@ def hf_model(hf_dir, attn_implementation: str = "eager"):
     """transformers' model of ``hf_dir`` in fp32, eager attention by default (its SDPA path drops Gemma-2's
     attention soft-cap). An FP8 block-quantised checkpoint is built from its
     config without ``quantization_config`` and given the dequantised weights (transformers' own FP8
-    loader cannot dequantise a ragged last block, e.g. DeepSeek-V3's 576-row kv_a_proj_with_mqa)."""
-    from transformers import AutoModelForCausalLM
+    loader cannot dequantise a ragged last block, e.g. DeepSeek-V3's 576-row kv_a_proj_with_mqa). A
+    vision-language checkpoint is ``AutoModelForImageTextToText``'s (the tower, M-RoPE and all)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from megarl.models import load_hf_config
+    from megarl.models import load_hf_config, model_dims
     from megarl.models.fp8 import block_fp8, dequantized_tensors
 
     config = load_hf_config(hf_dir)
+    if model_dims(config).vision is not None:
+        return AutoModelForImageTextToText.from_pretrained(str(hf_dir), dtype=torch.float32,
+                                                           attn_implementation=attn_implementation)
     if block_fp8(config) is None:
         return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32,
                                                     attn_implementation=attn_implementation)
@@ -160,9 +153,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
         checkpoint = resolve_checkpoint(args.megatron)
         stored = stored_tensors(checkpoint)
-    input_ids = tokenize(hf_dir, args.text or SAMPLE_TEXTS)
+    inputs = verify_batch(hf_dir, args.text or SAMPLE_TEXTS)
+    input_ids = inputs.input_ids
     if layout.vpp > 1 and input_ids.shape[0] % layout.pp:
-        raise ValueError(f"the interleaved schedule needs a multiple of pp={layout.pp} texts, got {input_ids.shape[0]}")
+        raise ValueError(f"the interleaved schedule needs a multiple of pp={layout.pp} rows (texts, and a "
+                         f"vision-language model's image row), got {input_ids.shape[0]}")
     progress = Progress(3)
     start_model_parallel(layout)
     try:
@@ -175,19 +170,20 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             check_matches(models, stored, checkpoint, hf_dir)
             load_checkpoint(checkpoint, models, load_rng=False)
         progress.step(f"megatron model ready ({checkpoint or hf_dir}, {describe(layout)})")
-        logits = megatron_logits(models, input_ids)
+        logits = megatron_logits(models, inputs)
         difference = torch.zeros(2, dtype=torch.float64)  # max |megatron - HF|, max |HF eager - HF sdpa|
         if logits is not None:
             logits = full_vocab(logits)
             if ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
-                reference = hf_logits(hf_dir, input_ids)
+                reference = hf_logits(hf_dir, inputs)
                 logits = logits[..., : reference.shape[-1]]  # the vocabulary padding (masked) is not HF's
                 if reference.shape != logits.shape:
                     raise ValueError(f"logit shapes differ: megatron {tuple(logits.shape)} vs HF {tuple(reference.shape)}")
                 difference[0] = (logits.double() - reference.double()).abs().max()
                 if args.tolerance is None:
-                    difference[1] = (hf_logits(hf_dir, input_ids, "sdpa").double() - reference.double()).abs().max()
-        progress.step(f"ran both models on {input_ids.shape[0]} text(s) x {input_ids.shape[1]} tokens")
+                    difference[1] = (hf_logits(hf_dir, inputs, "sdpa").double() - reference.double()).abs().max()
+        image = f" (the last with an image)" if inputs.image_rows else ""
+        progress.step(f"ran both models on {input_ids.shape[0]} row(s){image} x {input_ids.shape[1]} tokens")
         dist.all_reduce(difference, op=dist.ReduceOp.MAX)
         max_diff, noise = difference.tolist()
         tolerance = args.tolerance if args.tolerance is not None else default_tolerance(noise)

@@ -161,13 +161,23 @@ class ModelFacts:
         """Parameters of the routed experts (all of them)."""
         return sum(math.prod(s) for n, s in self.hf_shapes.items() if is_routed_expert(n))
 
+    @cached_property
+    def vision_params(self) -> int:
+        """Parameters of a vision-language model's vision tower (0 for a text model): megatron holds all of them
+        on every TP rank of the first pipeline stage (``stage_params`` counts them there); vLLM splits them."""
+        if self.dims.vision is None:
+            return 0
+        return sum(math.prod(s) for n, s in self.hf_shapes.items() if n.startswith(self.dims.vision.hf_prefix))
+
     @property
     def active_params(self) -> int:
-        """Parameters one token runs through: all but the routed experts it is not sent to."""
+        """Parameters one text token runs through: all but the routed experts it is not sent to, and but the
+        vision tower (which runs on image patches)."""
         moe = self.dims.moe
+        language = self.hf_params - self.vision_params
         if moe is None:
-            return self.hf_params
-        return self.hf_params - self.expert_params + self.expert_params * moe.topk // moe.num_experts
+            return language
+        return language - self.expert_params + self.expert_params * moe.topk // moe.num_experts
 
     @property
     def embedding_params(self) -> int:

@@ -22,7 +22,9 @@ def render(plan, title: str = "") -> str:
     moe = model.dims.moe
     lines = [f"megarl plan{': ' + title if title else ''}",
              f"model: {model.dims.architecture}, {model.hf_params / 1e9:.2f}B parameters"
-             + (f", {model.active_params / 1e9:.2f}B active ({moe.topk} of {moe.num_experts} experts)" if moe else ""),
+             + (f", {model.active_params / 1e9:.2f}B active ({moe.topk} of {moe.num_experts} experts)" if moe else "")
+             + (f", of which {model.vision_params / 1e9:.2f}B the vision tower (whole on each TP rank of the first "
+                "stage)" if model.vision_params else ""),
              f"hardware: {hw.name}: {hw.memory_gb:.0f} GB, {hw.bf16_tflops:.0f} TFLOP/s bf16 dense, HBM {hw.hbm_gbps:.0f} "
              f"GB/s, NVLink {hw.nvlink_gbps:.0f} GB/s, network {hw.ib_gbps:.0f} GB/s per GPU and direction",
              f"assumed: MFU {eff.mfu}, decode at {eff.decode_hbm} of HBM bandwidth, prefill at {eff.prefill_mfu} of peak, "
@@ -108,7 +110,8 @@ def as_dict(plan) -> dict:
     lay = inputs.layout
     return {
         **figures(plan.hardware, plan.efficiency),
-        "model": {"architecture": model.dims.architecture, "parameters": model.hf_params, "active_parameters": model.active_params},
+        "model": {"architecture": model.dims.architecture, "parameters": model.hf_params, "active_parameters": model.active_params,
+                  "vision_parameters": model.vision_params},
         "layout": {"trainer": {"tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "ep": lay.ep, "etp": lay.etp, "cp": inputs.cp,
                                "dp": inputs.dp,
                                "sequence_parallel": lay.sequence_parallel, "gpus": inputs.trainer_world},

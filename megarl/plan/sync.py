@@ -130,10 +130,14 @@ def _add_route(traffic: dict[int, LinkBytes], layout: SyncLayout, srcs: list[int
             traffic[dst].nvlink_out += nbytes - through_nic  # it relays its share to the node's other members
 
 
-def _tensor_stage(name: str, layout: ParallelLayout, layer_stage: dict[int, int]) -> int:
-    if name.startswith("model.layers."):
-        return layer_stage[int(name.split(".")[2])]
-    if name.startswith("model.embed_tokens"):
+def _tensor_stage(name: str, dims, layout: ParallelLayout, layer_stage: dict[int, int]) -> int:
+    """The pipeline stage holding HF tensor ``name``: its layer's, the first for the embedding and a vision
+    tower (replicated on the first stage's TP ranks), the last for the final norm and lm_head. Layers and the
+    embedding are under the family's prefix (``model.``; Qwen3-VL's ``model.language_model.``)."""
+    prefix = dims.hf_prefix
+    if name.startswith(f"{prefix}layers."):
+        return layer_stage[int(name[len(prefix) + len("layers."):].split(".")[0])]
+    if name.startswith(f"{prefix}embed_tokens") or (dims.vision is not None and name.startswith(dims.vision.hf_prefix)):
         return 0
     return layout.pp - 1  # final norm, lm_head
 
@@ -156,7 +160,7 @@ def sync_traffic(model: ModelFacts, layout: ParallelLayout, sync: SyncLayout, it
     kinds: dict[tuple, int] = defaultdict(int)
     for name, shape in model.hf_shapes.items():
         full = sync.mode == "full" or (protocol == "nemo_rl" and not is_ffn_projection(name))
-        kinds[(_tensor_stage(name, layout, layer_stage), split_key(model.vllm_splits[name]), tuple(shape),
+        kinds[(_tensor_stage(name, model.dims, layout, layer_stage), split_key(model.vllm_splits[name]), tuple(shape),
                name in model.fp32_tensors, full)] += 1
     replicas, tp = len(sync.replica_slots), len(sync.replica_slots[0])
     ranks = list(range(world + replicas * tp))

@@ -18,6 +18,10 @@ and every wait is bounded by ``rollout.weight_sync.timeout_s``. It talks to the 
 ``WorkerGroup`` and ``RolloutFleet`` only. The session publishes the versions: ``version`` is the
 last one every replica confirmed.
 
+``leave_out``: prefixes of HF tensors the trainer does not change and the engines keep from their
+checkpoint (a vision-language model's frozen vision tower, ``freeze_vision_tower``): they are not in
+the plan, so nothing of them is sent.
+
 When the fleet's members change (a replica lost, a replacement started: ``RolloutFleet.restore``),
 the next ``sync`` first builds a new world for the members there are (a new plan and rendezvous;
 the old world's store host waits for its live members to leave, not for the dead ones); the
@@ -40,13 +44,15 @@ _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 class WeightSyncSession:
     """``workers``: the senders (a ``WorkerGroup`` whose ranks have ``sync_*`` methods, e.g. the
-    Megatron workers); ``fleet``: the receivers. ``model_path`` gives the HF tensor shapes."""
+    Megatron workers); ``fleet``: the receivers. ``model_path`` gives the HF tensor shapes; ``leave_out``:
+    HF name prefixes not synced (see the module docstring)."""
 
     def __init__(self, workers, fleet, model_path: str, *, bucket_mb: int = 512, transport: str = "auto",
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, leave_out: tuple[str, ...] = ()):
         self.timeout_s = float(timeout_s)
         self.workers, self.fleet = workers, fleet
         self.model_path, self.bucket_mb, self.requested_transport = model_path, bucket_mb, transport
+        self.leave_out = _checked_leave_out(model_path, leave_out)
         self.reconnects = 0
         self._connect()
         self.version = fleet.version()  # what the replicas serve now (0 for a fresh fleet)
@@ -66,7 +72,8 @@ class WeightSyncSession:
         for rank, report in enumerate(reports):
             dtypes.update(report["dtypes"])
             sources += [Piece(rank, name, region) for name, regions in report["regions"].items() for region in regions]
-        shapes = {name: tuple(shape) for name, shape in hf_tensor_shapes(self.model_path).items()}
+        shapes = {name: tuple(shape) for name, shape in hf_tensor_shapes(self.model_path).items()
+                  if not name.startswith(self.leave_out)}
         splits = fleet.tensor_splits()
         mode = "full" if splits is None else "shard"
         layout = RolloutLayout(fleet.num_replicas, fleet.tensor_parallel_size, mode=mode, first_rank=workers.world_size,
@@ -158,3 +165,16 @@ class WeightSyncSession:
                     timeout=60)
         except Exception as exc:  # closing is best effort: the processes end next
             logger.warning("closing the weight-sync world: %s", exc)
+
+
+def _checked_leave_out(model_path: str, leave_out) -> tuple[str, ...]:
+    """``leave_out`` as a tuple, each prefix naming at least one tensor of the checkpoint."""
+    from megarl.models import hf_tensor_shapes
+
+    leave_out = tuple(leave_out)
+    if leave_out:
+        names = hf_tensor_shapes(model_path)
+        unmatched = [prefix for prefix in leave_out if not any(name.startswith(prefix) for name in names)]
+        if unmatched:
+            raise SyncError(f"weight sync: no tensor of {model_path} starts with {unmatched} (leave_out)")
+    return leave_out

@@ -35,12 +35,13 @@ def assert_ok(done: subprocess.CompletedProcess) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> Path:
-    """llama, qwen3, qwen3_moe, mixtral, deepseek_v3, gemma2 and kimi_k2 tiny checkpoints (noisy
-    norms/biases; DeepSeek-V3 with a random router bias and an MTP layer)."""
+    """llama, qwen3, qwen3_moe, mixtral, deepseek_v3, gemma2, kimi_k2, qwen2_5_vl and qwen3_vl tiny checkpoints
+    (noisy norms/biases; DeepSeek-V3 with a random router bias and an MTP layer; the VL ones with their vision
+    towers and processors)."""
     from megarl.devtools.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("tiny_models")
-    for family in ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "gemma2", "kimi_k2"):
+    for family in ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "gemma2", "kimi_k2", "qwen2_5_vl", "qwen3_vl"):
         make_tiny_model(family, "tiny", root / family, seed=0)
     return root
 

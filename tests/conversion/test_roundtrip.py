@@ -1,5 +1,8 @@
 """HF -> megatron (TP=2, PP=2, EP=2 under torchrun) -> HF (TP=1, or EP=2) reproduces every tensor bit for bit.
 
+The vision-language families (Qwen2.5-VL at TP=2, Qwen3-VL at PP=2) carry their vision towers (replicated on
+the first stage's TP ranks in megatron) through both ways, and their processor files.
+
 The reference is the original safetensors files read with ``safetensors`` directly; the tiny
 fixtures give every norm and bias its own noise, so a swapped or dropped tensor is caught. The
 written checkpoint must also load in transformers and give the original model's logits.
@@ -21,7 +24,10 @@ SCENARIOS = [
     ("qwen3_moe_ep2", "qwen3_moe", ["--ep", "2"], 2, [], 1),
     ("mixtral_ep2_back", "mixtral", [], 1, ["--ep", "2"], 2),
     ("deepseek_v3_ep2", "deepseek_v3", ["--ep", "2"], 2, [], 1),
+    ("qwen2_5_vl_tp2", "qwen2_5_vl", ["--tp", "2"], 2, [], 1),
+    ("qwen3_vl_pp2", "qwen3_vl", ["--pp", "2"], 2, [], 1),
 ]
+VISION = {"qwen2_5_vl": "visual.", "qwen3_vl": "model.visual."}  # the towers' HF prefixes
 MTP = "model.layers.3."  # DeepSeek-V3's multi-token-prediction layer: skipped (not converted), as stated in docs/conversion.md
 
 
@@ -52,6 +58,8 @@ def test_every_tensor_is_reproduced_bit_for_bit(round_trip):
         assert sum(name.startswith(MTP) for name in original) == 4
         original = {name: t for name, t in original.items() if not name.startswith(MTP)}
     assert sorted(converted) == sorted(original)
+    if family in VISION:
+        assert sum(name.startswith(VISION[family]) for name in converted) > 10
     for name, tensor in original.items():
         assert converted[name].dtype == tensor.dtype, name
         assert torch.equal(converted[name], tensor), name
@@ -65,6 +73,8 @@ def test_output_is_sharded_with_an_index_and_tokenizer(round_trip):
     assert len(files) > 1 and sorted(set(index["weight_map"].values())) == files
     for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
         assert (out / name).is_file(), name
+    if (source / "preprocessor_config.json").is_file():  # a VL model's processor comes along
+        assert (out / "preprocessor_config.json").read_text() == (source / "preprocessor_config.json").read_text()
     assert not (work / "hf.tmp").exists()
 
 
@@ -85,11 +95,18 @@ def test_expert_tensors_use_hugging_face_names(round_trip):
 
 
 def test_transformers_loads_the_output(round_trip):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    _, source, work = round_trip
-    ids = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(0))
+    from conversion.verify_inputs import verify_batch
+
+    family, source, work = round_trip
+    if family in VISION:  # the VL model class, on an image row (the tower's weights count)
+        inputs = verify_batch(source, ["Hello there"])
+        ids, extra, auto = inputs.input_ids, inputs.hf_kwargs(), AutoModelForImageTextToText
+    else:
+        ids = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(0))
+        extra, auto = {}, AutoModelForCausalLM
     with torch.no_grad():
-        reference = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)(ids).logits
-        converted = AutoModelForCausalLM.from_pretrained(str(work / "hf"), dtype=torch.float32)(ids).logits
+        reference = auto.from_pretrained(str(source), dtype=torch.float32)(ids, **extra).logits
+        converted = auto.from_pretrained(str(work / "hf"), dtype=torch.float32)(ids, **extra).logits
     assert torch.equal(reference, converted)

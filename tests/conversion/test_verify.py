@@ -83,3 +83,23 @@ def test_verify_on_smollm2_holds_the_conversion_to_transformers_own_noise_floor(
     assert max_diff(done.stdout) <= tolerance
     strict = run_cli(["verify", "--hf", smollm2, "--tolerance", "1e-12"], timeout=300)  # an explicit one is kept
     assert strict.returncode == 1 and "(tolerance 1.0e-12: --tolerance): FAILED" in strict.stdout
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_verify_compares_a_vision_language_checkpoint_on_an_image_and_catches_a_changed_tower(
+        family, tiny_models, to_megatron, tmp_path):
+    """A VL checkpoint is compared with AutoModelForImageTextToText on the texts and an image row: a faithful
+    TP=2 conversion passes; one whose vision tower differs in one tensor fails (the image row sees it)."""
+    source = tiny_models / family
+    done = run_cli(["verify", "--hf", source, "--megatron", to_megatron(family, ("--tp", "2"), 2)])
+    assert_ok(done)
+    assert "(the last with an image)" in done.stdout and max_diff(done.stdout) < 1e-5
+    perturbed = tmp_path / "perturbed"
+    shutil.copytree(source, perturbed)
+    tensors = load_file(str(perturbed / "model.safetensors"))
+    tower = "visual." if family == "qwen2_5_vl" else "model.visual."
+    tensors[f"{tower}merger.mlp.0.bias" if family == "qwen2_5_vl" else f"{tower}merger.linear_fc1.bias"] += 0.05
+    save_file(tensors, str(perturbed / "model.safetensors"), metadata={"format": "pt"})
+    assert_ok(run_cli(["hf-to-megatron", "--hf", perturbed, "--out", tmp_path / "mcore"]))
+    done = run_cli(["verify", "--hf", source, "--megatron", tmp_path / "mcore"])
+    assert done.returncode == 1 and "FAILED" in done.stdout, done.stdout + done.stderr

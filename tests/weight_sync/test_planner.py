@@ -227,3 +227,44 @@ def test_context_parallel_ranks_are_replicas_and_each_byte_is_sent_once():
         plan = plan_for_layouts(config, ParallelLayout(tp=2, cp=cp), 8, rollout)
         plan.check()
         assert plan.bytes_sent == total
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_shard_mode_sends_a_vision_tower_whole_to_every_engine_rank_once(family, tmp_path):
+    """GPU engines (shard mode), trainer TP2 -> one replica at TP2: the language model goes TP shard to TP shard;
+    the tower (replicated in megarl, split by vLLM's own loaders) reaches both engine ranks whole, sent once (a
+    broadcast), from either trainer rank; every byte of the model leaves the trainer once."""
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.models import ParallelLayout, hf_tensor_shapes, load_hf_config, model_dims
+    from megarl.weight_sync.layouts import plan_for_layouts
+
+    config = load_hf_config(make_tiny_model(family, "tiny", tmp_path / family))
+    shapes = hf_tensor_shapes(config)
+    tower = model_dims(config).vision.hf_prefix
+    plan = plan_for_layouts(config, ParallelLayout(tp=2), 2, RolloutLayout(replicas=1, tp=2, mode="shard", first_rank=2))
+    plan.check()
+    assert plan.bytes_sent == sum(int(np.prod(s)) * 2 for s in shapes.values())
+    needs = {(p.rank, p.name): p.region for p in plan.needs}
+    towers = [name for name in shapes if name.startswith(tower)]
+    assert len(towers) > 10
+    for name in towers:
+        for rank in (2, 3):
+            assert needs[(rank, name)] == tuple((0, n) for n in shapes[name]), name
+    q = model_dims(config).hf_prefix + "layers.0.self_attn.q_proj.weight"
+    assert needs[(2, q)][0] == (0, shapes[q][0] // 2) and needs[(3, q)][0] == (shapes[q][0] // 2, shapes[q][0])
+    routes = {(t.name, t.region): bucket.dsts for bucket in plan.buckets for t in bucket.transfers}
+    assert all(routes[(name, tuple((0, n) for n in shapes[name]))] == (2, 3) for name in towers)
+
+
+def test_a_frozen_vision_tower_is_left_out_of_the_sync_and_a_text_model_has_none(tmp_path):
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.settings.sync import frozen_tensors
+    from megarl.weight_sync.errors import SyncError
+    from megarl.weight_sync.session import WeightSyncSession
+
+    vl, text = make_tiny_model("qwen3_vl", "tiny", tmp_path / "vl"), make_tiny_model("qwen3", "tiny", tmp_path / "text")
+    assert frozen_tensors(str(vl), True) == ("model.visual.",) and frozen_tensors(str(vl), False) == ()
+    with pytest.raises(ValueError, match="not a vision-language model"):
+        frozen_tensors(str(text), True)
+    with pytest.raises(SyncError, match=r"no tensor of .* starts with \['model.visual.'\]"):
+        WeightSyncSession(None, None, str(text), leave_out=("model.visual.",))  # refused before any process is asked

@@ -351,8 +351,9 @@ class EngineReplica(GatedReplica):
         await self._drop_stale_caches()
 
     async def _drop_stale_caches(self) -> None:
-        """After new weights: cached KV blocks, and a vision-language model's cached image embeddings (its
-        encoder cache), were computed with the old ones."""
+        """After new weights: cached KV blocks were computed with the old ones, and so were a vision-language
+        model's cached vision-tower outputs (an image sent again would reuse them; after vLLM's reload its runner
+        has dropped them while the scheduler still counts them: "Encoder cache miss")."""
         await self.engine.reset_prefix_cache()
         if self.image_token_id is not None:
             await self.engine.reset_encoder_cache()
