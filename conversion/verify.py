@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                 difference[0] = (logits.double() - reference.double()).abs().max()
                 if args.tolerance is None:
                     difference[1] = (hf_logits(hf_dir, inputs, "sdpa").double() - reference.double()).abs().max()
-        image = f" (the last with an image)" if inputs.image_rows else ""
+        image = " (the last with an image)" if inputs.image_rows else ""
         progress.step(f"ran both models on {input_ids.shape[0]} row(s){image} x {input_ids.shape[1]} tokens")
         dist.all_reduce(difference, op=dist.ReduceOp.MAX)
         max_diff, noise = difference.tolist()
