@@ -46,3 +46,48 @@ def test_grpo_on_images_keeps_the_trainer_and_the_fleet_in_step(family, quicksta
     assert len(losses) == STEPS and all(math.isfinite(v) for v in losses), losses
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
     assert len(diffs) == STEPS and max(diffs) < 1e-4, (family, diffs)
+
+
+@pytest.mark.timeout(900)
+def test_verls_qwen2_5_vl_geo3k_launch_runs_with_only_paths_and_sizes_changed(tmp_path, monkeypatch):
+    """verl's ``run_qwen2_5_vl-7b-megatron.sh`` (GRPO on Geometry3K) exactly as verl writes it: its keys (TP2 actor
+    and reference, dynamic batch sizes, KL loss, offload flags, vLLM engine kwargs), its data format (geo3k.py's
+    parquet, images as PNG bytes) and its built-in reward (``hiyouga/geometry3k``). Only the paths, the sizes
+    (batch, lengths, 2 CPU ranks, 2 steps) and the logger (no wandb here) change."""
+    import json
+    from pathlib import Path
+
+    from megarl.config.command_line import parse_command_line
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.run.train import run
+    from tests.data.vision_helpers import geo3k_row, noise_image, write_geo3k
+
+    launch = next(json.loads(line) for line in (Path(__file__).parents[1] / "config" / "verl_launches" /
+                                                  "megatron-example-launches.jsonl").read_text().splitlines()
+                  if line and json.loads(line)["script"].endswith("run_qwen2_5_vl-7b-megatron"))
+    model = make_tiny_model("qwen2_5_vl", "tiny", tmp_path / "model", seed=0)
+    files = {}
+    for split, count in (("train", 8), ("test", 4)):
+        rows = [geo3k_row(f"<image>Find x in the triangle {i}.", str(30 + i), [noise_image(60 + 8 * i, 90, i)], i, split)
+                for i in range(count)]
+        files[split] = write_geo3k(rows, tmp_path / f"{split}.parquet")
+    changed = {"data.train_files": files["train"], "data.val_files": files["test"], "actor_rollout_ref.model.path": model,
+               "data.train_batch_size": 4, "data.max_prompt_length": 256, "data.max_response_length": 8,
+               "actor_rollout_ref.actor.ppo_mini_batch_size": 2, "actor_rollout_ref.rollout.n": 2,
+               "trainer.n_gpus_per_node": 2, "trainer.logger": '["console","tensorboard"]'}
+    args = []
+    for arg in launch["argv"][2:]:
+        key = arg.partition("=")[0]
+        args.append(f"{key}={changed.pop(key.lstrip('+'))}" if key.lstrip("+") in changed else arg)
+    assert not changed, f"the launch no longer sets {sorted(changed)}"
+    out = tmp_path / "run"
+    monkeypatch.chdir(tmp_path)  # verl's relative --config-path=config: megarl's packaged configs
+    cmd = parse_command_line([*args, "trainer.total_training_steps=2", f"trainer.default_local_dir={out}",
+                              "trainer.plan_check=False"])
+    run(load_config(cmd.name, cmd.overrides, config_path=cmd.config_path, preflight=True))
+    logged = scalars(out)
+    assert [step for step, _ in logged["actor/pg_loss"]] == [1, 2]
+    assert all(math.isfinite(v) for _, v in logged["actor/kl_loss"])  # use_kl_loss: the TP2 reference ran on images
+    diffs = [v for _, v in logged["rollout/logprob_diff"]]
+    assert max(diffs) < 1e-4, diffs  # the TP2 trainer and the engine saw the same pixels, weights and positions
+    assert "val-core/hiyouga/geometry3k/reward/mean@1" in logged  # verl's reward, by the data's source
