@@ -56,10 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"eager-vs-sdpa gap on the same texts, at least {MIN_TOLERANCE:g}")
 
 
-def megatron_logits(models: list, inputs: VerifyBatch) -> torch.Tensor | None:
-    """This rank's logits [batch, seq, vocab / tp] on the last pipeline stage, else None."""
+def megatron_logits(models: list, inputs: VerifyBatch | torch.Tensor) -> torch.Tensor | None:
+    """This rank's logits [batch, seq, vocab / tp] on the last pipeline stage, else None. ``inputs``: a
+    ``VerifyBatch``, or a text model's token ids [batch, seq] (positions 0..seq-1)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    if isinstance(inputs, torch.Tensor):
+        inputs = VerifyBatch(inputs, torch.arange(inputs.shape[1]).unsqueeze(0))
     batch, seq = inputs.input_ids.shape
     outputs = []
 
