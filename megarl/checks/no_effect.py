@@ -23,7 +23,8 @@ def cpu_notes(cfg) -> list[str]:
     if has_cuda() or rollout.gpu_memory_utilization == RolloutConfig.gpu_memory_utilization:
         return []
     return [f"{ROLLOUT}.gpu_memory_utilization={rollout.gpu_memory_utilization} sizes the vLLM engines' share of a "
-            "GPU; on this CPU host each engine gets a 1 GiB KV cache instead (megarl.rollout.backend cpu_kv_cache_gib), "
+            "GPU; on this CPU host each engine's KV cache holds max_num_seqs sequences of max_model_len tokens instead "
+            "(64 MiB to 1 GiB: megarl.rollout.vllm.engine_config.cpu_kv_cache_bytes), "
             "so the value is not used here"]
 
 

@@ -230,6 +230,17 @@ class ModelDims:
     def has_dense_layers(self) -> bool:
         return self.moe is None or not all(self.moe.layers)
 
+    def kv_bytes_per_token(self, rollout_tp: int, itemsize: int) -> int:
+        """KV-cache bytes per token on one vLLM worker, every layer counted as full attention (an upper
+        bound for sliding-window and linear-attention layers): K and V of its KV heads (a head is replicated
+        when TP exceeds the KV heads); MLA keeps one compressed latent (kv_lora_rank + qk_rope_head_dim)
+        per token and layer on every TP rank."""
+        attention, layers = self.attention, self.num_layers
+        if isinstance(attention, MLAttention):
+            return layers * (attention.kv_lora_rank + attention.qk_rope_head_dim) * itemsize
+        heads = max(1, attention.num_query_groups // rollout_tp)
+        return 2 * layers * heads * attention.head_dim * itemsize
+
 
 def load_hf_config(hf_config_or_dir: PretrainedConfig | str | os.PathLike) -> PretrainedConfig:
     """A transformers config from a config object, a model directory or a config.json path."""

@@ -11,7 +11,7 @@ then be killed by Ray's memory monitor. ``cpu_host_problems`` adds up, before an
   trains only the adapters, counted as nothing here); the reference adds its weights;
 * a vLLM replica: ``ENGINE_PROCESS_BYTES`` (its API process and engine core, measured) and
   ``ENGINE_WORKER_BYTES`` per TP worker (measured), the fp32 weights and its KV cache (megarl's CPU
-  KV cache, ``CPU_KV_CACHE_BYTES``). A colocated reward model's engines are not counted.
+  KV cache, at most ``CPU_KV_CACHE_BYTES``). A colocated reward model's engines are not counted.
 
 More than the host's available memory is a problem that names the biggest ``n_gpus_per_node`` that
 fits; more processes than cores is a warning (they share the cores and run slowly). A run on
@@ -35,7 +35,7 @@ GIB = 1 << 30
 TRAINER_PROCESS_BYTES = GIB // 2
 ENGINE_PROCESS_BYTES = int(1.2 * GIB)  # a replica's API process and engine core
 ENGINE_WORKER_BYTES = int(0.65 * GIB)  # each of its TP workers
-CPU_KV_CACHE_BYTES = GIB  # megarl.rollout.backend: cpu_kv_cache_gib = 1.0
+CPU_KV_CACHE_BYTES = GIB  # the most a CPU engine's KV cache takes (megarl.rollout.vllm.engine_config.cpu_kv_cache_bytes)
 
 
 @dataclass(frozen=True)

@@ -197,14 +197,8 @@ class ModelFacts:
 
     # ------------------------------------------------------------------ the rollout engine
     def kv_bytes_per_token(self, rollout_tp: int, itemsize: int) -> int:
-        """KV-cache bytes per token on one vLLM worker: K and V of its KV heads (a head is replicated
-        when TP exceeds the KV heads); MLA keeps one compressed latent (kv_lora_rank +
-        qk_rope_head_dim) per token and layer on every TP rank."""
-        attention, layers = self.dims.attention, self.dims.num_layers
-        if isinstance(attention, MLAttention):
-            return layers * (attention.kv_lora_rank + attention.qk_rope_head_dim) * itemsize
-        heads = max(1, attention.num_query_groups // rollout_tp)
-        return 2 * layers * heads * attention.head_dim * itemsize
+        """KV-cache bytes per token on one vLLM worker (``ModelDims.kv_bytes_per_token``)."""
+        return self.dims.kv_bytes_per_token(rollout_tp, itemsize)
 
     def vllm_weight_bytes(self, rollout_tp: int, itemsize: int) -> int:
         """Weight bytes on vLLM's TP rank 0 (the largest): its region of every HF tensor by vLLM's

@@ -78,7 +78,7 @@ class ReplicaRequest:
     use_gpu: bool
     tokenizer_path: str | None = None
     cpus_per_replica: int = 1
-    cpu_kv_cache_gib: float = 1.0
+    cpu_kv_cache_gib: float | None = None  # CPU only; None: what max_num_seqs sequences need, at most 1 GiB
     trust_remote_code: bool = False
     logprobs_mode: str | None = None
     sleep_mode: bool | None = None

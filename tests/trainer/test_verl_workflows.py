@@ -165,7 +165,7 @@ def test_no_key_the_workflows_set_is_accepted_and_ignored(seed_project, monkeypa
     load_config(cmd.name, cmd.overrides, config_path=cmd.config_path, notes=notes)
     said = [n for n in notes if n.startswith("actor_rollout_ref.rollout.gpu_memory_utilization=0.9")]
     assert len(said) == (0 if has_cuda() else 1), notes
-    assert has_cuda() or "on this CPU host each engine gets a 1 GiB KV cache instead" in said[0]
+    assert has_cuda() or "on this CPU host each engine's KV cache holds max_num_seqs sequences" in said[0]
 
 
 @pytest.mark.ray

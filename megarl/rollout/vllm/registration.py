@@ -14,11 +14,24 @@ def spec_for(request: ReplicaRequest) -> ReplicaSpec:
     return replica_spec(
         request.config, request.model_path, use_gpu=request.use_gpu, tokenizer_path=request.tokenizer_path,
         cpus_per_replica=request.cpus_per_replica, cpu_kv_cache_gib=request.cpu_kv_cache_gib,
+        kv_bytes_per_token=None if request.use_gpu else _fp32_kv_bytes_per_token(request),
         trust_remote_code=request.trust_remote_code, logprobs_mode=request.logprobs_mode,
         sleep_mode=request.sleep_mode, ray_executor=request.spans_nodes,
         hf_overrides={**vllm_hf_overrides(request.model_path), **(request.hf_overrides or {})},
         mla=uses_mla(request.model_path),
         lora_rank=request.lora_rank)
+
+
+def _fp32_kv_bytes_per_token(request: ReplicaRequest) -> int | None:
+    """KV bytes per token on one TP worker in fp32 (an upper bound for any CPU dtype); None for a model
+    megarl has no family for (a judge's checkpoint, say): its CPU cache then gets the most."""
+    from megarl.models import model_dims
+
+    try:
+        dims = model_dims(request.model_path)
+    except (ValueError, OSError):
+        return None
+    return dims.kv_bytes_per_token(int(request.config.tensor_model_parallel_size), 4)
 
 
 def tensor_splits(model_path: str):
