@@ -57,10 +57,11 @@ class RolloutFleet:
     TP on CPU, 1 on GPU) is the bundle's CPU count; on CPU it is also the engine's thread count.
     ``cpu_kv_cache_gib`` sizes the KV cache on CPU, where ``gpu_memory_utilization`` would be a
     fraction of host RAM (default: what ``max_num_seqs`` sequences of ``max_model_len`` tokens need,
-    64 MiB to 1 GiB: ``megarl.rollout.vllm.engine_config.cpu_kv_cache_bytes``). ``hf_overrides``: HF config fields the engines apply to the checkpoint's
-    config (verl's ``override_config.model_config``, as the trainer's models). Ray must be initialised
-    first (``megarl.cluster.ray_cluster.init_ray``). ``max_replica_failures``: how many replica losses the
-    fleet survives (``trainer.max_replica_failures``; None: no bound).
+    64 MiB to 1 GiB: ``megarl.rollout.vllm.engine_config.cpu_kv_cache_bytes``). ``hf_overrides``: HF
+    config fields the engines apply to the checkpoint's config (verl's ``override_config.model_config``,
+    as the trainer's models). Ray must be initialised first (``megarl.cluster.ray_cluster.init_ray``).
+    ``max_replica_failures``: how many replica losses the fleet survives (``trainer.max_replica_failures``;
+    None: no bound).
     """
 
     def __init__(self, config: Any, model_path: str, *, num_replicas: int | None = None,

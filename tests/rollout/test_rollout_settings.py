@@ -208,7 +208,7 @@ MIB = 1 << 20
 
 
 @pytest.mark.parametrize("seqs,length,per_token,expected", [
-    (1024, 56, 2048, 1024 * 56 * 2048),  # the quickstart's engine: what 1024 sequences of 56 tokens need (112 MiB)
+    (1024, 56, 2048, 1024 * 56 * 2048),  # what 1024 sequences of 56 tokens at 2 KiB a token need (112 MiB)
     (8, 48, 2048, 64 * MIB),  # less than 64 MiB: 64 MiB
     (1024, 4096, 46080, 1024 * MIB),  # SmolLM2-sized sequences: capped at 1 GiB (host RAM is shared)
     (1024, 56, None, 1024 * MIB),  # a model without a megarl family: 1 GiB

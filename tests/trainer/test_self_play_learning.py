@@ -55,7 +55,7 @@ def partly_trained(quickstart_inputs, tmp_path_factory):
     return {**quickstart_inputs, "model": model, "no_preference": reward}
 
 
-def run_both(inputs, tmp_path, *algorithm: str) -> tuple[dict, dict]:
+def run_both(inputs, tmp_path, *algorithm: str) -> tuple[tuple[list, dict], tuple[list, dict]]:
     """The run with the task's reward and the control: (validation scores, logged scalars) of each."""
     from megarl.run.train import run
 

@@ -14,7 +14,8 @@ def spec_for(request: ReplicaRequest) -> ReplicaSpec:
     return replica_spec(
         request.config, request.model_path, use_gpu=request.use_gpu, tokenizer_path=request.tokenizer_path,
         cpus_per_replica=request.cpus_per_replica, cpu_kv_cache_gib=request.cpu_kv_cache_gib,
-        kv_bytes_per_token=None if request.use_gpu else _fp32_kv_bytes_per_token(request),
+        kv_bytes_per_token=(None if request.use_gpu or request.cpu_kv_cache_gib is not None  # a size given: no model read
+                            else _fp32_kv_bytes_per_token(request)),
         trust_remote_code=request.trust_remote_code, logprobs_mode=request.logprobs_mode,
         sleep_mode=request.sleep_mode, ray_executor=request.spans_nodes,
         hf_overrides={**vllm_hf_overrides(request.model_path), **(request.hf_overrides or {})},
