@@ -1,7 +1,11 @@
 """Suite-wide settings (one thread per process: 2-core machines oversubscribe 40-fold otherwise;
 no hub), the split into light and heavy tests (tests/process_guard.py) and the suite-wide real
-checkpoint fixture ``smollm2`` and the quickstart's model and data, ``quickstart_inputs``."""
+checkpoint fixture ``smollm2``, the quickstart's model and data, ``quickstart_inputs``, and the Ray
+cluster that heavy tests join, ``ray_address`` / ``joins_ray``."""
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +41,32 @@ def quickstart_inputs(tmp_path_factory):
     from megarl.run.quickstart import prepare
 
     return prepare(tmp_path_factory.mktemp("quickstart"))
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """The address of one local Ray cluster for the session (``tests/ray_head.py``, started on first use,
+    stopped at the end). Module fixtures pass it to ``init_ray(address=...)``."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    head = subprocess.Popen([sys.executable, "-m", "tests.ray_head"], cwd=Path(__file__).resolve().parents[1],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    address = head.stdout.readline().strip()
+    if not address:
+        head.kill()
+        pytest.fail(f"the tests' Ray cluster did not start (exit code {head.wait()})", pytrace=False)
+    yield address
+    head.stdin.close()
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        head.kill()
+
+
+@pytest.fixture(scope="module")
+def joins_ray(ray_address):
+    """The runs of a module join the session's cluster (``$RAY_ADDRESS``, which ``init_ray`` reads) instead
+    of starting one each: ``pytestmark = pytest.mark.usefixtures("joins_ray")``; a module fixture that
+    runs one names ``joins_ray`` among its arguments."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_ADDRESS", ray_address)
+        yield ray_address

@@ -17,7 +17,7 @@ from megarl.checks import load_config
 
 from tests.agent import tool_tasks
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 
 
 def scalars(log_dir: Path) -> dict[str, list[float]]:

@@ -68,7 +68,7 @@ def train_one_step(workers, prompt_ids, pad_token_id):
 
 
 @pytest.fixture(scope="module")
-def measured(smollm2, tmp_path_factory):
+def measured(ray_address, smollm2, tmp_path_factory):
     from megarl.settings.worker import worker_settings
     from megarl.rollout import RolloutFleet
     from megarl.trainer.megatron_worker import MegatronWorker
@@ -79,7 +79,7 @@ def measured(smollm2, tmp_path_factory):
 
     cfg = config(smollm2, tmp_path_factory.mktemp("smollm2_sync") / "unused.parquet")
     prompt_ids, pad = prompts(smollm2)
-    init_ray(num_cpus=TP + 1)
+    init_ray(address=ray_address)
     fleet = workers = session = None
     try:
         fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(smollm2), cpu_kv_cache_gib=0.5)

@@ -45,11 +45,11 @@ def cfg(models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def service(cfg):
+def service(ray_address, cfg):
     from megarl.cluster.startup import start_reward_model
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    ray_cluster.init_ray(num_cpus=2)
+    ray_cluster.init_ray(address=ray_address)
     from megarl.settings.cluster import reward_pool_from_config
     from megarl.settings.reward_models import reward_engine, settings_from_config
 

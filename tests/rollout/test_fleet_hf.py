@@ -54,9 +54,9 @@ def rollout_config(name: str) -> RolloutConfig:
 
 
 @pytest.fixture(scope="module")
-def fleets(model_dir):
+def fleets(ray_address, model_dir):
     os.environ["OMP_NUM_THREADS"] = "1"
-    ray_cluster.init_ray(num_cpus=3)
+    ray_cluster.init_ray(address=ray_address)
     started = {}
     try:
         started["hf"] = RolloutFleet(rollout_config("hf"), str(model_dir), num_replicas=2)

@@ -54,7 +54,7 @@ def max_diff_to_hf(fleet, model):
     return worst
 
 
-def test_moe_engine_serves_reloaded_weights_exactly(tmp_path):
+def test_moe_engine_serves_reloaded_weights_exactly(ray_address, tmp_path):
     from megarl.devtools.tiny_model import make_tiny_model
 
     model_dir = make_tiny_model("qwen3_moe", "tiny", out_dir=tmp_path / "moe", seed=3)
@@ -65,7 +65,7 @@ def test_moe_engine_serves_reloaded_weights_exactly(tmp_path):
     perturbed_reference = hf_reference(model_dir, perturbed, tmp_path / "perturbed")
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    ray_cluster.init_ray(num_cpus=2)
+    ray_cluster.init_ray(address=ray_address)
     config = RolloutConfig(prompt_length=16, response_length=8, tensor_model_parallel_size=1, n=1,
                            max_num_seqs=16, max_num_batched_tokens=512, seed=7)
     fleet = RolloutFleet(config, str(model_dir), num_replicas=1, cpu_kv_cache_gib=0.25)

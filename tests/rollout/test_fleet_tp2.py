@@ -27,7 +27,7 @@ def hf_logprobs(model, prompt_ids, response_ids):
     return [logp[len(prompt_ids) - 1 + t, token].item() for t, token in enumerate(response_ids)]
 
 
-def test_tp2_replica_generates_and_reloads_weights_like_hf(tmp_path):
+def test_tp2_replica_generates_and_reloads_weights_like_hf(ray_address, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from megarl.devtools.tiny_model import make_tiny_model
@@ -35,7 +35,7 @@ def test_tp2_replica_generates_and_reloads_weights_like_hf(tmp_path):
     model_dir = make_tiny_model("llama", "tiny", out_dir=tmp_path / "llama", seed=0)
     hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     os.environ["OMP_NUM_THREADS"] = "1"
-    ray_cluster.init_ray(num_cpus=2)
+    ray_cluster.init_ray(address=ray_address)
     config = RolloutConfig(prompt_length=16, response_length=8, tensor_model_parallel_size=2, max_num_seqs=8)
     fleet = RolloutFleet(config, str(model_dir), num_replicas=1, cpu_kv_cache_gib=0.25)
     try:

@@ -28,14 +28,14 @@ def image(height: int, width: int, seed: int) -> Image.Image:
 
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
-def served(request, tmp_path_factory):
+def served(ray_address, request, tmp_path_factory):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from megarl.devtools.tiny_model import make_tiny_model
 
     model_dir = make_tiny_model(request.param, "tiny", out_dir=tmp_path_factory.mktemp("vl") / request.param)
     os.environ["OMP_NUM_THREADS"] = "1"
-    ray_cluster.init_ray(num_cpus=2)
+    ray_cluster.init_ray(address=ray_address)
     config = RolloutConfig(prompt_length=128, response_length=MAX_TOKENS, tensor_model_parallel_size=1, n=1,
                            temperature=1.0, max_num_seqs=8, max_num_batched_tokens=1024, seed=7)
     fleet = RolloutFleet(config, str(model_dir), num_replicas=1, cpu_kv_cache_gib=0.25)

@@ -67,7 +67,7 @@ def config(inputs, out, *extra):
 
 
 @pytest.fixture(scope="module")
-def pools(inputs, tmp_path_factory):
+def pools(ray_address, inputs, tmp_path_factory):
     """Ray, the run's placement (1 trainer slot + 1 rollout slot) and the engine, for every run here."""
     from megarl.rollout import RolloutFleet
     from megarl.cluster.placement import ClusterPlacement
@@ -78,7 +78,7 @@ def pools(inputs, tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
         for key, value in SEPARATE_ENGINE_PROCESS.items():
             env.setenv(key, value)
-        init_ray(num_cpus=2)
+        init_ray(address=ray_address)
         placement = ClusterPlacement(plan_from_config(cfg), use_gpu=False)
         fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(inputs["model"]), slots=placement.replica_slots())
         yield placement, fleet

@@ -103,10 +103,10 @@ class FakeSession:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(ray_address):
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
-    init_ray(num_cpus=2)
+    init_ray(address=ray_address)
     yield
     shutdown_ray()
 

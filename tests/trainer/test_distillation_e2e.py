@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from megarl.checks import load_config
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 STEPS = 3
 TOPK = 25  # more than vLLM's default cap of 20 log-probs per position: the teacher engine raises it
 
@@ -57,7 +57,7 @@ def overrides(inputs, out: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_the_teacher_scores_a_batch_as_transformers_does(inputs, tmp_path):
+def test_the_teacher_scores_a_batch_as_transformers_does(ray_address, inputs, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
@@ -79,7 +79,7 @@ def test_the_teacher_scores_a_batch_as_transformers_does(inputs, tmp_path):
         ids[i, width:width + len(r)], mask[i, width:width + len(r)] = torch.tensor(r), 1
     batch = RLBatch(ids, mask, mask[:, width:].clone())
 
-    init_ray(num_cpus=2)
+    init_ray(address=ray_address)
     teachers = None
     try:
         topk = load_config("quickstart", overrides(inputs, tmp_path, "distillation.distillation_loss.loss_mode=forward_kl_topk",

@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from megarl.checks import ConfigError, load_config
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 
 
 def overrides(inputs, out: Path, *extra: str) -> list[str]:
@@ -86,7 +86,7 @@ EQUAL_METRICS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(quickstart_inputs, tmp_path_factory):
+def uninterrupted(quickstart_inputs, joins_ray, tmp_path_factory):
     """The 5 steps every interrupted-and-resumed run below must equal."""
     from megarl.run.train import run
 
@@ -258,7 +258,8 @@ def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tm
         "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
         f"trainer.total_training_steps={steps}",
         # the critic's state lives in host memory between its phases (the offload's critic path)
-        "critic.megatron.param_offload=true", "critic.megatron.grad_offload=true", "critic.megatron.optimizer_offload=true"))
+        "critic.megatron.param_offload=true", "critic.megatron.grad_offload=true", "critic.megatron.optimizer_offload=true",
+        "actor_rollout_ref.rollout.name=hf"))  # the critic's claim: the faster backend generates (vLLM has its own tests)
     run(cfg)
     logged = scalars(out)
     vf = [v for _, v in logged["critic/vf_loss"]]
@@ -314,7 +315,7 @@ def test_remax_with_dapo_dynamic_sampling_runs(quickstart_inputs, tmp_path):
         quickstart_inputs, out, "algorithm.adv_estimator=remax", "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.max_num_gen_batches=20",
         "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
-        "trainer.val_before_train=false"))
+        "trainer.val_before_train=false", "actor_rollout_ref.rollout.name=hf"))  # greedy baselines from either backend
     run(cfg)
     logged = scalars(out)
     kept = [v for _, v in logged["filter_groups/num_groups_kept"]]
@@ -414,7 +415,8 @@ def test_grpo_at_context_parallel_2_with_packing_takes_the_steps_of_cp1_padded(q
 
     common = ["actor_rollout_ref.rollout.num_replicas=1", "actor_rollout_ref.actor.use_kl_loss=true",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.total_training_steps=3",
-              "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
+              "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
+              "actor_rollout_ref.rollout.name=hf"]  # the trainer's claim: the faster backend generates
     runs = {}
     for name, layout in (("cp2", ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.context_parallel_size=2"]),
                          ("cp1", ["trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.megatron.use_remove_padding=false"])):

@@ -13,7 +13,7 @@ import pytest
 from megarl.checks import load_config
 from tests.trainer.test_e2e import CURVE_STEPS, overrides, scalars, short_and_curve
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 
 LORA = ["actor_rollout_ref.model.lora.rank=16", "actor_rollout_ref.model.lora.alpha=32",
         "actor_rollout_ref.model.lora.target_modules=all-linear", "actor_rollout_ref.model.lora.merge=true",

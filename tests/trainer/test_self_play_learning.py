@@ -23,7 +23,7 @@ import pytest
 from megarl.checks import load_config
 from tests.trainer.test_e2e import overrides, scalars
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.curve]
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.curve, pytest.mark.usefixtures("joins_ray")]
 
 ACTOR = "actor_rollout_ref.actor"
 STEPS = 30

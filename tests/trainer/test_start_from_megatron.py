@@ -92,7 +92,7 @@ def hf_logprobs(model_dir, prompt, response):
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_path):
+def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(ray_address, tmp_path):
     from megarl.settings.worker import worker_settings
     import ray
 
@@ -113,7 +113,7 @@ def test_trainer_starts_from_a_converted_checkpoint_and_the_fleet_follows(tmp_pa
     assert converted.returncode == 0, converted.stderr[-3000:]
     cfg = config(model_a, tmp_path / "b_mcore")
 
-    init_ray(num_cpus=4)
+    init_ray(address=ray_address)
     workers = fleet = session = None
     try:
         workers = WorkerGroup(MegatronWorker, 2, init_args=(worker_settings(cfg, 2),))

@@ -1,6 +1,7 @@
 """Fault injection into real runs (``megarl train``, the quickstart's tiny model on CPU): a run whose
 gradients or weights go non-finite stops with status 1 and says why, and writes no checkpoint with
-non-finite weights.
+non-finite weights. The runs generate with the ``hf`` rollout backend: the checks are the trainer's, before
+any weight reaches a replica of either backend.
 
 1. ``optim.lr=1e3``: the first optimizer step makes the weights huge (still finite), every later
    gradient is NaN, megatron's optimizer skips those steps; before, the run went on to "done" with
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,8 @@ def train(inputs, out: Path, *overrides: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "megarl.run.train", "--config-name", "quickstart",
                f"data.train_files={inputs['data'] / 'train.parquet'}", f"data.val_files={inputs['data'] / 'test.parquet'}",
                f"actor_rollout_ref.model.path={inputs['model']}", "trainer.total_training_steps=8", "trainer.save_freq=1",
-               "trainer.test_freq=-1", "trainer.val_before_train=false", f"trainer.default_local_dir={out}", *overrides]
+               "trainer.test_freq=-1", "trainer.val_before_train=false", f"trainer.default_local_dir={out}",
+               "actor_rollout_ref.rollout.name=hf", *overrides]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "PYTHONUNBUFFERED": "1"}
     return subprocess.run(command, cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
 

@@ -172,6 +172,7 @@ def test_no_key_the_workflows_set_is_accepted_and_ignored(seed_project, monkeypa
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.usefixtures("joins_ray")
 def test_workflow_2_trains_two_steps_with_the_batch_reward_and_logs_samples(seed_project, monkeypatch, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

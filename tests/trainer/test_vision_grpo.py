@@ -16,7 +16,7 @@ import pytest
 from megarl.checks import load_config
 from tests.trainer.test_e2e import VARIED_REWARD, overrides, scalars
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 
 STEPS = 2
 

@@ -14,7 +14,7 @@ import pytest
 
 from megarl.checks import load_config
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.curve]
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.curve, pytest.mark.usefixtures("joins_ray")]
 
 STEPS = 40
 

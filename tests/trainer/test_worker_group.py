@@ -55,8 +55,8 @@ class SumWorker(DistributedWorker):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    init_ray(num_cpus=4)
+def cluster(ray_address):
+    init_ray(address=ray_address)
     yield
     shutdown_ray()
 

@@ -54,11 +54,11 @@ def model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fleet(model):
+def fleet(ray_address, model):
     from megarl.rollout import RolloutFleet
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
-    init_ray(num_cpus=4)
+    init_ray(address=ray_address)
     fleet = RolloutFleet(config(model).actor_rollout_ref.rollout, str(model), cpu_kv_cache_gib=0.25)
     yield fleet
     fleet.shutdown()

@@ -45,10 +45,10 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(ray_address):
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
-    init_ray(num_cpus=6)
+    init_ray(address=ray_address)
     yield
     shutdown_ray()
 

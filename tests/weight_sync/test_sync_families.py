@@ -42,10 +42,10 @@ def config(model, tp: int = 1, ep: int = 1):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(ray_address):
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
-    init_ray(num_cpus=3)
+    init_ray(address=ray_address)
     yield
     shutdown_ray()
 

@@ -51,10 +51,10 @@ def model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(ray_address):
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
-    init_ray(num_cpus=4)
+    init_ray(address=ray_address)
     yield
     shutdown_ray()
 

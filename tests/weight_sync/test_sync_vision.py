@@ -73,11 +73,11 @@ def worst_diff(fleet, rows, inputs, hf) -> float:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(ray_address):
     from megarl.cluster.ray_cluster import init_ray, shutdown_ray
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    init_ray(num_cpus=3)
+    init_ray(address=ray_address)
     yield
     shutdown_ray()
 
