@@ -43,23 +43,57 @@ def quickstart_inputs(tmp_path_factory):
     return prepare(tmp_path_factory.mktemp("quickstart"))
 
 
+class RayHead:
+    """``tests/ray_head.py`` as a child process of the suite, started on first use and again whenever it has
+    ended (a test that kills processes may take it down): ``address()`` is always a live cluster's."""
+
+    def __init__(self):
+        self.process: subprocess.Popen | None = None
+        self._address = ""
+
+    def address(self) -> str:
+        if self.process is not None and self.process.poll() is not None:
+            print(f"\nthe tests' Ray cluster ended (exit code {self.process.returncode}); starting it again")
+            self.process = None  # a test killed it: the next module gets a new one
+        if self.process is None:
+            env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+            # a session of its own: signals to the suite's process group (a test's, or a terminal's) miss it;
+            # it stops when its stdin closes, at the end of the suite or when the suite dies
+            self.process = subprocess.Popen([sys.executable, "-m", "tests.ray_head"], cwd=Path(__file__).resolve().parents[1],
+                                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                            start_new_session=True)
+            self._address = self.process.stdout.readline().strip()
+            if not self._address:
+                self.process.kill()
+                pytest.fail(f"the tests' Ray cluster did not start (exit code {self.process.wait()})", pytrace=False)
+        return self._address
+
+    def stop(self) -> None:
+        """Stop the cluster (the next ``address()`` starts it again)."""
+        if self.process is None:
+            return
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
 @pytest.fixture(scope="session")
-def ray_address():
-    """The address of one local Ray cluster for the session (``tests/ray_head.py``, started on first use,
-    stopped at the end). Module fixtures pass it to ``init_ray(address=...)``."""
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    head = subprocess.Popen([sys.executable, "-m", "tests.ray_head"], cwd=Path(__file__).resolve().parents[1],
-                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    address = head.stdout.readline().strip()
-    if not address:
-        head.kill()
-        pytest.fail(f"the tests' Ray cluster did not start (exit code {head.wait()})", pytrace=False)
-    yield address
-    head.stdin.close()
-    try:
-        head.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        head.kill()
+def ray_head():
+    """The session's Ray cluster (``RayHead``), stopped at the end."""
+    head = RayHead()
+    yield head
+    head.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_address(ray_head):
+    """The address of the session's local Ray cluster (``tests/ray_head.py``), alive when the module starts.
+    Module fixtures pass it to ``init_ray(address=...)``."""
+    return ray_head.address()
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +104,4 @@ def joins_ray(ray_address):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_ADDRESS", ray_address)
         yield ray_address
+

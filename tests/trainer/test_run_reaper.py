@@ -123,10 +123,13 @@ def test_a_normal_stop_ends_the_reaper_and_touches_nothing(tmp_path):
 
 
 @pytest.mark.heavy  # starts a process
-def test_the_pipe_ending_without_the_stop_word_is_a_death_even_while_the_driver_looks_alive(tmp_path):
+def test_the_pipe_ending_without_the_stop_word_is_a_death_even_while_the_driver_looks_alive(ray_head, tmp_path):
     """A SIGKILLed driver's files close before it is a zombie: the reaper can see the pipe end while the
     driver's pid still reads as running. A CI run saw the reaper take that for a normal stop and leave the
-    agent running. Here this process plays the driver and ends the pipe without the word."""
+    agent running. Here this process plays the driver and ends the pipe without the word. The reaper then
+    kills every process this one started: the session's Ray cluster stops first (the next module that
+    needs one starts it again)."""
+    ray_head.stop()
     temp_dir = tmp_path / "ray_x"
     temp_dir.mkdir()
     child = subprocess.Popen(SLEEPER)  # the "agent", recorded by the reaper
