@@ -59,9 +59,9 @@ class RayHead:
             env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
             # a session of its own: signals to the suite's process group (a test's, or a terminal's) miss it;
             # it stops when its stdin closes, at the end of the suite or when the suite dies
-            self.process = subprocess.Popen([sys.executable, "-m", "tests.ray_head"], cwd=Path(__file__).resolve().parents[1],
-                                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                            start_new_session=True)
+            self.process = subprocess.Popen([sys.executable, "-m", "tests.ray_head"],
+                                            cwd=Path(__file__).resolve().parents[1], env=env, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, text=True, start_new_session=True)
             self._address = self.process.stdout.readline().strip()
             if not self._address:
                 self.process.kill()
@@ -104,4 +104,3 @@ def joins_ray(ray_address):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_ADDRESS", ray_address)
         yield ray_address
-

