@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the test suite in .venv, in two phases (tests/process_guard.py says why and how a test is split):
 #   1. the tests that start no processes, on $MEGARL_TEST_WORKERS pytest-xdist workers (default 2);
-#   2. the heavy ones (Ray, vLLM, torchrun, subprocesses, Slurm), one at a time.
+#   2. the heavy ones (Ray, vLLM, torchrun, subprocesses, Slurm), whole modules per worker, on
+#      $MEGARL_TEST_HEAVY_WORKERS workers (default 2; 0 runs them one at a time in one process).
 # The arguments go to both phases; a marker expression (-m EXPR) is combined with each phase's own.
 # Fails when either phase fails, or when neither collected a test (pytest's exit code 5).
 set -uo pipefail
@@ -27,8 +28,8 @@ heavy=5
 if [ "$exitfirst" -eq 1 ] && [ "$light" -ne 0 ] && [ "$light" -ne 5 ]; then
     echo "run_tests: phase 1 failed and -x was given; phase 2 (heavy tests) skipped" >&2
 else
-    echo "run_tests: phase 2 of 2, the heavy tests (they start processes), one at a time"
-    .venv/bin/python -m pytest -m "$(within heavy)" "${args[@]}"
+    echo "run_tests: phase 2 of 2, the heavy tests (they start processes), on ${MEGARL_TEST_HEAVY_WORKERS:-2} workers"
+    .venv/bin/python -m pytest -n "${MEGARL_TEST_HEAVY_WORKERS:-2}" --dist loadfile -m "$(within heavy)" "${args[@]}"
     heavy=$?
 fi
 

@@ -1,8 +1,9 @@
 """The split of the suite into light and heavy tests, and the guard that keeps it honest.
 
 ``make test`` (scripts/run_tests.sh) runs the tests that start no processes on 2 pytest-xdist workers,
-then the *heavy* ones (Ray clusters, vLLM engines, torchrun, subprocesses, Slurm) one at a time: two
-heavy tests at once would share 2 cores and their timeouts. A test is heavy when it carries the
+then the *heavy* ones (Ray clusters, vLLM engines, torchrun, subprocesses, Slurm), whole modules per
+worker: a module's shared cluster or engine stays with it, and a heavy test may wait on timeouts and
+signals, so it must not assume the machine to itself. A test is heavy when it carries the
 ``heavy`` marker or one that implies it (``HEAVY_MARKERS``). A test that is not heavy and starts a
 process anyway would land among the parallel ones and slow or flake there, so it fails instead, naming
 the marker to add: while a light test sets up, runs and tears down, every way Python starts a process
@@ -57,7 +58,7 @@ def no_process_starts(nodeid: str):
             raise LightTestStartedAProcess(
                 f"{nodeid} started a process but is not marked heavy, so it runs among the tests that "
                 f"make test runs in parallel; mark it (or its module: pytestmark = pytest.mark.heavy, or "
-                f"one of {', '.join(HEAVY_MARKERS[1:])}) so that it runs in the serial phase")
+                f"one of {', '.join(HEAVY_MARKERS[1:])}) so that it runs in the heavy phase")
         return start
 
     saved = [(module, name, getattr(module, name)) for module, name in _STARTERS]

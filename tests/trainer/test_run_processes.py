@@ -30,6 +30,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from megarl.cluster import run_reaper
+
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,8 +171,11 @@ def driver_and_reaper_killed(run: Run) -> tuple[Path, list[psutil.Process]]:
     """2. Driver and reaper SIGKILLed while the engines start: the temp dir (and Ray's agents) stay behind."""
     try:
         run.wait_for(r"^Ray cluster: ", timeout_s=300)
-        time.sleep(3)  # the reaper records the cluster's processes every second
         stale = run.ray_temp_dir()
+        deadline = time.time() + 60  # the reaper records the cluster's processes every second, once it runs
+        while not run_reaper.read_record(stale) and time.time() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)  # two more records: the agents Ray starts after the head
         processes = run.processes()
         reaper = [p for p in processes if "megarl.cluster.run_reaper" in " ".join(p.cmdline())]
         assert len(reaper) == 1, [p.cmdline() for p in processes]

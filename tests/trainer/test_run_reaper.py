@@ -111,9 +111,11 @@ def test_a_normal_stop_ends_the_reaper_and_touches_nothing(tmp_path):
     child = subprocess.Popen(SLEEPER)  # a child of this "driver", recorded by the reaper
     try:
         reaper = run_reaper.start_reaper(str(temp_dir))
-        time.sleep(2.5)
-        assert reaper.process.poll() is None  # it waits while the driver lives
+        deadline = time.time() + 60  # the reaper's first record: a fixed wait flaked with a busy machine
+        while child.pid not in dict(run_reaper.read_record(temp_dir)) and time.time() < deadline:
+            time.sleep(0.1)
         assert child.pid in dict(run_reaper.read_record(temp_dir))
+        assert reaper.process.poll() is None  # it waits while the driver lives
         reaper.stop()
         assert reaper.process.returncode == 0
         assert child.poll() is None and temp_dir.exists()  # the driver's own shutdown does the rest
