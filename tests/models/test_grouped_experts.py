@@ -215,3 +215,32 @@ def test_on_a_gpu_without_transformer_engine_or_grouped_gemm_the_legacy_module_i
     monkeypatch.setattr(grouped_gemm_util, "grouped_gemm", None)
     problem = grouped_gemm_problem(family, uses_te_spec=False, has_cuda=True)
     assert "needs Transformer Engine (TEGroupedMLP)" in problem and "grouped_gemm package" in problem
+
+
+def _expert_checkpoint_tensors(model) -> dict:
+    """Every expert tensor of the model's distributed-checkpoint state (megatron's ``sharded_state_dict``), each
+    assembled from its shards into the global tensor a checkpoint stores under its key."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+    state = model.sharded_state_dict()
+    apply_factories(state)  # GroupedMLP's fused weights become per-expert shards here
+    full = {}
+    for shard in nested_values(state):
+        if isinstance(shard, ShardedTensor) and ".experts." in shard.key:
+            tensor = full.setdefault(shard.key, torch.full(shard.global_shape, float("nan")))
+            leading = len(shard.global_shape) - shard.data.dim()
+            index = tuple(slice(o, o + 1) for o in shard.global_offset[:leading]) + \
+                tuple(slice(o, o + n) for o, n in zip(shard.global_offset[leading:], shard.data.shape))
+            tensor[index] = shard.data.reshape(tensor[index].shape)
+    return full
+
+
+def test_the_distributed_checkpoint_stores_grouped_experts_as_sequential_ones(world, checkpoints):
+    """Same keys, global shapes and values: a checkpoint's weights load under either expert module."""
+    states = [_expert_checkpoint_tensors(build_model(checkpoints["qwen3_moe"], ParallelLayout(),
+                                                     config_overrides={"moe_grouped_gemm": grouped})[0])
+              for grouped in (False, True)]
+    assert sorted(states[0]) == sorted(states[1]) and len(states[0]) == 4  # fc1 and fc2 of 2 layers
+    for key, tensor in states[0].items():
+        assert not tensor.isnan().any() and torch.equal(tensor, states[1][key]), key
