@@ -57,5 +57,8 @@ def test_grouped_experts_match_sequential_experts(results, scenario):
 def test_a_checkpoint_resumes_across_the_expert_module(results, scenario):
     resume = _records(results, scenario)[0]["resume"]
     for direction in ("sequential_to_grouped", "grouped_to_sequential"):
-        assert resume[direction]["step_size"] > 1e-4  # the two steps moved the weights
-        assert resume[direction]["weight_diff"] <= 1e-6, (direction, resume)
+        # the resumed step runs on the other module's gradients (equal within 1e-6, not bit for bit), which Adam's
+        # normalised update can carry to ~1e-6 (1.2e-6 measured at TP2 x ETP2, on steps of 2e-3); a lost or misplaced
+        # optimizer state would move the weights by about a step
+        assert resume[direction]["step_size"] > 1e-3
+        assert resume[direction]["weight_diff"] <= 1e-5, (direction, resume)
