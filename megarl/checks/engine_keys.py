@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from megarl.config.errors import refusal
 from megarl.settings import plain
 
 from megarl.engine.overrides import (LAYOUT_FIELDS, PIPELINE_SPLIT_FIELDS, RECOMPUTE_FIELDS, optimizer_override_problems,
@@ -134,6 +135,11 @@ def _model_checks(cfg, roles) -> tuple[dict, list[str]]:
         if recompute:
             problems += _megatron_refuses(derived, recompute, f"{section}.megatron.override_transformer_config",
                                           family.config_class)
+        grouped = _plain(megatron_section.override_transformer_config).get("moe_grouped_gemm")
+        if grouped and dims.is_moe and family.grouped_gemm_refusal is not None:
+            problems.append(refusal(f"{section}.megatron.override_transformer_config.moe_grouped_gemm={grouped}",
+                                    f"grouped-GEMM experts for {family.name}",
+                                    f"{family.grouped_gemm_refusal}; leave moe_grouped_gemm unset (SequentialMLP)"))
     return derived, problems
 
 

@@ -104,6 +104,14 @@ def lora_preflight_problems(cfg) -> list[Problem]:
                                     f"expert_tensor_parallel_size=1 (got {etp}); or exclude the experts "
                                     "(exclude_modules: ['*.experts.*'])", key=f"{prefix}.target_modules"))
         overrides = dict(megatron.override_transformer_config or {})
+        section = cfg.critic.megatron if role == "critic" else megatron
+        if dict(section.override_transformer_config or {}).get("moe_grouped_gemm") and \
+                any(".experts." in name for name in chosen):
+            owner = "critic" if role == "critic" else "actor_rollout_ref.actor"
+            problems.append(Problem(f"{prefix}: adapters on expert linears need per-expert linears (SequentialMLP), "
+                                    f"but {owner}.megatron.override_transformer_config.moe_grouped_gemm=True groups "
+                                    "them; leave moe_grouped_gemm unset, or exclude the experts "
+                                    "(exclude_modules: ['*.experts.*'])", key=f"{prefix}.target_modules"))
         rate = overrides.get("moe_router_bias_update_rate")
         if rate and _has_expert_bias(local):
             problems.append(Problem(f"actor_rollout_ref.actor.megatron.override_transformer_config."

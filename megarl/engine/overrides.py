@@ -65,9 +65,11 @@ REFUSED_TRANSFORMER_FIELDS = {
     "perform_initialization": (None, "megarl initialises exactly the models it does not load from a checkpoint"),
     "use_cpu_initialization": (None, "set by the platform (True on CPU machines)"),
 }
-# Fields the bridge derives from the HF config that are training choices, not the architecture.
+# Fields the bridge derives from the HF config that are training choices, not the architecture
+# (``moe_grouped_gemm``: the experts' module, megarl.models.grouped_experts).
 TRAINING_FIELDS = {"hidden_dropout", "attention_dropout", "attention_softmax_in_fp32", "init_method_std",
-                   "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_token_dispatcher_type"}
+                   "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_token_dispatcher_type",
+                   "moe_grouped_gemm"}
 PIPELINE_SPLIT_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                          "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 RECOMPUTE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
@@ -176,9 +178,6 @@ def transformer_override_problems(overrides: Mapping[str, Any], key: str, derive
             problems.append(f"{key}.{name}: set it with {key.rsplit('.', 1)[0]}.{LAYOUT_FIELDS[name].split('.', 1)[1]}.")
         elif name in DTYPE_FIELDS:
             problems.append(f"{key}.{name}: the dtype is set by the platform (bf16 on GPU, fp32 on CPU).")
-        elif name == "moe_grouped_gemm" and value:
-            problems.append(refusal(f"{key}.{name}={value}", "grouped-GEMM experts (TEGroupedMLP)",
-                                    "the bridge maps per-expert weights (SequentialMLP): drop moe_grouped_gemm"))
         elif name == "pipeline_model_parallel_layout" and value is not None:
             problems.append(refusal(f"{key}.{name}={value}", "pipeline layouts by layer-type string "
                                     "(pipeline_model_parallel_layout)", REFUSED_TRANSFORMER_FIELDS[name][1]))

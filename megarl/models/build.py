@@ -38,6 +38,7 @@ from megarl.models.config import build_transformer_config, gpt_model_kwargs, tra
 from megarl.models.config_overrides import apply_overrides
 from megarl.models.dims import LinearRope, Llama3Rope, ModelDims, TransformersRope, load_hf_config
 from megarl.models.families import family_for
+from megarl.models.grouped_experts import grouped_gemm_problem
 from megarl.models.layout import ParallelLayout
 from megarl.models.shards import ROLES, check_layout
 from megarl.models.value_head import ValueHead
@@ -129,7 +130,7 @@ def build_model(
     from megarl.models.loading import load_hf_weights, zero_vocab_padding
     from megarl.models.scaling import scale_embedding, softcap_logits
     from megarl.models.vocab_padding import mask_padding_logits
-    from megarl.platform import default_dtype, device, ensure_platform, transformer_config_overrides
+    from megarl.platform import default_dtype, device, ensure_platform, has_cuda, transformer_config_overrides
 
     if role not in ROLES:
         raise ValueError(f"role={role!r}; expected one of {ROLES}")
@@ -155,6 +156,11 @@ def build_model(
                          "(a pipeline schedule would recompute a layer with another micro-batch's features); use "
                          "recompute_granularity=selective or none")
     transformer_config = build_transformer_config(kwargs, transformer_config_overrides(), overrides, family.config_class)
+    if dims.is_moe and transformer_config.moe_grouped_gemm:
+        uses_te_spec = impl == "transformer_engine" and family.decoder_spec is None
+        problem = grouped_gemm_problem(family, uses_te_spec, has_cuda())
+        if problem is not None:
+            raise ValueError(f"{family.name}: {problem}")
 
     pp_rank = ps.get_pipeline_model_parallel_rank()
     models = []

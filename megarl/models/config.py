@@ -71,7 +71,7 @@ def transformer_config_kwargs(
             moe_aux_loss_coeff=0.0,
             moe_token_dispatcher_type=moe_token_dispatcher,
             moe_layer_freq=[int(flag) for flag in dims.moe.layers],
-            moe_grouped_gemm=False,  # SequentialMLP: per-expert parameters with per-expert names
+            moe_grouped_gemm=False,  # SequentialMLP unless overridden (``megarl.models.grouped_experts``)
             expert_model_parallel_size=layout.ep,
             expert_tensor_parallel_size=layout.etp,
         )
@@ -84,11 +84,6 @@ def build_transformer_config(kwargs: dict, platform_overrides: dict, overrides: 
     from megatron.core import transformer
 
     merged = {**kwargs, **platform_overrides, **(overrides or {})}
-    if merged.get("moe_grouped_gemm"):
-        raise ValueError(
-            "moe_grouped_gemm=True is not supported by the bridge: its names map per-expert weights "
-            "(SequentialMLP); leave moe_grouped_gemm unset"
-        )
     cls = getattr(transformer, config_class)
     known = {field.name for field in dataclasses.fields(cls)}
     unknown = sorted(set(merged) - known)

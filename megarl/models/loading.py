@@ -21,6 +21,7 @@ from safetensors import safe_open
 from megarl.models.dims import load_hf_config
 from megarl.models.fp8 import Dequantizer, block_fp8
 from megarl.models.families import family_for
+from megarl.models.grouped_experts import bridge_tensors
 from megarl.models.layout import ParallelLayout
 from megarl.models.packed import packed_parts, read_piece
 from megarl.models.shards import HF_VALUE_BIAS, HF_VALUE_WEIGHT, ShardSpec, rank_shards
@@ -77,6 +78,8 @@ def this_rank_shards(hf_config, layout: ParallelLayout, role: str, transformer_i
 def chunk_parameters(models: list, specs: list[ShardSpec]) -> list[tuple[ShardSpec, torch.Tensor]]:
     """Pair every spec with its parameter (or buffer); raise if the models and the layout disagree on any name.
 
+    Grouped-GEMM experts are paired by their per-expert views (``megarl.models.grouped_experts``).
+
     Adapter tensors a model transform added (LoRA's ``lora_A`` / ``lora_B``) are not part of the
     bridge's layout and are left out here.
     """
@@ -85,7 +88,7 @@ def chunk_parameters(models: list, specs: list[ShardSpec]) -> list[tuple[ShardSp
     pairs = []
     for chunk, model in enumerate(models):
         module = unwrap(model)
-        params = {name: p for name, p in module.named_parameters() if not is_adapter_param(name)}
+        params = {name: p for name, p in bridge_tensors(module).items() if not is_adapter_param(name)}
         chunk_specs = {spec.name: spec for spec in specs if spec.vpp_chunk == chunk}
         expected = {name for name, spec in chunk_specs.items() if not spec.buffer}
         missing, extra = sorted(expected - set(params)), sorted(set(params) - expected)

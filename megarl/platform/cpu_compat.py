@@ -183,6 +183,18 @@ def _redirect_sequence_parallel_norm() -> None:
         wrapped_norm.__new__ = staticmethod(cpu_standins.sequence_parallel_torch_norm(original_new))
 
 
+def _redirect_grouped_gemm() -> None:
+    grouped_gemm_util = _module("megatron.core.transformer.moe.grouped_gemm_util")
+    experts = _module("megatron.core.transformer.moe.experts")
+    _require(grouped_gemm_util, "ops", "grouped_gemm")
+    if grouped_gemm_util.grouped_gemm is None:  # the CUDA package is missing (always, without CUDA)
+        grouped_gemm_util.grouped_gemm = cpu_standins.grouped_gemm
+        grouped_gemm_util.ops = cpu_standins.grouped_gemm.ops
+    grouped_mlp = _require(experts, "GroupedMLP", "grouped_gemm")
+    if not getattr(grouped_mlp.forward, "__megarl_cpu_compat__", False):
+        grouped_mlp.forward = cpu_standins.grouped_mlp_any_dtype(grouped_mlp.forward)
+
+
 REDIRECTS: tuple[Redirect, ...] = (
     Redirect(
         "rng_tracker",
@@ -273,6 +285,15 @@ REDIRECTS: tuple[Redirect, ...] = (
         "torch LayerNorm'. With sequence parallelism it builds the same torch norm and tags its params "
         "sequence_parallel=True, so finalize_model_grads sums their grads over TP.",
         _redirect_sequence_parallel_norm,
+    ),
+    Redirect(
+        "grouped_gemm",
+        "moe_grouped_gemm=True builds megatron's GroupedMLP on the local spec, whose experts multiply through the "
+        "CUDA-only grouped_gemm package (grouped_gemm_util.ops.gmm): 'Grouped GEMM is not available' at the build; "
+        "its forward also asserts config.bf16 (the package's kernels), but a CPU run is fp32. grouped_gemm_util "
+        "gets cpu_standins.gmm (a loop of matmuls over the experts' row groups), and GroupedMLP's forward runs "
+        "with a copy of its config reading bf16=True.",
+        _redirect_grouped_gemm,
     ),
 )
 

@@ -208,3 +208,46 @@ def sequence_parallel_torch_norm(original_new):
 
     new.__megarl_cpu_compat__ = True
     return new
+
+
+# ---- Grouped GEMM: the ``grouped_gemm`` package's ``ops.gmm``, as a loop of matmuls. ----
+
+
+def gmm(a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, trans_b: bool = False) -> torch.Tensor:
+    """``grouped_gemm.ops.gmm`` on CPU: the rows of ``a`` in consecutive groups of ``batch_sizes``, group
+    ``i`` times ``b[i]`` (``b[i].T`` with ``trans_b``).
+
+    ``a`` [sum(batch_sizes), k]; ``b`` [groups, k, n], or [groups, n, k] with ``trans_b``; the result is
+    [sum(batch_sizes), n]. Plain torch ops, so autograd differentiates it (an empty group gets a zero
+    gradient for its ``b[i]``); any dtype, where the CUDA kernels take bf16 only.
+    """
+    sizes = [int(size) for size in batch_sizes.tolist()]
+    if a.dim() != 2 or b.dim() != 3 or len(sizes) != b.shape[0] or sum(sizes) != a.shape[0]:
+        raise ValueError(f"gmm: a {tuple(a.shape)} and b {tuple(b.shape)} with batch_sizes {sizes}: expected "
+                         "a [sum(batch_sizes), k] and b [len(batch_sizes), k, n] ([.., n, k] with trans_b)")
+    groups = torch.split(a, sizes)
+    return torch.cat([rows @ (weight.t() if trans_b else weight) for rows, weight in zip(groups, b)])
+
+
+grouped_gemm = types.SimpleNamespace(ops=types.SimpleNamespace(gmm=gmm))  # the package's shape: grouped_gemm.ops.gmm
+
+
+def grouped_mlp_any_dtype(original_forward):
+    """``GroupedMLP.forward`` without its "only supports bf16" assertion, which is about the CUDA kernels
+    of ``grouped_gemm``: the forward runs with a copy of the module's config that reads ``bf16=True``
+    (nothing else in the forward reads the field); the module's own config is left unchanged."""
+
+    @functools.wraps(original_forward)
+    def forward(self, *args, **kwargs):
+        config = self.config
+        if config.bf16:
+            return original_forward(self, *args, **kwargs)
+        self.config = copy.copy(config)
+        self.config.bf16 = True
+        try:
+            return original_forward(self, *args, **kwargs)
+        finally:
+            self.config = config
+
+    forward.__megarl_cpu_compat__ = True
+    return forward

@@ -1,8 +1,11 @@
 """TransformerConfig flags that depend on the platform.
 
-Megatron-core's fused kernels (softmax, bias+dropout, bias+activation, RoPE, grouped GEMM,
-MoE permute/router) and GPU-side weight init need CUDA. Model builders apply
-``transformer_config_overrides()`` to every TransformerConfig they make.
+Megatron-core's fused kernels (softmax, bias+dropout, bias+activation, RoPE, MoE permute/router)
+and GPU-side weight init need CUDA. Model builders apply ``transformer_config_overrides()`` to
+every TransformerConfig they make. Grouped-GEMM experts (``moe_grouped_gemm=True``) stay the
+caller's choice: on CPU they are megatron's legacy ``GroupedMLP`` (the local layer spec's, with
+``moe_use_legacy_grouped_gemm`` saying so for every spec) over the CPU stand-in of the
+``grouped_gemm`` package (``cpu_compat``'s ``grouped_gemm`` redirect).
 """
 
 import dataclasses
@@ -18,7 +21,7 @@ _CPU_OVERRIDES = {
     "apply_rope_fusion": False,
     "gradient_accumulation_fusion": False,
     "persist_layer_norm": False,
-    "moe_grouped_gemm": False,
+    "moe_use_legacy_grouped_gemm": True,
     "moe_permute_fusion": False,
     "moe_router_fusion": False,
 }

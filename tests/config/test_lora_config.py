@@ -113,6 +113,15 @@ def test_expert_adapters_need_expert_tensor_parallel_size_1(files):
     assert problems(*run, f"{LORA}.exclude_modules=['*.experts.*']", preflight=True) == []
 
 
+def test_expert_adapters_need_per_expert_linears_not_grouped_gemm(files):
+    _, _, moe, data = files
+    grouped = "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_grouped_gemm=True"
+    run = [*BATCH, f"actor_rollout_ref.model.path={moe}", f"data.train_files={data}", f"{LORA}.rank=8", grouped]
+    (problem,) = problems(*run, preflight=True)
+    assert "per-expert linears (SequentialMLP)" in problem and "moe_grouped_gemm=True" in problem
+    assert problems(*run, f"{LORA}.exclude_modules=['*.experts.*']", preflight=True) == []
+
+
 def peft_adapter(model: Path, out: Path, target_modules: list[str], r: int = 8, alpha: int = 16) -> Path:
     """A real PEFT adapter (PEFT's default init: a random A per projection, B zero) on a random model of ``model``'s
     config.json."""

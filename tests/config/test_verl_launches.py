@@ -21,7 +21,7 @@ from tests.config._fixtures import write_model_config, write_prompts
 
 HERE = Path(__file__).parent / "verl_launches"
 LAUNCHES = [json.loads(line) for line in (HERE / "megatron-example-launches.jsonl").read_text().splitlines()]
-VALIDATED = 15  # docs/configuration.md and docs/coming-from-verl.md ("verl's launches") state this count
+VALIDATED = 17  # docs/configuration.md and docs/coming-from-verl.md ("verl's launches") state this count
 
 # model id (or path) -> (architecture, model_type, the dims of that model's config.json that the
 # layout checks read: layers, heads, sizes and experts as published in the models' config.json)

@@ -136,6 +136,23 @@ def test_model_dependent_checks_use_the_hf_config(four_layers):
     assert "virtual pipeline" in message
 
 
+def test_grouped_gemm_experts_are_accepted_and_refused_only_where_the_family_cannot_group(tmp_path):
+    """moe_grouped_gemm=True (verl's Qwen3-MoE launches): megatron's grouped experts, read by the bridge per expert
+    (megarl.models.grouped_experts); gpt-oss's biased experts cannot be grouped and are refused by name."""
+    from megarl.devtools.tiny_model import build_config
+
+    qwen3_moe, gpt_oss = tmp_path / "qwen3_moe", tmp_path / "gpt_oss"
+    build_config("qwen3_moe").save_pretrained(qwen3_moe)
+    build_config("gpt_oss").save_pretrained(gpt_oss)
+    cfg = config(OTC + "moe_grouped_gemm=true", model=str(qwen3_moe))
+    assert model_overrides(cfg, "actor")["moe_grouped_gemm"] is True and model_overrides(cfg, "ref")["moe_grouped_gemm"]
+    with pytest.raises(ConfigError) as info:
+        config(OTC + "moe_grouped_gemm=true", model=str(gpt_oss))
+    (refused,) = info.value.refusals
+    assert refused.key == "actor_rollout_ref.actor.megatron.override_transformer_config.moe_grouped_gemm"
+    assert "gpt-oss's experts have biases" in refused.message and "leave moe_grouped_gemm unset" in refused.message
+
+
 def test_offload_checkpoint_and_timeout_keys_are_checked():
     message = problems(OTC + "recompute_method=uniform")
     assert "recompute_method without recompute_granularity recomputes nothing" in message

@@ -38,15 +38,16 @@ def tiny_config(**overrides):
     return TransformerConfig(**fields)
 
 
-def tiny_model(config, num_experts=None):
-    """A GPTModel for this rank's pipeline stage."""
+def tiny_model(config, num_experts=None, grouped_gemm=False):
+    """A GPTModel for this rank's pipeline stage (``grouped_gemm``: megatron's GroupedMLP experts)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     return GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=num_experts, normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=grouped_gemm,
+                                                         normalization="RMSNorm"),
         vocab_size=VOCAB,
         max_sequence_length=SEQ,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -44,6 +44,7 @@ FAILURE_SIGNATURES = {
     "sequence_parallel_norm": lambda error, line: "sequence parallel not supported" in error,
     "checkpoint_without_output_fp8": lambda error, line: "name 'FP8GlobalStateManager' is not defined" in error,
     "mla_without_te": lambda error, line: "isinstance() arg 2 must be a type" in error and "multi_latent_attention" in line,
+    "grouped_gemm": lambda error, line: "Grouped GEMM is not available" in error,
 }
 
 
@@ -363,6 +364,55 @@ def scenario_moe_ep2():
     }
 
 
+def _grouped(per_expert, shape):
+    """GroupedMLP's ``weight1`` / ``weight2`` from SequentialMLP's per-expert weights: each transposed, the experts
+    one after the other in memory (megatron views ``weight1`` [hidden, E * fc1] as [E, hidden, fc1])."""
+    return torch.stack([weight.t() for weight in per_expert]).reshape(shape)
+
+
+def scenario_grouped_gemm():
+    """megatron's GroupedMLP experts (moe_grouped_gemm=True, the CPU stand-in of grouped_gemm) against
+    SequentialMLP with the same weights: logits, and the grads of every expert weight."""
+    import _mcore_tiny as tiny
+
+    moe = dict(num_moe_experts=4, moe_router_topk=2, moe_ffn_hidden_size=64, moe_router_load_balancing_type="none",
+               moe_aux_loss_coeff=0.0)
+    tokens, positions, labels = tiny.batch(7)
+    _reset_parallel()
+    runs = {}
+    for grouped in (False, True):
+        torch.manual_seed(SEED)
+        model = tiny.tiny_model(tiny.tiny_config(**moe, moe_grouped_gemm=grouped), num_experts=4, grouped_gemm=grouped)
+        if grouped:  # the same weights: GroupedMLP holds each expert's fc1 / fc2 transposed, experts side by side
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    if name.endswith("experts.weight1") or name.endswith("experts.weight2"):
+                        fc = "linear_fc1" if name.endswith("weight1") else "linear_fc2"
+                        prefix = name.rsplit(".", 1)[0]
+                        per_expert = [runs[False][0][f"{prefix}.local_experts.{e}.{fc}.weight"] for e in range(4)]
+                        param.copy_(_grouped(per_expert, param.shape))
+                    else:
+                        param.copy_(runs[False][0][name])
+        logits = model(tokens, positions, None)
+        model(tokens, positions, None, labels=labels).mean().backward()
+        weights = {name: param.detach().clone() for name, param in model.named_parameters()}
+        grads = {name: param.grad.clone() for name, param in model.named_parameters()}
+        runs[grouped] = (weights, grads, logits.detach())
+    (_, sequential_grads, sequential_logits), (_, grouped_grads, grouped_logits) = runs[False], runs[True]
+    grad_diff = 0.0
+    for name, grad in grouped_grads.items():
+        if name.endswith("experts.weight1") or name.endswith("experts.weight2"):
+            fc = "linear_fc1" if name.endswith("weight1") else "linear_fc2"
+            prefix = name.rsplit(".", 1)[0]
+            per_expert = [sequential_grads[f"{prefix}.local_experts.{e}.{fc}.weight"] for e in range(4)]
+            expected = _grouped(per_expert, grad.shape)
+        else:
+            expected = sequential_grads[name]
+        grad_diff = max(grad_diff, _max_diff(grad, expected))
+    return {"logits_diff": _max_diff(grouped_logits, sequential_logits), "grad_diff": grad_diff,
+            "expert_params": sorted(n.split("experts.")[-1] for n in grouped_grads if ".experts." in n)}
+
+
 # ---------------------------------------------------------------- optimizer, one process
 
 
@@ -442,6 +492,7 @@ SCENARIOS = {
     "pp2": scenario_pp2,
     "moe_ep2": scenario_moe_ep2,
     "optimizer": scenario_optimizer,
+    "grouped_gemm": scenario_grouped_gemm,
 }
 
 

@@ -36,10 +36,11 @@ EXPECTED_FAILURES = {
     "moe_router_without_te": ["name 'te_general_gemm' is not defined"],
     "checkpoint_without_output_fp8": ["name 'FP8GlobalStateManager' is not defined", "tensor_parallel/random.py"],
     "mla_without_te": ["isinstance() arg 2 must be a type", "multi_latent_attention.py", "TELinear"],
+    "grouped_gemm": ["Grouped GEMM is not available", "grouped_gemm_util.py"],
 }
-SINGLE_PROCESS = (["tp1", "optimizer", "selective_recompute", "mla"],
+SINGLE_PROCESS = (["tp1", "optimizer", "selective_recompute", "mla", "grouped_gemm"],
                   ["rng_tracker", "current_device", "cuda_device_literals", "cuda_type_names",
-                   "checkpoint_without_output_fp8", "mla_without_te"])
+                   "checkpoint_without_output_fp8", "mla_without_te", "grouped_gemm"])
 TWO_RANKS = (
     ["tp2", "pp2", "moe_ep2"],
     [
@@ -142,6 +143,18 @@ def test_selective_recompute_of_norms_and_mlp_keeps_the_gradients(single_process
     assert_failed_without(single_process, ["checkpoint_without_output_fp8"])
     (rank,) = single_process["ranks"]
     assert rank["selective_recompute"]["grad_diff"] <= 1e-6
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(LAUNCH_TIMEOUT)
+def test_grouped_gemm_experts_match_sequential_experts(single_process):
+    """moe_grouped_gemm=True on CPU: megatron's GroupedMLP over the stand-in gmm, fp32, the same logits (bit for
+    bit, measured) and gradients as SequentialMLP with the same weights."""
+    assert_failed_without(single_process, ["grouped_gemm"])
+    (rank,) = single_process["ranks"]
+    grouped = rank["grouped_gemm"]
+    assert grouped["expert_params"] == ["weight1", "weight1", "weight2", "weight2"]  # GroupedMLP in both layers
+    assert grouped["logits_diff"] <= 1e-6 and grouped["grad_diff"] <= 1e-6, grouped
 
 
 @pytest.mark.distributed

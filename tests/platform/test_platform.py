@@ -63,8 +63,10 @@ def test_cpu_config_overrides_are_transformer_config_fields():
     fusions = {f.name for f in dataclasses.fields(TransformerConfig) if f.name.endswith("_fusion") and f.default is True}
     # every fused kernel megatron-core turns on by default (CUDA-only) is off, and weights are initialised on the CPU
     assert fusions <= set(overrides) and all(overrides[name] is False for name in fusions), sorted(fusions - set(overrides))
-    assert overrides["use_cpu_initialization"] is True and overrides["moe_grouped_gemm"] is False
-    assert all(value is False for name, value in overrides.items() if name != "use_cpu_initialization")
+    assert overrides["use_cpu_initialization"] is True and "moe_grouped_gemm" not in overrides  # the caller's choice
+    assert overrides["moe_use_legacy_grouped_gemm"] is True  # grouped-GEMM experts on CPU: GroupedMLP + the stand-in
+    on = ("use_cpu_initialization", "moe_use_legacy_grouped_gemm")
+    assert all(value is False for name, value in overrides.items() if name not in on)
     assert set(overrides) <= fields
     assert platform.transformer_config_overrides() == overrides
 

@@ -27,6 +27,8 @@ knows about the architecture:
 * ``packed_tensors``: checkpoint tensors that hold several of the bridge's HF-side tensors (gpt-oss
   stores each layer's experts as one ``[experts, ...]`` tensor, transposed, gate and up interleaved):
   the loader reads a part from its row, the exporter packs the parts back into the checkpoint tensor;
+* ``grouped_gemm_refusal``: why the family's experts cannot be megatron's grouped-GEMM modules (gpt-oss's
+  biases and clamped SwiGLU), or None (``megarl.models.grouped_experts``);
 * ``hf_classes``: the transformers config and causal-LM classes of a model type transformers does
   not know (Kimi-K2's ``kimi_k2``), registered with its Auto classes when such a config.json is
   first read, so that it loads unchanged;
@@ -153,6 +155,8 @@ class FamilySpec:
     weight_sync_refusal: str | None = None
     # HF vision-language architectures holding this family's language model (refused, see ``vision_language_refusal``)
     vision_language_architectures: tuple[str, ...] = ()
+    # why ``moe_grouped_gemm=True`` is refused for this family (``megarl.models.grouped_experts``), or None
+    grouped_gemm_refusal: str | None = None
 
 
 # ---------------------------------------------------------------- parameter maps

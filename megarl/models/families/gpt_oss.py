@@ -211,4 +211,7 @@ SPEC = FamilySpec(
     packed_tensors=packed_tensors,
     prepare_layer_spec=prepare_layer_spec,
     tiny_config=tiny_config,
+    grouped_gemm_refusal=("gpt-oss's experts have biases and a clamped SwiGLU (glu_linear_offset=1), which "
+                          "megatron-core's grouped experts cannot compute (GroupedMLP takes no bias and only a plain "
+                          "silu/gelu GLU)"),
 )

@@ -161,7 +161,7 @@ def decoder_spec(config, dims: ModelDims, use_transformer_engine: bool) -> tuple
     for layer in range(dims.num_layers):
         moe = dims.is_moe_layer(layer)
         spec = copy.deepcopy(get_gpt_layer_local_spec(num_experts=dims.moe.num_experts if moe else None,
-                                                      moe_grouped_gemm=False, qk_layernorm=True, normalization="RMSNorm"))
+                                                      moe_grouped_gemm=config.moe_grouped_gemm, qk_layernorm=True, normalization="RMSNorm"))
         use_core_attention(spec)
         sub = spec.submodules
         sub.input_layernorm = sub.pre_mlp_layernorm = ZeroCenteredRMSNorm

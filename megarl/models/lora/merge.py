@@ -68,7 +68,10 @@ def exported_tensor(model: torch.nn.Module, param_name: str, tensor: torch.Tenso
     linear's ``weight``, the tensor itself otherwise."""
     if not param_name.endswith(".weight"):
         return tensor
-    module = model.get_submodule(param_name.removesuffix(".weight"))
+    try:
+        module = model.get_submodule(param_name.removesuffix(".weight"))
+    except AttributeError:  # a grouped-GEMM expert's weight, a view under SequentialMLP's name: no adapter there
+        return tensor
     return MergedWeight(module) if isinstance(module, LoRALinear) else tensor
 
 

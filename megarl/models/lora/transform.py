@@ -85,6 +85,7 @@ class LoRATransform:
         self.report: LoRAReport | None = None
 
     def __call__(self, models: list, context) -> None:
+        from megarl.models.grouped_experts import has_grouped_experts
         from megarl.models.loading import this_rank_shards, unwrap
 
         s = self.settings
@@ -96,6 +97,10 @@ class LoRATransform:
                              "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1, or exclude the experts "
                              "(exclude_modules: ['*.experts.*'])")
         chunks = [unwrap(model) for model in models]
+        if any(spec.base.is_expert for spec in specs) and any(has_grouped_experts(chunk) for chunk in chunks):
+            raise ValueError("LoRA on expert linears needs per-expert linears (SequentialMLP): leave "
+                             "override_transformer_config.moe_grouped_gemm unset, or exclude the experts "
+                             "(exclude_modules: ['*.experts.*'])")
         for chunk in chunks:
             for name, param in chunk.named_parameters():
                 param.requires_grad_(role == "critic" and name.startswith("output_layer."))  # a new value head trains
