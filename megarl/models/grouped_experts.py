@@ -51,17 +51,20 @@ def grouped_expert_views(experts_prefix: str, which: int, weight: torch.Tensor, 
     return {f"{experts_prefix}local_experts.{i}.{linear}.weight": per_expert[i].t() for i in range(num_experts)}
 
 
-def bridge_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """name -> tensor of every parameter of a model chunk, grouped experts under SequentialMLP's names."""
+def bridge_tensors(module: torch.nn.Module, of=lambda param: param) -> dict[str, torch.Tensor]:
+    """name -> tensor of every parameter of a model chunk, grouped experts under SequentialMLP's names.
+
+    ``of`` picks the tensor of a parameter: the parameter itself, or for example its ``.grad``.
+    """
     tensors = {}
     for name, param in module.named_parameters():
         grouped = _GROUPED.match(name)
         if grouped is not None:
             experts = module.get_submodule(name.rsplit(".", 1)[0])
-            tensors.update(grouped_expert_views(grouped["experts"], int(grouped["which"]), param,
+            tensors.update(grouped_expert_views(grouped["experts"], int(grouped["which"]), of(param),
                                                 experts.num_local_experts, experts.config.hidden_size))
         else:
-            tensors[te_expert_name(name)] = param
+            tensors[te_expert_name(name)] = of(param)
     return tensors
 
 

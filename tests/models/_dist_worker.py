@@ -10,11 +10,8 @@ gather the export on rank 0 and compare it with the original safetensors bit for
 record which files and how many elements the loader read. Rank 0 writes ``results.json``.
 This script measures; the test asserts.
 """
-import json
 import os
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -24,6 +21,8 @@ from safetensors import safe_open
 from megarl import platform
 from megarl.models import ParallelLayout, build_model, gather_hf_tensors, save_hf_checkpoint
 from megarl.models import loading
+
+from tests.models.two_ranks import recorded, write_records
 
 MOE = {"qwen3_moe", "mixtral"}
 SCENARIOS = []  # (name, checkpoint, layout, role, extra)
@@ -167,8 +166,7 @@ def run(name, checkpoint, layout, role, extra, work):
 
     platform.initialize_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp, vpp=layout.vpp if layout.vpp > 1 else None)
     record = {"scenario": name, "rank": dist.get_rank(), "pp_rank": ps.get_pipeline_model_parallel_rank(), "tp_rank": ps.get_tensor_model_parallel_rank()}
-    started = time.perf_counter()
-    try:
+    with recorded(record):
         reads = {"files": [], "elements": 0, "tensors": []}
         real_safe_open = loading.safe_open
         if extra.get("record_reads"):
@@ -196,10 +194,6 @@ def run(name, checkpoint, layout, role, extra, work):
             record["export"] = compare_export(models, work / checkpoint, layout, role)
         if extra.get("save"):
             save_hf_checkpoint(models, work / checkpoint, layout, work / "saved" / name.replace("/", "_"), role, max_shard_bytes=300_000)
-    except Exception:
-        record["error"] = traceback.format_exc()
-    record["seconds"] = round(time.perf_counter() - started, 2)
-    ps.destroy_model_parallel()
     return record
 
 
@@ -213,11 +207,7 @@ def main():
             continue
         records.append(run(name, checkpoint, layout, role, extra, work))
         dist.barrier()
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, records)
-    if dist.get_rank() == 0:
-        (work / "results.json").write_text(json.dumps([r for rank in gathered for r in rank], indent=1))
-    dist.destroy_process_group()
+    write_records(records, work / "results.json")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,8 @@ same bytes. With ``resume`` it also trains: a SequentialMLP actor takes a step a
 compared with the SequentialMLP actor's own next step (and the same the other way round). Rank 0 writes
 ``grouped_results.json``. This script measures; the test asserts.
 """
-import json
 import os
-import re
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -31,7 +27,8 @@ from megarl import platform  # noqa: E402
 from megarl.engine import MegatronActor, load_checkpoint, save_checkpoint  # noqa: E402
 from megarl.engine.batch import data_parallel_shard  # noqa: E402
 from megarl.models import ParallelLayout, build_model, export_hf_pieces, gather_hf_tensors  # noqa: E402
-from megarl.models.grouped_experts import grouped_expert_views, te_expert_name  # noqa: E402
+from megarl.models.grouped_experts import bridge_tensors  # noqa: E402
+from tests.models.two_ranks import recorded, write_records  # noqa: E402
 
 CHECKPOINT = "qwen3_moe"
 SCENARIOS = {
@@ -40,21 +37,9 @@ SCENARIOS = {
     # expert-TP: each rank holds its slice of every expert's gate and of its up (fused per expert), and of down
     "tp2_etp2_sp": (ParallelLayout(tp=2, etp=2, sequence_parallel=True), True),
 }
-GROUPED = re.compile(r"^(.*\.experts\.)weight([12])$")
-
-
 def _grads(model) -> dict:
     """Gradients by the bridge's names: a grouped expert's per-expert views of weight1 / weight2's gradient."""
-    grads = {}
-    for name, param in model.named_parameters():
-        match = GROUPED.match(name)
-        if match:
-            experts = model.get_submodule(name.rsplit(".", 1)[0])
-            grads.update(grouped_expert_views(match[1], int(match[2]), param.grad, experts.num_local_experts,
-                                              experts.config.hidden_size))
-        else:
-            grads[te_expert_name(name)] = param.grad
-    return grads
+    return bridge_tensors(model, of=lambda param: param.grad)
 
 
 def _forward_backward(checkpoint, layout, grouped):
@@ -128,12 +113,9 @@ def _resume_across(checkpoint, layout, work: Path, saved_grouped: bool) -> dict:
 
 
 def run(name, layout, resume, work):
-    from megatron.core import parallel_state as ps
-
     platform.initialize_model_parallel(tp=layout.tp, ep=layout.ep, etp=layout.etp)
     record = {"scenario": name, "rank": dist.get_rank()}
-    started = time.perf_counter()
-    try:
+    with recorded(record):
         checkpoint = work / CHECKPOINT
         sequential, sequential_logits, sequential_grads = _forward_backward(checkpoint, layout, False)
         grouped, logits, grads = _forward_backward(checkpoint, layout, True)
@@ -149,10 +131,6 @@ def run(name, layout, resume, work):
             record["resume"] = {direction: _resume_across(checkpoint, layout, work, saved_grouped)
                                 for direction, saved_grouped in (("sequential_to_grouped", False),
                                                                  ("grouped_to_sequential", True))}
-    except Exception:
-        record["error"] = traceback.format_exc()
-    record["seconds"] = round(time.perf_counter() - started, 2)
-    ps.destroy_model_parallel()
     return record
 
 
@@ -163,11 +141,7 @@ def main():
     for name, (layout, resume) in SCENARIOS.items():
         records.append(run(name, layout, resume, work))
         dist.barrier()
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, records)
-    if dist.get_rank() == 0:
-        (work / "grouped_results.json").write_text(json.dumps([r for rank in gathered for r in rank], indent=1))
-    dist.destroy_process_group()
+    write_records(records, work / "grouped_results.json")
 
 
 if __name__ == "__main__":

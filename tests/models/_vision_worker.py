@@ -10,11 +10,8 @@ of the real tokens' logits and records the largest difference of the vision towe
 at TP=2 and PP=2 rank 0 gathers the export and compares it with the checkpoint bit for bit. Rank 0 writes
 ``vision_results.json``. This script measures; the test asserts.
 """
-import json
 import os
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -24,6 +21,7 @@ from megarl import platform
 from megarl.models import ParallelLayout, build_model, model_dims
 from megarl.models.mrope import mrope_position_ids
 from tests.models._dist_worker import compare_export
+from tests.models.two_ranks import recorded, write_records
 
 LAYOUTS = {"tp2": ParallelLayout(tp=2), "tp2_sp": ParallelLayout(tp=2, sequence_parallel=True), "pp2": ParallelLayout(pp=2)}
 SCENARIOS = [(f"{family}/{name}", family, layout) for family in ("qwen2_5_vl", "qwen3_vl") for name, layout in LAYOUTS.items()]
@@ -90,8 +88,7 @@ def run(name, family, layout, work):
     platform.initialize_model_parallel(tp=layout.tp, pp=layout.pp)
     record = {"scenario": name, "rank": dist.get_rank(), "pp_rank": ps.get_pipeline_model_parallel_rank(),
               "tp_rank": ps.get_tensor_model_parallel_rank()}
-    started = time.perf_counter()
-    try:
+    with recorded(record):
         checkpoint = work / family
         reference = torch.load(work / "vision_reference.pt")[family]
         batch = padded_batch(reference, checkpoint, layout.tp)
@@ -108,10 +105,6 @@ def run(name, family, layout, work):
             record["tower_grad_error"] = tower_grad_error(models[0], batch, reference["tower_grads"])
         if not layout.sequence_parallel:
             record["export"] = compare_export(models, checkpoint, layout, "actor")
-    except Exception:
-        record["error"] = traceback.format_exc()
-    record["seconds"] = round(time.perf_counter() - started, 2)
-    ps.destroy_model_parallel()
     return record
 
 
@@ -122,11 +115,7 @@ def main():
     for name, family, layout in SCENARIOS:
         records.append(run(name, family, layout, work))
         dist.barrier()
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, records)
-    if dist.get_rank() == 0:
-        (work / "vision_results.json").write_text(json.dumps([r for rank in gathered for r in rank], indent=1))
-    dist.destroy_process_group()
+    write_records(records, work / "vision_results.json")
 
 
 if __name__ == "__main__":

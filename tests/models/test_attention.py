@@ -141,24 +141,7 @@ def test_invalid_window_and_cap_are_refused():
 
 
 # ---------------------------------------------------------------------------- the megatron module
-@pytest.fixture(scope="module")
-def world():
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from megarl import platform
-
-    created = not dist.is_initialized()
-    platform.init_distributed()
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    platform.initialize_model_parallel()
-    yield
-    ps.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
-
-
+# (``world``: tests/models/conftest.py)
 def module(softmax_type="vanilla", window_size=None, skip=None, **kwargs):
     from megatron.core.transformer import TransformerConfig
 

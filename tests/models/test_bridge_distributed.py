@@ -11,14 +11,13 @@ compare them with Hugging Face transformers (logits within 1e-5 in fp32), with t
 safetensors (export bit for bit) and with the checkpoint index (files and elements read).
 """
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+
+from tests.models.two_ranks import rank_records, run_two_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(480)]
 
@@ -52,41 +51,28 @@ EXPORT_SCENARIOS = (
 
 @pytest.fixture(scope="module")
 def results(model_zoo):
-    repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER), str(model_zoo)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=450)
-    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    records = json.loads((model_zoo / "results.json").read_text())
-    return {(r["scenario"], r["rank"]): r for r in records}
-
-
-def _records(results, scenario):
-    found = [results[(scenario, rank)] for rank in (0, 1)]
-    for record in found:
-        assert "error" not in record, f"{scenario} rank {record['rank']}:\n{record['error']}"
-    return found
+    return run_two_ranks(WORKER, model_zoo, "results.json", timeout=450)
 
 
 @pytest.mark.parametrize("scenario", FORWARD_SCENARIOS)
 def test_outputs_match_hugging_face(results, scenario):
-    records = [r for r in _records(results, scenario) if "max_diff" in r]
+    records = [r for r in rank_records(results, scenario) if "max_diff" in r]
     assert records, f"{scenario}: no rank produced outputs"
     for record in records:
         assert record["max_diff"] <= TOLERANCE, f"{scenario} rank {record['rank']}: max |megatron - HF| = {record['max_diff']}"
 
 
 def test_tensor_parallel_ranks_hold_half_the_vocab(results):
-    for record in _records(results, "llama/tp2"):
+    for record in rank_records(results, "llama/tp2"):
         assert record["output_shape"] == [2, 16, 256]  # vocab 512 over TP=2
-    values = _records(results, "llama_critic/tp2_sp")
+    values = rank_records(results, "llama_critic/tp2_sp")
     assert all(r["output_shape"] == [2, 16, 1] for r in values)
 
 
 def test_padded_vocabulary_is_masked_on_the_rank_that_holds_it(results):
     """504 rows padded to 512 at TP=2: rank 1 holds 248 real columns and 8 padding columns at -inf."""
     for scenario in ("llama_vocab504/tp2", "llama_vocab504/tp2_sp"):
-        by_rank = {r["tp_rank"]: r for r in _records(results, scenario)}
+        by_rank = {r["tp_rank"]: r for r in rank_records(results, scenario)}
         assert (by_rank[0]["padding_columns"], by_rank[1]["padding_columns"]) == (0, 8)
         assert by_rank[1]["padding_masked"] and by_rank[1]["output_shape"] == [2, 16, 248]
 
@@ -94,20 +80,20 @@ def test_padded_vocabulary_is_masked_on_the_rank_that_holds_it(results):
 def test_deepseek_v3_uneven_pipeline_stages(results):
     """3 layers as 1 + 2 and as 2 + 1: the loads read only each stage's layers."""
     for scenario, first_stage in (("deepseek_v3/pp2_1_2", {0}), ("deepseek_v3/pp2_2_1", {0, 1})):
-        stages = {r["pp_rank"]: r for r in _records(results, scenario)}
+        stages = {r["pp_rank"]: r for r in rank_records(results, scenario)}
         layers = {int(name.split(".")[2]) for name in stages[0]["reads"]["tensors"] if name.startswith("model.layers.")}
         assert layers == first_stage, scenario
         assert "max_diff" in stages[1] and "max_diff" not in stages[0]
 
 
 def test_pipeline_outputs_only_on_the_last_stage(results):
-    stages = {r["pp_rank"]: ("max_diff" in r) for r in _records(results, "llama/pp2")}
+    stages = {r["pp_rank"]: ("max_diff" in r) for r in rank_records(results, "llama/pp2")}
     assert stages == {0: False, 1: True}
 
 
 @pytest.mark.parametrize("scenario", EXPORT_SCENARIOS)
 def test_export_reproduces_the_checkpoint_bit_for_bit(results, scenario):
-    export = _records(results, scenario)[0]["export"]
+    export = rank_records(results, scenario)[0]["export"]
     assert export == {"missing": [], "extra": [], "mismatched": []}
 
 
@@ -133,12 +119,12 @@ def test_pipeline_stage_opens_only_files_with_its_tensors(results, model_zoo):
         0: [n for n in weight_map if n == "model.embed_tokens.weight" or n.startswith("model.layers.0.")],
         1: [n for n in weight_map if n in ("model.norm.weight", "lm_head.weight") or n.startswith("model.layers.1.")],
     }
-    for record in _records(results, "llama_sharded/pp2"):
+    for record in rank_records(results, "llama_sharded/pp2"):
         names = stage_tensors[record["pp_rank"]]
         assert sorted(record["reads"]["files"]) == sorted({weight_map[n] for n in names})
         assert sorted(set(record["reads"]["tensors"])) == sorted(names)  # fused QKV reads q/k/v once per group
         assert record["reads"]["elements"] == _numel(checkpoint, names)
-    files_per_stage = [set(r["reads"]["files"]) for r in _records(results, "llama_sharded/pp2")]
+    files_per_stage = [set(r["reads"]["files"]) for r in rank_records(results, "llama_sharded/pp2")]
     assert files_per_stage[0] != files_per_stage[1]
 
 
@@ -148,14 +134,14 @@ def test_tensor_parallel_rank_reads_only_its_rows(results, model_zoo):
     norms = [n for n in weight_map if n.endswith("norm.weight")]
     split = [n for n in weight_map if n not in norms]
     expected = _numel(checkpoint, norms) + _numel(checkpoint, split) // 2
-    for record in _records(results, "llama_sharded/tp2"):
+    for record in rank_records(results, "llama_sharded/tp2"):
         assert record["reads"]["elements"] == expected
 
 
 def test_saved_checkpoint_loads_in_transformers(results, model_zoo):
     from transformers import AutoModelForCausalLM
 
-    _records(results, "llama_sharded/pp2")
+    rank_records(results, "llama_sharded/pp2")
     saved = model_zoo / "saved" / "llama_sharded_pp2"
     original = model_zoo / "llama_sharded"
     assert len(list(saved.glob("*.safetensors"))) > 1 and (saved / "model.safetensors.index.json").is_file()

@@ -17,25 +17,6 @@ CHECKPOINTS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "llama_tied", 
                "gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "gpt_oss_yarn", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 
 
-@pytest.fixture(scope="module")
-def world():
-    """torch.distributed (world size 1) and megatron's parallel state at TP=PP=EP=1."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from megarl import platform
-
-    created = not dist.is_initialized()
-    platform.init_distributed()
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    platform.initialize_model_parallel()
-    yield
-    ps.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
-
-
 def _reference(model_zoo, name):
     return torch.load(model_zoo / "reference.pt")[name]
 

@@ -103,25 +103,6 @@ def test_e8m0_scales_dequantise_like_the_reference(tmp_path):
     assert torch.equal(dequantized("w", full, quantized), reference_dequantize(quantized, scales))
 
 
-@pytest.fixture(scope="module")
-def world():
-    """torch.distributed (world size 1) and megatron's parallel state at TP=PP=1."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from megarl import platform
-
-    created = not dist.is_initialized()
-    platform.init_distributed()
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    platform.initialize_model_parallel()
-    yield
-    ps.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
-
-
 def test_model_from_fp8_checkpoint_gives_hf_logits_on_dequantised_weights(world, checkpoints):
     from transformers import AutoModelForCausalLM
 

@@ -8,8 +8,6 @@ expert-TP2 and the distributed checkpoint: ``test_grouped_experts_distributed.py
 """
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
@@ -18,7 +16,6 @@ from megarl.models.grouped_experts import bridge_tensors, grouped_expert_views, 
 from megarl.platform.cpu_standins import gmm
 
 FAMILIES = ["qwen3_moe", "deepseek_v3", "qwen3_next"]  # plain MoE; shared expert + MLA + sigmoid routing; own decoder
-GROUPED = re.compile(r"^(.*\.experts\.)weight([12])$")
 
 
 def _reference_gmm(a, b, sizes, trans_b):
@@ -95,24 +92,6 @@ def test_grouped_mlp_weights_are_per_expert_transposed_views():
 
 
 @pytest.fixture(scope="module")
-def world():
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from megarl import platform
-
-    created = not dist.is_initialized()
-    platform.init_distributed()
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    platform.initialize_model_parallel()
-    yield
-    ps.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     from megarl.devtools.tiny_model import make_tiny_model
 
@@ -126,26 +105,14 @@ def _run(checkpoint, grouped: bool, input_ids):
     positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
     logits = model(input_ids, positions, None)
     (logits.float() ** 2).mean().backward()
-    grads = {}
-    for name, param in model.named_parameters():
-        match = GROUPED.match(name)
-        if match:
-            experts = model.get_submodule(name.rsplit(".", 1)[0])
-            grads.update(grouped_expert_views(match[1], int(match[2]), param.grad, experts.num_local_experts,
-                                              experts.config.hidden_size))
-        else:
-            grads[name] = param.grad
+    grads = bridge_tensors(model, of=lambda param: param.grad)
     return logits.detach(), grads, model
 
 
 def _checkpoint_tensors(checkpoint):
-    from safetensors import safe_open
+    from safetensors.torch import load_file
 
-    tensors = {}
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            tensors.update({name: f.get_tensor(name) for name in f.keys()})
-    return tensors
+    return {name: tensor for path in sorted(checkpoint.glob("*.safetensors")) for name, tensor in load_file(path).items()}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

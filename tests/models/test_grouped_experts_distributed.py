@@ -5,13 +5,11 @@ gives SequentialMLP's logits and gradients in fp32, exports the checkpoint bit f
 every weight-sync bucket; a distributed checkpoint (model and optimizer) saved with either expert module resumes
 with the other to the same next step.
 """
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.models.two_ranks import rank_records, run_two_ranks
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(480)]
 
@@ -26,36 +24,22 @@ def results(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("grouped")
     make_tiny_model("qwen3_moe", "tiny", work / "qwen3_moe", seed=0)
-    repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(WORKER),
-               str(work)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=450)
-    assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    records = json.loads((work / "grouped_results.json").read_text())
-    return {(r["scenario"], r["rank"]): r for r in records}
-
-
-def _records(results, scenario):
-    found = [results[(scenario, rank)] for rank in (0, 1)]
-    for record in found:
-        assert "error" not in record, f"{scenario} rank {record['rank']}:\n{record['error']}"
-    return found
+    return run_two_ranks(WORKER, work, "grouped_results.json", timeout=450)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_grouped_experts_match_sequential_experts(results, scenario):
-    for record in _records(results, scenario):
+    for record in rank_records(results, scenario):
         assert record["grouped_module"], record
         assert record["logits_diff"] <= 1e-6 and record["grad_diff"] <= 1e-6, record
         assert record["same_grad_names"]
         assert record["sync_buckets"] > 0 and record["sync_bytes_equal"], record
-    assert _records(results, scenario)[0]["export_mismatches"] == []  # the export, bit for bit
+    assert rank_records(results, scenario)[0]["export_mismatches"] == []  # the export, bit for bit
 
 
 @pytest.mark.parametrize("scenario", RESUMED)
 def test_a_checkpoint_resumes_across_the_expert_module(results, scenario):
-    resume = _records(results, scenario)[0]["resume"]
+    resume = rank_records(results, scenario)[0]["resume"]
     for direction in ("sequential_to_grouped", "grouped_to_sequential"):
         # the resumed step runs on the other module's gradients (equal within 1e-6, not bit for bit), which Adam's
         # normalised update can carry to ~1e-6 (1.2e-6 measured at TP2 x ETP2, on steps of 2e-3); a lost or misplaced

@@ -14,7 +14,7 @@ from megarl.models import (ParallelLayout, build_model, freeze_vision_tower, gat
                            model_dims)
 from megarl.models.mrope import mrope_position_ids
 from megarl.models.shards import hf_tensor_shapes, param_shards
-from tests.models.test_bridge_tp1 import _checkpoint_tensors, world  # noqa: F401  (the TP=1 process group: usefixtures)
+from tests.models.test_bridge_tp1 import _checkpoint_tensors
 from tests.models.vision_fixture import FAMILIES, hf_model
 
 TOLERANCE = 1e-5

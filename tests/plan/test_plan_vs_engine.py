@@ -8,7 +8,6 @@
 * activations: the planner's estimate is within 25% of the peak of the bytes autograd keeps for
   backward (saved-tensor hooks), with and without recompute, on every pipeline stage.
 """
-from megarl.models.published import PUBLISHED
 import os
 import shutil
 import subprocess
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from megarl.models.published import PUBLISHED
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(900)]
 
