@@ -1,6 +1,6 @@
-"""The first thing to run on a GPU machine: four checks of megarl's GPU path, one line of figures each.
+"""The first thing to run on a GPU machine: five checks of megarl's GPU path, one line of figures each.
 
-    python3 scripts/gpu_check.py [--device auto|cuda|cpu] [--preset gpu|cpu] [--only logits train sync offload]
+    python3 scripts/gpu_check.py [--device auto|cuda|cpu] [--preset gpu|cpu] [--only logits train sync offload experts]
 
 ``scripts/gpu_check.sh`` runs it on a lent machine (with the wheels it needs carried); this file is
 its Python part. Sections, each independent (one failing or missing a package does not stop the
@@ -19,6 +19,10 @@ others; the exit status is 1 if any failed):
   (it refuses two ranks on one GPU) and says so on a one-GPU machine.
 * ``offload``: offload and reload round trips of the trained model's weights, grads and optimizer
   state (``megarl.engine.offload``), their bytes and time.
+* ``experts``: grouped-GEMM experts (``moe_grouped_gemm=True``) against ``SequentialMLP`` on a tiny
+  Qwen3-MoE, per layer spec (local: megatron's ``GroupedMLP``, which needs the ``grouped_gemm``
+  package on a GPU; TE's ``TEGroupedMLP`` where Transformer Engine imports): the log-prob difference
+  and the time of one update, grouped over sequential.
 
 ``--device cpu`` runs every section on the CPU in fp32 with the ``cpu`` preset (what the test does, so
 the logic is checked without a GPU); with ``--device auto`` on a machine without CUDA every section
@@ -29,16 +33,16 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing as mp
-import os
 import socket
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
-SECTIONS = ("logits", "train", "sync", "offload")
+SECTIONS = ("logits", "train", "sync", "offload", "experts")
 
 
 class Skipped(Exception):
@@ -251,7 +255,7 @@ def trained_actor(args, preset: Preset):
 
 def section_train(args, preset: Preset, work: Path) -> str:
     actor, batch, impl = trained_actor(args, preset)
-    seconds = statistics.median(timed(lambda: actor.update_policy(batch), args.iters))
+    seconds = statistics.median(timed(partial(actor.update_policy, batch), args.iters))
     tokens = int(batch.attention_mask.sum())
     params = sum(p.numel() for chunk in actor.model for p in chunk.parameters())
     embedding = preset.vocab * preset.hidden  # the input embedding is a lookup, no FLOPs
@@ -415,6 +419,56 @@ def section_sync(args, preset: Preset, work: Path) -> str:
     return "; ".join(parts)
 
 
+def section_experts(args, preset: Preset, work: Path) -> str:
+    import torch
+
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.engine import ActorSettings, BatchSettings, MegatronActor, OptimizerSettings
+    from megarl.models import ParallelLayout, build_model
+
+    need_megatron()
+    setup(args)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    size = "small" if args.device == "cuda" else "tiny"
+    checkpoint = make_tiny_model("qwen3_moe", size, work / "moe_model", seed=0)
+    preset = replace(preset, vocab=512, batch=min(preset.batch, 4), seq=min(preset.seq, 256))
+    batch = random_batch(preset, torch.device(args.device))
+    settings = ActorSettings(train=BatchSettings(micro_batch_size=preset.batch),
+                             log_prob=BatchSettings(micro_batch_size=preset.batch),
+                             optim=OptimizerSettings(lr=1e-6, weight_decay=0.0))
+
+    def measured(impl: str, grouped: bool) -> tuple[torch.Tensor, float]:
+        torch.manual_seed(0)
+        actor = MegatronActor(build_model(str(checkpoint), ParallelLayout(), "actor", params_dtype=dtype,
+                                          transformer_impl=impl, config_overrides={"moe_grouped_gemm": grouped}),
+                              settings)
+        log_probs = actor.compute_log_prob(batch)[0].float().cpu()
+        update = batch.with_fields(old_log_probs=log_probs.to(batch.input_ids.device))
+        actor.update_policy(update)  # warm-up
+        seconds = statistics.median(timed(partial(actor.update_policy, update), args.iters))
+        del actor
+        release_memory(args.device)
+        return log_probs, seconds
+
+    parts = []
+    impls = ["local"] + (["transformer_engine"] if args.device == "cuda" and te_available() else [])
+    for impl in impls:
+        sequential, sequential_s = measured(impl, False)
+        try:
+            grouped, grouped_s = measured(impl, True)
+        except ValueError as exc:  # the build's refusal: grouped_gemm (local spec on a GPU) does not import
+            parts.append(f"experts[{impl}]: skipped: {exc}")
+            continue
+        diff = (grouped - sequential)[batch.response_mask.bool().cpu()].abs()
+        parts.append(f"experts[{impl}] grouped vs sequential {str(dtype)[6:]}: log-probs max {diff.max():.3g} "
+                     f"mean {diff.mean():.3g}; update {grouped_s:.3f} s vs {sequential_s:.3f} s = "
+                     f"{sequential_s / grouped_s:.2f}x")
+    if len(impls) == 1:
+        parts.append("experts[transformer_engine]: skipped: " +
+                     ("no CUDA" if args.device != "cuda" else "Transformer Engine does not import"))
+    return f"qwen3_moe {size}, {preset.batch} x {preset.seq} tokens; " + "; ".join(parts)
+
+
 def release_memory(device: str) -> None:
     """What a finished section held goes back before the next one builds its model."""
     import gc
@@ -426,7 +480,8 @@ def release_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-RUNNERS = {"logits": section_logits, "train": section_train, "sync": section_sync, "offload": section_offload}
+RUNNERS = {"logits": section_logits, "train": section_train, "sync": section_sync, "offload": section_offload,
+           "experts": section_experts}
 
 
 def parse(argv=None) -> argparse.Namespace:

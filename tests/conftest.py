@@ -1,7 +1,8 @@
 """Suite-wide settings (one thread per process: 2-core machines oversubscribe 40-fold otherwise;
 no hub), the split into light and heavy tests (tests/process_guard.py) and the suite-wide real
-checkpoint fixture ``smollm2``, the quickstart's model and data, ``quickstart_inputs``, and the Ray
-cluster that heavy tests join, ``ray_address`` / ``joins_ray``."""
+checkpoint fixture ``smollm2``, the quickstart's model and data, ``quickstart_inputs``, the Ray
+cluster that heavy tests join, ``ray_address`` / ``joins_ray``, and ``world``: a one-process
+torch.distributed group with megatron's parallel state at TP=PP=EP=1, for a module's in-process builds."""
 import os
 import subprocess
 import sys
@@ -104,3 +105,22 @@ def joins_ray(ray_address):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_ADDRESS", ray_address)
         yield ray_address
+
+
+@pytest.fixture(scope="module")
+def world():
+    """torch.distributed (world size 1) and megatron's parallel state at TP=PP=EP=1, for one module's builds."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from megarl import platform
+
+    created = not dist.is_initialized()
+    platform.init_distributed()
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    platform.initialize_model_parallel()
+    yield
+    ps.destroy_model_parallel()
+    if created:
+        dist.destroy_process_group()

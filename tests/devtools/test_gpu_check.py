@@ -40,7 +40,7 @@ def test_wheels_match_setup_pins():
 def test_without_cuda_every_section_is_skipped(capsys):
     assert load_module().main([]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
-    assert [line.split("]")[0][1:] for line in lines] == ["logits", "train", "sync", "offload"]
+    assert [line.split("]")[0][1:] for line in lines] == ["logits", "train", "sync", "offload", "experts"]
     assert all("skipped: no CUDA" in line for line in lines), lines
 
 
@@ -61,7 +61,7 @@ def test_every_section_runs_on_cpu():
                           capture_output=True, text=True, timeout=420)
     lines = {line.split("]")[0][1:]: line for line in done.stdout.splitlines() if line.startswith("[")}
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert set(lines) == {"logits", "train", "sync", "offload"}
+    assert set(lines) == {"logits", "train", "sync", "offload", "experts"}
     engine = re.search(r"engine\[local\] float32 vs HF fp32: max (\S+)", lines["logits"])
     assert engine and float(engine.group(1)) < 1e-4, lines["logits"]
     assert "engine[transformer_engine]: skipped: no CUDA" in lines["logits"]
@@ -70,6 +70,9 @@ def test_every_section_runs_on_cpu():
     assert "DIFFER" not in lines["sync"]
     for group in ("params", "grads", "optimizer"):
         assert f"{group} " in lines["offload"], lines["offload"]
+    experts = re.search(r"experts\[local\] grouped vs sequential float32: log-probs max (\S+) mean", lines["experts"])
+    assert experts and float(experts.group(1)) < 1e-5, lines["experts"]
+    assert "experts[transformer_engine]: skipped: no CUDA" in lines["experts"]
 
 
 @pytest.mark.parametrize("argv", [["--iters", "0"], ["--only", "nothing"]])

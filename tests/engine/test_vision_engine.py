@@ -17,7 +17,6 @@ import _vision_engine_data as _vision
 from _engine_launch import run_worker
 from megarl.engine import MegatronActor
 from megarl.models import ParallelLayout, build_model
-from tests.models.test_bridge_tp1 import world  # noqa: F401  (the TP=1 process group: pytestmark)
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.usefixtures("world")]
 WORKER = __import__("pathlib").Path(__file__).with_name("_vision_engine_worker.py")

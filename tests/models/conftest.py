@@ -122,21 +122,3 @@ def vision_zoo(tmp_path_factory) -> Path:
 
     return make_vision_zoo(tmp_path_factory.mktemp("vision_zoo"))
 
-
-@pytest.fixture(scope="module")
-def world():
-    """torch.distributed (world size 1) and megatron's parallel state at TP=PP=EP=1, for one module's builds."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from megarl import platform
-
-    created = not dist.is_initialized()
-    platform.init_distributed()
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    platform.initialize_model_parallel()
-    yield
-    ps.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
