@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import torchrun
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -20,8 +22,7 @@ def cli_env() -> dict:
 def cli_command(args: list[str], nproc: int = 1) -> list[str]:
     if nproc == 1:
         return [sys.executable, "-m", "conversion", *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "-m", "conversion", *args]
+    return [*torchrun(nproc), "-m", "conversion", *args]
 
 
 def run_cli(args: list[str], nproc: int = 1, timeout: int = 180) -> subprocess.CompletedProcess:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from tests.ports import torchrun
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_engine_worker.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
@@ -16,7 +18,7 @@ def run_worker(work: Path, mode: str, processes: int, timeout: int, worker: Path
     if processes == 1:
         command = [sys.executable, str(worker), mode, str(work)]
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), str(worker), mode, str(work)]
+        command = [*torchrun(processes), str(worker), mode, str(work)]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{mode} worker failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
     return torch.load(work / f"{mode}.pt", weights_only=False)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.ports import torchrun
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -67,8 +69,7 @@ def peft_model_log_probs(work: Path, adapter: Path, batch_name: str = "llama") -
 def results(work) -> dict:
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(Path(__file__).with_name("_lora_worker.py")), str(work)]
+    command = [*torchrun(2), str(Path(__file__).with_name("_lora_worker.py")), str(work)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=850)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
     return torch.load(work / "lora.pt", weights_only=False)

@@ -10,10 +10,11 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 import traceback
 from pathlib import Path
+
+from tests.ports import torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 def run_two_ranks(worker: Path, directory: Path, results: str, timeout: int) -> dict:
     """Run ``worker directory`` under torchrun on 2 ranks; return its records by (scenario, rank)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker),
+    command = [*torchrun(2), str(worker),
                str(directory)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"

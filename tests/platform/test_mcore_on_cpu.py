@@ -8,17 +8,17 @@ prevents, apply it, and run to the end. The tests check the failures and the num
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.ports import torchrun
+
 from megarl.platform import redirect_names
 
 HERE = Path(__file__).resolve().parent
-VENV_BIN = Path(sys.executable).parent
 CUDA_MISSING = "Torch not compiled with CUDA enabled"
 LAUNCH_TIMEOUT = 420
 
@@ -54,20 +54,13 @@ TWO_RANKS = (
 )
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(scenarios, without, ranks):
     """Run scenarios in one fresh launch with ``without`` left out at first; return the RESULT json."""
     arguments = [str(HERE / "_scenarios.py"), *scenarios, "--without", ",".join(without)]
     if ranks == 1:
         command = [sys.executable, *arguments]
     else:
-        torchrun = [str(VENV_BIN / "torchrun"), "--nproc-per-node", str(ranks)]
-        command = [*torchrun, "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *arguments]
+        command = [*torchrun(ranks), *arguments]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     process = subprocess.run(command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT - 20, env=env, cwd=HERE)
     lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]

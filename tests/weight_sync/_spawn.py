@@ -2,14 +2,9 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.ports import free_port  # noqa: F401  (the tests import it from here)
 
 
 def run_processes(target, args_per_rank: list[tuple], deadline_s: float) -> tuple[list[int | None], float]:
