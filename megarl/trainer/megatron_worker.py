@@ -285,11 +285,13 @@ class MegatronWorker(DistributedWorker):
     # ------------------------------------------------------------------ weight sync (sender)
     def _local_shards(self):
         """This rank's HF-named pieces: views into the live parameters (no copy)."""
-        from megarl.models import export_hf_pieces
+        from megarl.models import default_transformer_impl, export_hf_pieces
         from megarl.weight_sync.sender import from_export
 
+        # the engine built the chunks with default_transformer_impl() (TE's layer spec on a GPU with TE): its names
         chunks = [unwrap(m) for m in self.actor.model]
-        pieces = export_hf_pieces(chunks, self.settings.actor_role.hf_path, self.layout, replicas=True)
+        pieces = export_hf_pieces(chunks, self.settings.actor_role.hf_path, self.layout, replicas=True,
+                                  transformer_impl=default_transformer_impl())
         return from_export((p.hf_name, p.hf_slice, p.tensor) for p in pieces)
 
     @property

@@ -36,3 +36,25 @@ def test_a_collective_reduces_on_the_gpu_under_nccl_and_on_the_host_under_gloo(m
     assert distributed.collective_device() == torch.device("cuda", 3)
     monkeypatch.setattr(distributed.dist, "get_backend", lambda group=None: "gloo")
     assert distributed.collective_device() == torch.device("cpu")
+
+
+def test_the_sync_reads_the_actor_under_the_layer_spec_it_was_built_with(monkeypatch):
+    """On a GPU with Transformer Engine the engine builds TE's layer spec, whose parameter names differ from the
+    local spec's (the norms fused into the linears): the weight sync's export must name them the same way."""
+    import megarl.models
+    from megarl.trainer import megatron_worker
+    from megarl.trainer.megatron_worker import MegatronWorker
+
+    asked = {}
+
+    def export_hf_pieces(chunks, hf_path, layout, **kwargs):
+        asked.update(kwargs, hf_path=hf_path)
+        return iter(())
+
+    monkeypatch.setattr(megarl.models, "default_transformer_impl", lambda: "transformer_engine")
+    monkeypatch.setattr(megarl.models, "export_hf_pieces", export_hf_pieces)
+    monkeypatch.setattr(megatron_worker, "unwrap", lambda model: model)
+    worker = SimpleNamespace(actor=SimpleNamespace(model=["chunk"]), layout="layout",
+                             settings=SimpleNamespace(actor_role=SimpleNamespace(hf_path="/ckpt")))
+    assert MegatronWorker._local_shards(worker) == {}
+    assert asked == {"replicas": True, "transformer_impl": "transformer_engine", "hf_path": "/ckpt"}
