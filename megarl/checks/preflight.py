@@ -65,7 +65,7 @@ def _quantization_problems(path) -> list[Problem]:
         return [Problem(f"{key}={path}: {exc}", key=key)]
     except (OSError, TypeError, AttributeError):
         return []  # a config that transformers cannot read: the layout checks report it
-    return [Problem(fp8_rollout_problem(key, path, quantization.kind), key=key)] if quantization else []
+    return [Problem(fp8_rollout_problem(key, path, quantization), key=key)] if quantization else []
 
 
 def _override_problems(cfg: DictConfig) -> list[Problem]:

@@ -44,7 +44,7 @@ class BlockFP8:
     """A checkpoint's FP8 block quantisation: ``block`` = (rows, cols) per scale."""
 
     block: tuple[int, int] = BLOCK
-    kind = "FP8 block-quantised"  # for messages
+    kind, served = "FP8 block-quantised", "FP8"  # for messages
 
 
 def block_fp8(config) -> BlockFP8 | None:
@@ -84,12 +84,13 @@ def checkpoint_quantization(config) -> BlockFP8 | MXFP4 | None:
     return block_fp8(config) or mxfp4_experts(config)
 
 
-def fp8_rollout_problem(key: str, model_path, kind: str = "FP8 block-quantised") -> str:
-    """Why a run cannot train from the quantised (FP8, or ``kind``) checkpoint at ``model_path`` (given as
-    ``key``), and how to make one it can: the trainer dequantises it, but the vLLM fleet would serve it
-    quantised while the weight sync sends it full-precision weights."""
-    return (f"{key}={model_path} is {kind}: the trainer would dequantise it, but the vLLM fleet would "
-            "serve it quantised while the weight sync sends it full-precision weights. Make a bf16 copy once and train "
+def fp8_rollout_problem(key: str, model_path, quantization: BlockFP8 | MXFP4 = BlockFP8()) -> str:
+    """Why a run cannot train from the quantised (FP8 or MXFP4) checkpoint at ``model_path`` (given as ``key``),
+    and how to make one it can: the trainer dequantises it, but the vLLM fleet would serve it quantised while
+    the weight sync sends it full-precision weights."""
+    return (f"{key}={model_path} is {quantization.kind}: the trainer would dequantise it, but the vLLM fleet would "
+            f"serve it in {quantization.served} while the weight sync sends it full-precision weights. Make a bf16 "
+            "copy once and train "
             f"from that: python -m conversion hf-to-megatron --hf {model_path} --out MCORE --dtype bf16 (under "
             f"torchrun for a large model), then python -m conversion megatron-to-hf --checkpoint MCORE --hf-config "
             f"{model_path} --out BF16_DIR, and set {key}=BF16_DIR (actor_rollout_ref.actor.megatron."

@@ -47,7 +47,7 @@ class MXFP4:
     """A checkpoint's MXFP4 experts; ``modules_to_not_convert`` as config.json lists them."""
 
     modules_to_not_convert: tuple[str, ...] = ()
-    kind = "MXFP4-quantised"  # for messages
+    kind, served = "MXFP4-quantised", "MXFP4"  # for messages
 
 
 def mxfp4_experts(config) -> MXFP4 | None:

@@ -79,7 +79,7 @@ def check_model(cfg) -> None:
                                 "Face checkpoint directory (megarl make-tiny-model writes one)")
     quantization = checkpoint_quantization(load_hf_config(model_path))  # others are refused inside
     if quantization is not None:
-        raise ValueError(fp8_rollout_problem("actor_rollout_ref.model.path", model_path, quantization.kind))
+        raise ValueError(fp8_rollout_problem("actor_rollout_ref.model.path", model_path, quantization))
     try:
         dims = model_dims(model_path)
         check_layout(dims, layout_from_config(cfg.actor_rollout_ref.actor.megatron, dims.num_layers))
