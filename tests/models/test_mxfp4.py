@@ -1,10 +1,9 @@
 """gpt-oss's MXFP4 expert weights are dequantised as they are read.
 
-The tiny gpt-oss checkpoint's experts are quantised here (``_quantize``: each run of 32 inputs scaled by a
-power of two, rounded to the nearest FP4 e2m1 value) and written in the published layout (``*_blocks``,
-``*_scales``, ``quantization_config`` with ``modules_to_not_convert``), scales in a second file. The
-reference dequantisation is transformers' own ``convert_moe_packed_tensors``: it shares no code with
-``megarl.models.mxfp4``. ``dequant`` holds the same checkpoint with the reference's weights.
+The tiny gpt-oss checkpoint's experts are quantised in the test and written in the published layout
+(``tests/models/mxfp4_fixture.py``); the reference dequantisation is transformers' own
+``convert_moe_packed_tensors``, which shares no code with ``megarl.models.mxfp4``, and ``dequant`` holds the
+same checkpoint with the reference's weights. The conversion CLI at EP=2: tests/conversion/test_mxfp4_conversion.py.
 """
 import json
 import shutil
@@ -12,63 +11,21 @@ import shutil
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from megarl.models import ParallelLayout, build_model
 from megarl.models import mxfp4
 from megarl.models.loading import checkpoint_files
+from tests.models.mxfp4_fixture import EXPERTS, QUANTIZATION, make_mxfp4_checkpoint
+from tests.models.mxfp4_fixture import reference_dequantize as _reference
 
 TOLERANCE = 1e-5  # the bridge's tolerance against transformers (tests/models/test_bridge_tp1.py)
-QUANTIZATION = {"quant_method": "mxfp4", "modules_to_not_convert": [
-    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}  # as published
-MAGNITUDES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-EXPERTS = [f"model.layers.{i}.mlp.experts.{proj}" for i in range(2) for proj in ("gate_up_proj", "down_proj")]
-
-
-def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[E, in, out] -> (blocks uint8 [E, out, in / 32, 16], scales uint8 [E, out, in / 32]): per 32 inputs the
-    smallest power of two that brings the largest magnitude to 6 or below, each value rounded to the nearest FP4."""
-    w = weight.transpose(1, 2).float()
-    groups = w.reshape(*w.shape[:2], -1, 32)
-    exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp_min(2.0 ** -100) / 6.0))
-    scaled = groups / torch.exp2(exponent).unsqueeze(-1)
-    index = (scaled.abs().unsqueeze(-1) - MAGNITUDES).abs().argmin(-1)
-    codes = (index + 8 * (scaled < 0)).to(torch.uint8)
-    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return blocks, (exponent + 127).to(torch.uint8)
-
-
-def _reference(blocks, scales, dtype=torch.float32):
-    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-    return convert_moe_packed_tensors(blocks, scales, dtype=dtype)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """root/bf16 (the tiny model), root/mxfp4 (its experts quantised), root/dequant (the reference's weights)."""
-    from megarl.devtools.tiny_model import make_tiny_model
-
     root = tmp_path_factory.mktemp("mxfp4")
-    make_tiny_model("gpt_oss", "tiny", root / "bf16")
-    tensors = load_file(str(root / "bf16" / "model.safetensors"))
-    quantized, scales, dequantized = dict(tensors), {}, dict(tensors)
-    for name in EXPERTS:
-        blocks, scales[name + "_scales"] = _quantize(quantized.pop(name))
-        quantized[name + "_blocks"] = blocks
-        dequantized[name] = _reference(blocks, scales[name + "_scales"]).to(tensors[name].dtype)
-    for target in ("mxfp4", "dequant"):
-        shutil.copytree(root / "bf16", root / target)
-        (root / target / "model.safetensors").unlink()
-    save_file(dequantized, str(root / "dequant" / "model.safetensors"), metadata={"format": "pt"})
-    save_file(quantized, str(root / "mxfp4" / "model-00001-of-00002.safetensors"), metadata={"format": "pt"})
-    save_file(scales, str(root / "mxfp4" / "model-00002-of-00002.safetensors"), metadata={"format": "pt"})
-    weight_map = {**{n: "model-00001-of-00002.safetensors" for n in quantized},
-                  **{n: "model-00002-of-00002.safetensors" for n in scales}}
-    (root / "mxfp4" / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config = json.loads((root / "mxfp4" / "config.json").read_text())
-    (root / "mxfp4" / "config.json").write_text(json.dumps({**config, "quantization_config": QUANTIZATION}))
-    return root, tensors, dequantized
+    return (root, *make_mxfp4_checkpoint(root))
 
 
 def _stored(model_dir, name):
@@ -182,6 +139,21 @@ def test_dequantized_tensors_give_the_reference_checkpoint(checkpoints):
     tensors = dict(dequantized_tensors(root / "mxfp4"))
     assert tensors.keys() == dequantized.keys()
     assert all(torch.equal(tensors[name].to(dequantized[name].dtype), dequantized[name]) for name in dequantized)
+
+
+def test_verify_reference_is_transformers_on_the_dequantised_weights(checkpoints):
+    """``conversion verify``'s HF side for an MXFP4 checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    from conversion.verify import hf_model
+
+    root, _, _ = checkpoints
+    input_ids = torch.arange(3, 19).unsqueeze(0)
+    with torch.no_grad():
+        logits = hf_model(root / "mxfp4").eval()(input_ids).logits
+        reference = AutoModelForCausalLM.from_pretrained(str(root / "dequant"), dtype=torch.float32,
+                                                         attn_implementation="eager")(input_ids).logits
+    assert torch.equal(logits, reference)
 
 
 def _gpt_oss(quantization):
