@@ -100,6 +100,7 @@ class ExpertReader:
     def __init__(self, model_dir: str | os.PathLike, files: dict[str, str], quantization: MXFP4 | None):
         self.model_dir, self.files, self.quantization = Path(model_dir), files, quantization
         self._open: dict[str, object] = {}
+        self._last: tuple[tuple[str, int], torch.Tensor] | None = None  # gate and up come from one row
 
     def stores(self, name: str) -> bool:
         """Whether the checkpoint holds the tensor ``name`` as MXFP4 blocks (and, if so, declares it)."""
@@ -118,7 +119,10 @@ class ExpertReader:
         return self.files[name + BLOCKS_SUFFIX]
 
     def row(self, name: str, shape: tuple[int, ...], row: int) -> torch.Tensor:
-        """Row ``row`` (one expert, [in, out]) of the tensor ``name`` of ``shape`` [experts, in, out], in fp32."""
+        """Row ``row`` (one expert, [in, out]) of the tensor ``name`` of ``shape`` [experts, in, out], in fp32
+        (the last row read is kept: the loader asks for it again for the up part after the gate part)."""
+        if self._last is not None and self._last[0] == (name, row):
+            return self._last[1]
         experts, inputs, outputs = shape
         blocks, scales = self._slice(name + BLOCKS_SUFFIX), self._slice(name + SCALES_SUFFIX)
         expected = (experts, outputs, inputs // BLOCK, BLOCK // 2)
@@ -128,7 +132,9 @@ class ExpertReader:
         if tuple(scales.get_shape()) != expected[:3] or scales.get_dtype() != "U8":
             raise ValueError(f"{name + SCALES_SUFFIX}: {scales.get_dtype()} {tuple(scales.get_shape())}; "
                              f"{name} {tuple(shape)} in MXFP4 needs uint8 {expected[:3]}")
-        return dequantize(blocks[row:row + 1][0], scales[row:row + 1][0]).t()
+        values = dequantize(blocks[row:row + 1][0], scales[row:row + 1][0]).t()
+        self._last = ((name, row), values)
+        return values
 
     def full(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The whole tensor ``name`` [experts, in, out] in fp32, one expert at a time."""
