@@ -108,7 +108,7 @@ def check_hf_dir(path: str | os.PathLike, need_weights: bool, layout: ParallelLa
     """An HF model directory with config.json (and readable safetensors when ``need_weights``)
     whose model ``layout`` can split (checked before any process group starts)."""
     from megarl.models import check_layout, load_hf_config, model_dims
-    from megarl.models.fp8 import block_fp8
+    from megarl.models.fp8 import checkpoint_quantization
 
     path = Path(path)
     if not path.is_dir():
@@ -118,7 +118,7 @@ def check_hf_dir(path: str | os.PathLike, need_weights: bool, layout: ParallelLa
     try:
         config = load_hf_config(path)
         dims = model_dims(config)
-        block_fp8(config)  # FP8 block quantisation is dequantised on the way in; others are refused
+        checkpoint_quantization(config)  # FP8 blocks and MXFP4 experts are dequantised on the way in; others are refused
         if layout is not None:
             check_layout(dims, layout)
     except ValueError as exc:

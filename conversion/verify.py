@@ -114,20 +114,20 @@ def default_tolerance(noise_floor: float) -> float:
 
 def hf_model(hf_dir, attn_implementation: str = "eager"):
     """transformers' model of ``hf_dir`` in fp32, eager attention by default (its SDPA path drops Gemma-2's
-    attention soft-cap). An FP8 block-quantised checkpoint is built from its
+    attention soft-cap). An FP8 block-quantised or MXFP4 checkpoint is built from its
     config without ``quantization_config`` and given the dequantised weights (transformers' own FP8
     loader cannot dequantise a ragged last block, e.g. DeepSeek-V3's 576-row kv_a_proj_with_mqa). A
     vision-language checkpoint is ``AutoModelForImageTextToText``'s (the tower, M-RoPE and all)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from megarl.models import load_hf_config, model_dims
-    from megarl.models.fp8 import block_fp8, dequantized_tensors
+    from megarl.models.fp8 import checkpoint_quantization, dequantized_tensors
 
     config = load_hf_config(hf_dir)
     if model_dims(config).vision is not None:
         return AutoModelForImageTextToText.from_pretrained(str(hf_dir), dtype=torch.float32,
                                                            attn_implementation=attn_implementation)
-    if block_fp8(config) is None:
+    if checkpoint_quantization(config) is None:
         return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32,
                                                     attn_implementation=attn_implementation)
     del config.quantization_config

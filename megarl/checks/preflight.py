@@ -52,19 +52,20 @@ def preflight_problems(cfg: DictConfig) -> list[Problem]:
 
 
 def _quantization_problems(path) -> list[Problem]:
-    """The actor's checkpoint is what the fleet serves: an FP8 one would be served in FP8 and synced in full
-    precision (``fp8_rollout_problem``), and other quantisations are not read at all (``block_fp8``)."""
+    """The actor's checkpoint is what the fleet serves: an FP8 or MXFP4 one would be served quantised and synced
+    in full precision (``fp8_rollout_problem``), and other quantisations are not read at all
+    (``checkpoint_quantization``)."""
     from megarl.models import load_hf_config
-    from megarl.models.fp8 import block_fp8, fp8_rollout_problem
+    from megarl.models.fp8 import checkpoint_quantization, fp8_rollout_problem
 
     key = "actor_rollout_ref.model.path"
     try:
-        quantized = block_fp8(load_hf_config(resolve_model_path(str(path)) or path)) is not None
+        quantization = checkpoint_quantization(load_hf_config(resolve_model_path(str(path)) or path))
     except ValueError as exc:  # another quantisation, named by its field
         return [Problem(f"{key}={path}: {exc}", key=key)]
     except (OSError, TypeError, AttributeError):
         return []  # a config that transformers cannot read: the layout checks report it
-    return [Problem(fp8_rollout_problem(key, path), key=key)] if quantized else []
+    return [Problem(fp8_rollout_problem(key, path, quantization), key=key)] if quantization else []
 
 
 def _override_problems(cfg: DictConfig) -> list[Problem]:

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from megarl.models.dims import load_hf_config
 from megarl.models.families import family_for
-from megarl.models.fp8 import block_fp8
+from megarl.models.fp8 import checkpoint_quantization
 from megarl.models.layout import ParallelLayout
 from megarl.models.loading import INDEX_FILE, SINGLE_FILE, chunk_parameters, this_rank_shards
 from megarl.models.packed import pack_stream
@@ -189,10 +189,10 @@ def gather_pieces(shapes: dict[str, tuple[int, ...]], sources: dict[str, list], 
 
 def _export_config(hf_config, role: str):
     """The config.json to write: a critic becomes ``<Family>ForTokenClassification`` with one label;
-    an FP8 block-quantised source loses its ``quantization_config`` (the weights were dequantised);
+    an FP8 block-quantised or MXFP4 source loses its ``quantization_config`` (the weights were dequantised);
     the fields vLLM needs that transformers drops (``FamilySpec.vllm_hf_overrides``) are kept."""
     config = copy.deepcopy(hf_config)
-    if block_fp8(config) is not None:
+    if checkpoint_quantization(config) is not None:
         del config.quantization_config
     family = family_for(config)
     for key, value in family.vllm_hf_overrides.items():

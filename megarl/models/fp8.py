@@ -11,7 +11,8 @@ and pass through unchanged. config.json declares the format::
     "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128],
                             "fmt": "e4m3", "activation_scheme": "dynamic"}
 
-Other quantisation methods, block sizes and element formats are refused (``block_fp8``).
+Other block sizes and element formats are refused (``block_fp8``); so are quantisation methods other
+than gpt-oss's MXFP4 experts, which ``megarl.models.mxfp4`` reads (``checkpoint_quantization``: either).
 ``Dequantizer`` is the hook the loader calls on every slice it reads: a rank reads only its own
 rows or columns of the fp8 tensor and only the scale blocks that slice touches.
 """
@@ -25,6 +26,8 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
+from megarl.models.mxfp4 import BLOCKS_SUFFIX, MXFP4, SCALES_SUFFIX, ExpertReader, mxfp4_experts
+
 SCALE_SUFFIX = "_scale_inv"
 BLOCK = (128, 128)
 FP8_DTYPE = torch.float8_e4m3fn
@@ -33,6 +36,7 @@ FLOAT8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8
                                                          "float8_e5m2fnuz", "float8_e8m0fnu") if hasattr(torch, name))
 _SUPPORTED = ("quant_method 'fp8' with weight_block_size [128, 128], fmt 'e4m3' and activation_scheme "
               "'dynamic' (DeepSeek-V3's format)")
+_MXFP4 = "quant_method 'mxfp4' for gpt-oss's experts (its published format)"
 
 
 @dataclass(frozen=True)
@@ -40,11 +44,12 @@ class BlockFP8:
     """A checkpoint's FP8 block quantisation: ``block`` = (rows, cols) per scale."""
 
     block: tuple[int, int] = BLOCK
+    kind, served = "FP8 block-quantised", "FP8"  # for messages
 
 
 def block_fp8(config) -> BlockFP8 | None:
-    """The FP8 block quantisation declared in an HF config, None when unquantised; raises a
-    ValueError naming the field for any other quantisation."""
+    """The FP8 block quantisation declared in an HF config, None when unquantised or MXFP4 (``mxfp4_experts``
+    checks that); raises a ValueError naming the field for any other quantisation."""
     declared = getattr(config, "quantization_config", None)
     if declared is None:
         return None
@@ -52,12 +57,15 @@ def block_fp8(config) -> BlockFP8 | None:
 
     def refuse(field: str, value) -> ValueError:
         return ValueError(
-            f"quantization_config.{field}={value!r} is not supported: megarl reads unquantised checkpoints and FP8 "
-            f"block-quantised ones ({_SUPPORTED}), dequantising those as it loads; dequantise this checkpoint to "
+            f"quantization_config.{field}={value!r} is not supported: megarl reads unquantised checkpoints, FP8 "
+            f"block-quantised ones ({_SUPPORTED}) and MXFP4 ones ({_MXFP4}), dequantising those as it loads; "
+            "dequantise this checkpoint to "
             "bf16 first, or convert it with a tool for its format"
         )
 
     method = str(settings.get("quant_method", "")).lower()
+    if method == "mxfp4":
+        return None
     if method != "fp8":
         raise refuse("quant_method", settings.get("quant_method"))
     block = settings.get("weight_block_size")
@@ -70,12 +78,19 @@ def block_fp8(config) -> BlockFP8 | None:
     return BlockFP8(tuple(int(b) for b in block))
 
 
-def fp8_rollout_problem(key: str, model_path) -> str:
-    """Why a run cannot train from the FP8 checkpoint at ``model_path`` (given as ``key``), and how to make one
-    it can: the trainer dequantises it, but the vLLM fleet would serve it in FP8 while the weight sync sends it
-    full-precision weights."""
-    return (f"{key}={model_path} is FP8 block-quantised: the trainer would dequantise it, but the vLLM fleet would "
-            "serve it in FP8 while the weight sync sends it full-precision weights. Make a bf16 copy once and train "
+def checkpoint_quantization(config) -> BlockFP8 | MXFP4 | None:
+    """The quantisation an HF config declares: FP8 blocks, gpt-oss's MXFP4 experts, or None when unquantised;
+    raises a ValueError naming the field for any other."""
+    return block_fp8(config) or mxfp4_experts(config)
+
+
+def fp8_rollout_problem(key: str, model_path, quantization: BlockFP8 | MXFP4 = BlockFP8()) -> str:
+    """Why a run cannot train from the quantised (FP8 or MXFP4) checkpoint at ``model_path`` (given as ``key``),
+    and how to make one it can: the trainer dequantises it, but the vLLM fleet would serve it quantised while
+    the weight sync sends it full-precision weights."""
+    return (f"{key}={model_path} is {quantization.kind}: the trainer would dequantise it, but the vLLM fleet would "
+            f"serve it in {quantization.served} while the weight sync sends it full-precision weights. Make a bf16 "
+            "copy once and train "
             f"from that: python -m conversion hf-to-megatron --hf {model_path} --out MCORE --dtype bf16 (under "
             f"torchrun for a large model), then python -m conversion megatron-to-hf --checkpoint MCORE --hf-config "
             f"{model_path} --out BF16_DIR, and set {key}=BF16_DIR (actor_rollout_ref.actor.megatron."
@@ -146,19 +161,26 @@ class Dequantizer:
 
 
 def dequantized_tensors(model_dir: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every HF tensor of a checkpoint in full, FP8 ones dequantised to fp32 and their scales left
-    out (``conversion verify`` builds its transformers reference from these)."""
+    """Every HF tensor of a checkpoint in full, FP8 ones and MXFP4 experts dequantised to fp32 and their
+    scales left out (``conversion verify`` builds its transformers reference from these)."""
     from megarl.models.dims import load_hf_config
     from megarl.models.loading import checkpoint_files
 
     model_dir = Path(model_dir)
     files = checkpoint_files(model_dir)
-    quantization = block_fp8(load_hf_config(model_dir))
+    config = load_hf_config(model_dir)
+    quantization = block_fp8(config)
     scales = {scale_name(name) for name in files} if quantization is not None else set()
     dequantizer = Dequantizer(model_dir, files, quantization)
+    experts = ExpertReader(model_dir, files, mxfp4_experts(config))
     for file_name in sorted(set(files.values())):
         with safe_open(str(model_dir / file_name), framework="pt") as f:
             for name in f.keys():
-                if name not in scales:
+                packed = name.removesuffix(BLOCKS_SUFFIX)
+                if name.endswith(BLOCKS_SUFFIX) and experts.stores(packed):
+                    yield packed, experts.full(packed, experts.shape(packed))
+                elif name.endswith(SCALES_SUFFIX) and name.removesuffix(SCALES_SUFFIX) + BLOCKS_SUFFIX in files:
+                    continue
+                elif name not in scales:
                     full = tuple(slice(0, n) for n in f.get_slice(name).get_shape())
                     yield name, dequantizer(name, full, f.get_tensor(name))

@@ -4,7 +4,8 @@ Each rank asks the shard layout for its own specs, finds the files holding those
 (``model.safetensors.index.json``), opens only those files, and reads only its rows/columns with
 ``safe_open(...).get_slice(name)[hf_slice]``. No rank reads another stage's layers, another EP
 rank's experts, or the other TP ranks' rows, so no rank ever holds the whole model. FP8
-block-quantised checkpoints are dequantised slice by slice as they are read (``models/fp8.py``).
+block-quantised checkpoints are dequantised slice by slice as they are read (``models/fp8.py``),
+gpt-oss's MXFP4 experts one expert at a time (``models/mxfp4.py``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from megarl.models.fp8 import Dequantizer, block_fp8
 from megarl.models.families import family_for
 from megarl.models.grouped_experts import bridge_tensors
 from megarl.models.layout import ParallelLayout
+from megarl.models.mxfp4 import ExpertReader, mxfp4_experts
 from megarl.models.packed import packed_parts, read_piece
 from megarl.models.shards import HF_VALUE_BIAS, HF_VALUE_WEIGHT, ShardSpec, rank_shards
 
@@ -167,6 +169,7 @@ def load_hf_weights(
     pairs = chunk_parameters(models, this_rank_shards(hf_config, layout, role, transformer_impl))
     files = checkpoint_files(model_dir)
     dequantize = Dequantizer(model_dir, files, block_fp8(hf_config))  # refuses other quantisations
+    mxfp4 = ExpertReader(model_dir, files, mxfp4_experts(hf_config))
     log_skipped_tensors(hf_config, files, str(model_dir))
     family = family_for(hf_config)
     packed = packed_parts(family, family.read_dims(hf_config))  # parts read from a row of a packed tensor
@@ -180,6 +183,8 @@ def load_hf_weights(
                 by_file[files[piece.hf_name]].append((piece, param))
             elif piece.hf_name in packed and packed[piece.hf_name][0].name in files:
                 by_file[files[packed[piece.hf_name][0].name]].append((piece, param))
+            elif piece.hf_name in packed and mxfp4.stores(packed[piece.hf_name][0].name):
+                by_file[mxfp4.file_of(packed[piece.hf_name][0].name)].append((piece, param))
             elif role == "critic" and piece.hf_name in (HF_VALUE_WEIGHT, HF_VALUE_BIAS):
                 report.left_initialised.append(piece.hf_name)
             else:
@@ -193,7 +198,8 @@ def load_hf_weights(
         with safe_open(str(model_dir / file_name), framework="pt") as f:
             for piece, param in by_file[file_name]:
                 if piece.hf_name in packed:
-                    values = read_piece(f, packed[piece.hf_name], piece.hf_slice)
+                    quantized = packed[piece.hf_name][0].name not in files  # stored as MXFP4 blocks
+                    values = read_piece(f, packed[piece.hf_name], piece.hf_slice, mxfp4.row if quantized else None)
                     param.data[piece.megatron_slice].copy_(dequantize(piece.hf_name, piece.hf_slice, values))
                     report.elements_read += values.numel()
                     continue

@@ -8,7 +8,8 @@ biases as ``[experts, 2 * ffn]``. Its family names one part per expert (``...exp
 ordinary one; this module maps between those parts and the checkpoint tensors:
 
 * ``read_piece``: the loader reads the part's row of the packed tensor (one expert's row, never the
-  whole tensor), makes the part of it and takes the piece's slice;
+  whole tensor), makes the part of it and takes the piece's slice; a row stored in another format
+  (gpt-oss's MXFP4 experts, ``megarl.models.mxfp4``) comes from the reader it is given;
 * ``pack_stream``: the exporter's stream of parts becomes the checkpoint's tensors, each packed
   tensor yielded once its last part arrives, so an export reproduces the checkpoint bit for bit.
 """
@@ -30,9 +31,13 @@ def packed_parts(family, dims) -> dict[str, tuple[PackedTensor, int, object]]:
     return parts
 
 
-def read_piece(handle, part: tuple[PackedTensor, int, object], hf_slice: tuple[slice, ...]) -> torch.Tensor:
-    """The slice ``hf_slice`` of a packed part, read from the open safetensors file ``handle``."""
+def read_piece(handle, part: tuple[PackedTensor, int, object], hf_slice: tuple[slice, ...],
+               read_row=None) -> torch.Tensor:
+    """The slice ``hf_slice`` of a packed part, read from the open safetensors file ``handle``, or by
+    ``read_row(name, shape, row)`` (the packed tensor's row) when it is given."""
     packed, row, unpack = part
+    if read_row is not None:
+        return unpack(read_row(packed.name, packed.shape, row))[hf_slice].contiguous()
     stored = tuple(handle.get_slice(packed.name).get_shape())
     if stored != packed.shape:
         raise ValueError(f"{packed.name}: checkpoint shape {stored} != config shape {packed.shape}")

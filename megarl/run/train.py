@@ -70,15 +70,16 @@ def check_model(cfg) -> None:
     """Before any process starts: ``actor_rollout_ref.model.path`` is an unquantised HF checkpoint (the
     fleet loads it itself) that the actor's megatron layout can split."""
     from megarl.models import check_layout, load_hf_config, model_dims
-    from megarl.models.fp8 import block_fp8, fp8_rollout_problem
+    from megarl.models.fp8 import checkpoint_quantization, fp8_rollout_problem
     from megarl.settings.engine import layout_from_config
 
     model_path = cfg.actor_rollout_ref.model.path
     if not (Path(model_path) / "config.json").is_file():
         raise FileNotFoundError(f"actor_rollout_ref.model.path={model_path} has no config.json: give a Hugging "
                                 "Face checkpoint directory (megarl make-tiny-model writes one)")
-    if block_fp8(load_hf_config(model_path)) is not None:  # other quantisations are refused inside
-        raise ValueError(fp8_rollout_problem("actor_rollout_ref.model.path", model_path))
+    quantization = checkpoint_quantization(load_hf_config(model_path))  # others are refused inside
+    if quantization is not None:
+        raise ValueError(fp8_rollout_problem("actor_rollout_ref.model.path", model_path, quantization))
     try:
         dims = model_dims(model_path)
         check_layout(dims, layout_from_config(cfg.actor_rollout_ref.actor.megatron, dims.num_layers))

@@ -22,14 +22,17 @@ The checkpoint packs each layer's experts into ``mlp.experts.gate_up_proj`` [exp
 name one part per expert (``mlp.experts.<e>.{gate,up,down}_proj.{weight,bias}``) and
 ``packed_tensors`` says how they sit in those tensors (``megarl.models.packed``).
 
+The published checkpoints store the two expert weights in MXFP4 (``<name>_blocks`` and ``<name>_scales``,
+``quantization_config.quant_method='mxfp4'``); the loader dequantises them one expert at a time
+(``megarl.models.mxfp4``), exactly, and an export writes the dequantised tensors.
+
 RoPE: default, or YaRN as the published checkpoints set it (``truncate: false``, which megatron's
 always-truncating ``YarnRotaryEmbedding`` cannot build): transformers' inverse frequencies are set
 on megatron's rotary embedding and its cos/sin factor (``attention_factor``, 1.35 for factor 32)
 scales q and k alike, so the softmax scale takes its square (``dims.TransformersRope``).
 
 Refused, naming the field: ``attention_bias=False`` (megatron's ``add_bias_linear`` puts biases on
-the attention output and the experts alike), other RoPE types, MXFP4 expert weights (the FP8 loader refuses their
-``quantization_config``: dequantise to bf16 first), ``layer_types`` other than sliding/full attention.
+the attention output and the experts alike), other RoPE types, ``layer_types`` other than sliding/full attention.
 The weight sync into vLLM refuses the family (``megarl.models.vllm_layout.vllm_splits``).
 """
 from __future__ import annotations
