@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.built_once import built_once
 from tests.process_guard import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: F401 (hooks)
 
 for var, value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -38,10 +39,10 @@ def smollm2():
 def quickstart_inputs(tmp_path_factory):
     """The quickstart's arithmetic data and its format-warmed tiny model (``megarl.run.quickstart.prepare``:
     ``{"data": dir, "model": dir}``), built once per session (3-5 s on 2 cores) for the eight modules
-    that train on it. Read-only: a test that changes a file copies the model first."""
+    that train on it, by one of the xdist workers. Read-only: a test that changes a file copies the model first."""
     from megarl.run.quickstart import prepare
 
-    return prepare(tmp_path_factory.mktemp("quickstart"))
+    return built_once(tmp_path_factory, "quickstart", prepare)
 
 
 class RayHead:

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.built_once import built_once
 from tests.ports import torchrun
 
 REPO = Path(__file__).resolve().parents[2]
+FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "gemma2", "kimi_k2", "qwen2_5_vl", "qwen3_vl")
 
 
 def cli_env() -> dict:
@@ -41,24 +43,24 @@ def tiny_models(tmp_path_factory) -> Path:
     towers and processors)."""
     from megarl.devtools.tiny_model import make_tiny_model
 
-    root = tmp_path_factory.mktemp("tiny_models")
-    for family in ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "gemma2", "kimi_k2", "qwen2_5_vl", "qwen3_vl"):
-        make_tiny_model(family, "tiny", root / family, seed=0)
-    return root
+    def build(root: Path) -> Path:
+        for family in FAMILIES:
+            make_tiny_model(family, "tiny", root / family, seed=0)
+        return root
+
+    return built_once(tmp_path_factory, "tiny_models", build)
 
 
 @pytest.fixture(scope="session")
 def to_megatron(tiny_models, tmp_path_factory):
     """``to_megatron(family, flags, nproc)``: the family's ``hf-to-megatron`` output at that layout,
-    converted once per session and shared by the tests that only read it."""
-    done: dict = {}
-
+    converted once per session (by one of the xdist workers) and shared by the tests that only read it."""
     def convert(family: str, flags: tuple[str, ...] = (), nproc: int = 1) -> Path:
-        key = (family, tuple(flags))
-        if key not in done:
-            out = tmp_path_factory.mktemp(f"{family}_mcore") / "mcore"
+        def build(directory: Path) -> Path:
+            out = directory / "mcore"
             assert_ok(run_cli(["hf-to-megatron", "--hf", tiny_models / family, "--out", out, *flags], nproc))
-            done[key] = out
-        return done[key]
+            return out
+
+        return built_once(tmp_path_factory, "_".join([f"{family}_mcore", *flags]).replace("-", ""), build)
 
     return convert

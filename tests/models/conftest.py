@@ -37,6 +37,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.built_once import built_once
+
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
 NEW_FAMILIES = ["gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe"]  # families of issue 24, their own tiny models (FamilySpec.tiny_config)
 BATCH, SEQ = 2, 16
@@ -112,7 +114,7 @@ def build_zoo(root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def model_zoo(tmp_path_factory) -> Path:
-    return build_zoo(tmp_path_factory.mktemp("model_zoo"))
+    return built_once(tmp_path_factory, "model_zoo", build_zoo)
 
 
 @pytest.fixture(scope="session")
@@ -120,5 +122,5 @@ def vision_zoo(tmp_path_factory) -> Path:
     """Tiny Qwen2.5-VL / Qwen3-VL checkpoints, an image + text batch and HF's logits (``vision_fixture``)."""
     from tests.models.vision_fixture import make_vision_zoo
 
-    return make_vision_zoo(tmp_path_factory.mktemp("vision_zoo"))
+    return built_once(tmp_path_factory, "vision_zoo", make_vision_zoo)
 
