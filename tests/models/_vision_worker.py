@@ -87,7 +87,7 @@ def tower_grad_error(model, batch, expected: dict) -> float:
 def run(name, family, layout, work):
     from megatron.core import parallel_state as ps
 
-    platform.initialize_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep)
+    platform.initialize_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp)
     record = {"scenario": name, "rank": dist.get_rank(), "pp_rank": ps.get_pipeline_model_parallel_rank(),
               "tp_rank": ps.get_tensor_model_parallel_rank()}
     with recorded(record):
