@@ -123,6 +123,17 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
         except ValueError as exc:
             problems.append(Problem(f"{key}.* for actor_rollout_ref.model.path={arr.model.path}: {exc}; pick "
                                     "parallel sizes that divide these counts", key=f"{key}.tensor_model_parallel_size"))
+    if dims.vision is not None and dims.vision.deepstack_layers:  # build_model refuses it at the start otherwise
+        from megarl.settings.engine import model_overrides, needs_reference
+
+        for role in ("actor", "ref") if needs_reference(cfg) else ("actor",):
+            if model_overrides(cfg, role, typed=False).get("recompute_granularity") == "full":
+                problems.append(refusal(f"actor_rollout_ref.{role}.megatron.override_transformer_config."
+                                        "recompute_granularity=full (or model.enable_gradient_checkpointing=True)",
+                                        "full activation recomputation with DeepStack features (Qwen3-VL)",
+                                        "use recompute_granularity=selective: under full recomputation a pipeline "
+                                        "schedule would recompute a layer with another micro-batch's image features",
+                                        issue=28))
     if dims.vision is not None:  # what does not read images yet (each would score the image tokens without pixels)
         for on, key, feature in ((cfg.distillation.enabled, "distillation.enabled=True", "distillation teachers that "
                                   "read images"), (cfg.reward_model.enable, "reward_model.enable=True",

@@ -53,6 +53,7 @@ from megarl.devtools.tiny_vision import (
     build_vision_language_config,
     vision_token_ids,
     write_image_processor,
+    write_published_layout,
 )
 
 __all__ = ["FAMILIES", "HEADS", "SIZES", "ModelSize", "make_tiny_model", "build_tokenizer", "build_config"]
@@ -377,6 +378,7 @@ def make_tiny_model(
         tokenizer.save_pretrained(staging)
         if family in VISION_LANGUAGE_FAMILIES:
             write_image_processor(family, staging)
+            write_published_layout(family, staging)
         _replace_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

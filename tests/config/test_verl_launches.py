@@ -48,6 +48,24 @@ QWEN3_8B = dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, 
                 intermediate_size=12288, vocab_size=151936)
 QWEN3_32B = dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
                  intermediate_size=25600, vocab_size=151936)
+
+
+def _qwen3_vl_moe(text: dict) -> dict:
+    """Qwen3-VL-MoE's config.json: the language model of the Qwen3-MoE of the same size (its layers, heads, experts
+    and widths, as the two models publish them) with Qwen3-VL's M-RoPE, under ``text_config``; Qwen3-VL-8B's vision
+    tower (27 blocks of 1152, DeepStack after blocks 8, 16, 24), its output the language model's width."""
+    vl8b = _published("qwen3-vl-8b")
+    rope = {"rope_type": "default", "rope_theta": 5000000, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
+    text = {**text, "model_type": "qwen3_vl_moe_text", "rope_scaling": rope, "max_position_embeddings": 262144,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True}
+    text.pop("rope_theta", None)
+    vision = {**vl8b["vision_config"], "model_type": "qwen3_vl_moe", "out_hidden_size": text["hidden_size"]}
+    return {**{k: v for k, v in vl8b.items() if k not in ("text_config", "vision_config")}, "text_config": text,
+            "vision_config": vision}
+
+
+QWEN3_VL_30B = _qwen3_vl_moe(QWEN3_30B)
+QWEN3_VL_235B = _qwen3_vl_moe({k: v for k, v in QWEN3_235B.items() if k not in ("tie_word_embeddings",)})
 MODELS = {
     "Qwen2": ("Qwen2ForCausalLM", "qwen2", QWEN2_7B),
     "Qwen2.5-3B": ("Qwen2ForCausalLM", "qwen2", dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
@@ -55,8 +73,8 @@ MODELS = {
     "Qwen2.5-32B": ("Qwen2ForCausalLM", "qwen2", dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=40,
                                                       num_key_value_heads=8, intermediate_size=27648, vocab_size=152064)),
     "Qwen2.5-VL": ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", _published("qwen2.5-vl-7b")),
-    "Qwen3-VL-30B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {}),
-    "Qwen3-VL-235B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", {}),
+    "Qwen3-VL-30B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", QWEN3_VL_30B),
+    "Qwen3-VL-235B": ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe", QWEN3_VL_235B),
     "Qwen3-VL-8B": ("Qwen3VLForConditionalGeneration", "qwen3_vl", _published("qwen3-vl-8b")),
     "Qwen3-235B-A22B": ("Qwen3MoeForCausalLM", "qwen3_moe", QWEN3_235B),
     "Qwen3-30B-A3B": ("Qwen3MoeForCausalLM", "qwen3_moe", QWEN3_30B),
@@ -266,3 +284,29 @@ def test_verls_2026_default_config_loads_as_a_yaml():
     assert cfg.async_training.mode == "sync"  # trainer.v1.trainer_mode=sync; the sampler's bounds stay inert
     assert cfg.reward_model.model.trust_remote_code is False  # null in verl's deprecated section: the default
     assert any("pad_to_length" in note for note in notes) and any("entropy" in note for note in notes)
+
+
+# verl's Qwen3-VL-MoE launches (30B-A3B, 235B-A22B; January and August 2026): the bridge reads the model; what each
+# still asks for that megarl lacks is context parallelism with M-RoPE and full recomputation with DeepStack features
+QWEN3_VL_MOE_LAUNCHES = [launch for launch in LAUNCHES + LAUNCHES_2026
+                         if any(size in launch["script"] for size in ("vl-30b", "vl-235b", "vl_30b", "vl_235b"))]
+QWEN3_VL_MOE_REFUSALS = ["context parallelism for vision-language models (M-RoPE positions) (issue 28)",
+                         "full activation recomputation with DeepStack features (Qwen3-VL) (issue 28)"]
+
+
+def test_verls_qwen3_vl_moe_launches_are_refused_only_for_context_parallelism_and_full_recomputation(
+        tmp_path, monkeypatch, wandb_installed):
+    monkeypatch.chdir(tmp_path)
+    from megarl.models import family_for, load_hf_config
+
+    fixtures = Fixtures(tmp_path / "fixtures")
+    assert len(QWEN3_VL_MOE_LAUNCHES) == 4
+    for i, launch in enumerate(QWEN3_VL_MOE_LAUNCHES):
+        assert check_launch(launch, fixtures, tmp_path / f"run{i}") == (QWEN3_VL_MOE_REFUSALS, []), launch["script"]
+    for value in fixtures.made.values():
+        if value.is_dir() and (value / "config.json").is_file():
+            assert family_for(load_hf_config(value)).name == "qwen3_vl_moe"
+    # without those two settings (CP 1, no recompute_* override) verl's August launches pass every check
+    for i, launch in enumerate(QWEN3_VL_MOE_LAUNCHES[2:]):
+        argv = [a.replace("context_parallel_size=2", "context_parallel_size=1") for a in launch["argv"] if "recompute_" not in a]
+        assert check_launch({**launch, "argv": argv}, fixtures, tmp_path / f"cp1_{i}") == (None, []), launch["script"]

@@ -23,7 +23,7 @@ from megarl.devtools.tiny_model import FAMILIES, SIZES, build_tokenizer, make_ti
 ALL_FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]  # GQA families
 WITH_DEEPSEEK = ALL_FAMILIES + ["deepseek_v3"]
 OWN_TINY = ["gemma2", "gemma3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5", "qwen3_5_moe"]  # model families with their own tiny config (FamilySpec.tiny_config)
-VISION_LANGUAGE = ["qwen2_5_vl", "qwen3_vl"]  # tests/devtools/test_tiny_vision.py
+VISION_LANGUAGE = ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]  # tests/devtools/test_tiny_vision.py
 CHECKED = WITH_DEEPSEEK + ["gemma2"]  # Gemma-3's tokenizer is Gemma-2's
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}

@@ -59,3 +59,22 @@ def test_the_same_seed_writes_the_same_files(family, checkpoints, tmp_path):
 def test_a_vision_language_reward_model_is_refused(tmp_path):
     with pytest.raises(ValueError, match="vision-language model"):
         make_tiny_model("qwen2_5_vl", "tiny", tmp_path / "rm", head="seq_cls")
+
+
+def test_qwen3_vl_moe_stores_its_packed_experts_as_published(checkpoints):
+    """gate_up_proj [experts, hidden, 2 * ffn] (gate first) and down_proj [experts, ffn, hidden], as Qwen published them
+    and vLLM reads them; transformers (which saves its own [experts, 2 * ffn, hidden]) loads them transposed."""
+    from safetensors import safe_open
+
+    path = checkpoints["qwen3_vl_moe"]
+    text = AutoConfig.from_pretrained(path).text_config
+    hidden, ffn, experts = text.hidden_size, text.moe_intermediate_size, text.num_experts
+    assert 2 * ffn != hidden  # neither tensor is square: a transposed one shows in its shape
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        for layer in range(text.num_hidden_layers):
+            p = f"model.language_model.layers.{layer}.mlp.experts."
+            gate_up, down = f.get_tensor(p + "gate_up_proj"), f.get_tensor(p + "down_proj")
+            assert gate_up.shape == (experts, hidden, 2 * ffn) and down.shape == (experts, ffn, hidden)
+            loaded = model.model.language_model.layers[layer].mlp.experts
+            assert torch.equal(loaded.gate_up_proj, gate_up.transpose(1, 2)) and torch.equal(loaded.down_proj, down.transpose(1, 2))

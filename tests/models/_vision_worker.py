@@ -3,11 +3,11 @@
     torchrun --nproc-per-node 2 _vision_worker.py WORK_DIR
 
 WORK_DIR holds ``vision_fixture``'s checkpoints and ``vision_reference.pt``. For Qwen2.5-VL and Qwen3-VL at
-TP=2, TP=2 + SP and PP=2, every rank builds the model, runs the batch (images of different sizes and text-only
+TP=2, TP=2 + SP and PP=2, and Qwen3-VL-MoE at TP=2 and EP=2, every rank builds the model, runs the batch (images of different sizes and text-only
 rows) through megatron's forward_backward_func (forward only, one micro-batch) and records the max
 |megatron - HF| over its vocabulary slice at the real tokens; at TP=2 + SP it also runs a backward of the sum
 of the real tokens' logits and records the largest difference of the vision tower's gradients from HF's;
-at TP=2 and PP=2 rank 0 gathers the export and compares it with the checkpoint bit for bit. Rank 0 writes
+at TP=2, PP=2 and EP=2 rank 0 gathers the export and compares it with the checkpoint bit for bit. Rank 0 writes
 ``vision_results.json``. This script measures; the test asserts.
 """
 import os
@@ -25,6 +25,8 @@ from tests.models.two_ranks import recorded, write_records
 
 LAYOUTS = {"tp2": ParallelLayout(tp=2), "tp2_sp": ParallelLayout(tp=2, sequence_parallel=True), "pp2": ParallelLayout(pp=2)}
 SCENARIOS = [(f"{family}/{name}", family, layout) for family in ("qwen2_5_vl", "qwen3_vl") for name, layout in LAYOUTS.items()]
+# Qwen3-VL-MoE: its experts split over TP, then whole over EP (2 experts a rank, the two ranks data-parallel)
+SCENARIOS += [("qwen3_vl_moe/tp2", "qwen3_vl_moe", LAYOUTS["tp2"]), ("qwen3_vl_moe/ep2", "qwen3_vl_moe", ParallelLayout(ep=2))]
 
 
 def padded_batch(reference: dict, checkpoint: Path, multiple: int) -> dict:
@@ -85,7 +87,7 @@ def tower_grad_error(model, batch, expected: dict) -> float:
 def run(name, family, layout, work):
     from megatron.core import parallel_state as ps
 
-    platform.initialize_model_parallel(tp=layout.tp, pp=layout.pp)
+    platform.initialize_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp)
     record = {"scenario": name, "rank": dist.get_rank(), "pp_rank": ps.get_pipeline_model_parallel_rank(),
               "tp_rank": ps.get_tensor_model_parallel_rank()}
     with recorded(record):

@@ -75,7 +75,8 @@ def test_tiny_families_are_covered_exactly(family, tied):
     ids = vision_token_ids(build_tokenizer(family)) if family in VISION_LANGUAGE_FAMILIES else None
     config = build_config(family, "small", tie_word_embeddings=tied, special_token_ids=ids)
     layouts = TINY_LAYOUTS + [ParallelLayout(pp=2, vpp=2), ParallelLayout(tp=2, pp=2, vpp=2)]
-    if family in ("qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5_moe"):
+    if family in ("qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5_moe",
+                  "qwen3_vl_moe"):
         layouts += MOE_LAYOUTS
     if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):  # their DeltaNet runs at TP=1: test_qwen3_next.py checks the refusal
         layouts = [layout for layout in layouts if layout.tp == 1]

@@ -1,4 +1,5 @@
-"""Qwen2.5-VL and Qwen3-VL at TP=2, TP=2 + SP and PP=2: one torchrun launch, 2 ranks (``_vision_worker.py``).
+"""Qwen2.5-VL and Qwen3-VL at TP=2, TP=2 + SP and PP=2, Qwen3-VL-MoE at TP=2 and EP=2: one torchrun launch, 2 ranks
+(``_vision_worker.py``).
 
 The batch holds images of different sizes and text-only rows. Logits within 1e-5 of transformers' (fp32) on
 every rank's vocabulary slice; the vision tower on both TP ranks, on the first pipeline stage only; under
@@ -17,6 +18,7 @@ WORKER = Path(__file__).with_name("_vision_worker.py")
 TOLERANCE = 1e-5
 FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 SCENARIOS = [f"{family}/{layout}" for family in FAMILIES for layout in ("tp2", "tp2_sp", "pp2")]
+MOE_SCENARIOS = ["qwen3_vl_moe/tp2", "qwen3_vl_moe/ep2"]  # the packed experts split over TP, whole over EP
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def results(vision_zoo):
     return run_two_ranks(WORKER, vision_zoo, "vision_results.json", timeout=280)
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("scenario", SCENARIOS + MOE_SCENARIOS)
 def test_logits_match_hugging_face(results, scenario):
     records = [r for r in rank_records(results, scenario) if "max_diff" in r]
     assert len(records) == (1 if scenario.endswith("pp2") else 2)
@@ -46,6 +48,7 @@ def test_vision_tower_gradients_match_hugging_face_under_sequence_parallelism(re
         assert record["tower_grad_error"] <= 1e-4, f"rank {record['rank']}: {record['tower_grad_error']}"
 
 
-@pytest.mark.parametrize("scenario", [f"{family}/{layout}" for family in FAMILIES for layout in ("tp2", "pp2")])
+@pytest.mark.parametrize("scenario", [f"{family}/{layout}" for family in FAMILIES for layout in ("tp2", "pp2")]
+                         + MOE_SCENARIOS)
 def test_export_reproduces_the_checkpoint_bit_for_bit(results, scenario):
     assert rank_records(results, scenario)[0]["export"] == {"missing": [], "extra": [], "mismatched": []}

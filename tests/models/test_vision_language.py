@@ -1,4 +1,4 @@
-"""Qwen2.5-VL and Qwen3-VL in this process at TP=PP=1 (gloo), against Hugging Face transformers.
+"""Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE in this process at TP=PP=1 (gloo), against Hugging Face transformers.
 
 The batch (``vision_fixture``): two images of different sizes in one row, a text-only row, one more image,
 a short text-only row. Logits must equal HF's (1e-5 in fp32) at every real token, padded and packed; the
@@ -15,7 +15,7 @@ from megarl.models import (ParallelLayout, build_model, freeze_vision_tower, gat
 from megarl.models.mrope import mrope_position_ids
 from megarl.models.shards import hf_tensor_shapes, param_shards
 from tests.models.test_bridge_tp1 import _checkpoint_tensors
-from tests.models.vision_fixture import FAMILIES, hf_model
+from tests.models.vision_fixture import FAMILIES, MOE_FAMILIES, ZOO, hf_model
 
 TOLERANCE = 1e-5
 
@@ -37,7 +37,7 @@ def _logits(model, batch, positions, **kwargs):
                      image_grid_thw=batch["image_grid_thw"], **kwargs)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ZOO)
 @pytest.mark.usefixtures("world")
 def test_logits_match_hugging_face(vision_zoo, family):
     reference = _reference(vision_zoo, family)
@@ -48,7 +48,7 @@ def test_logits_match_hugging_face(vision_zoo, family):
     assert (logits - reference["logits"])[real].abs().max().item() <= TOLERANCE
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ZOO)
 @pytest.mark.usefixtures("world")
 def test_packed_rows_match_hugging_face(vision_zoo, family):
     """Every row's real tokens one after the other in one THD row, each with its own positions."""
@@ -125,15 +125,25 @@ def test_deepstack_features_reach_the_first_layers(vision_zoo, monkeypatch):
     assert (logits - reference["logits"])[image_rows].abs().max().item() > 1e-3
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ZOO)
 @pytest.mark.usefixtures("world")
 def test_export_reproduces_the_checkpoint_bit_for_bit(vision_zoo, family):
     [model] = build_model(vision_zoo / family, ParallelLayout())
     original = _checkpoint_tensors(vision_zoo / family)
     exported = dict(gather_hf_tensors([model], vision_zoo / family, ParallelLayout()))
     assert sorted(exported) == sorted(original)
-    assert sorted(hf_tensor_shapes(vision_zoo / family)) == sorted(original)
+    assert _packed(hf_tensor_shapes(vision_zoo / family), vision_zoo / family) == sorted(original)
     assert all(torch.equal(exported[name], original[name]) for name in original)
+
+
+def _packed(names, checkpoint) -> list[str]:
+    """The bridge's tensor names with every part of a packed checkpoint tensor replaced by that tensor's name."""
+    from megarl.models import family_for
+    from megarl.models.packed import packed_parts
+
+    config = load_hf_config(checkpoint)
+    parts = packed_parts(family_for(config), model_dims(checkpoint))
+    return sorted({parts[name][0].name if name in parts else name for name in names})
 
 
 def _train_step(model, reference, family, vision_zoo):
@@ -172,17 +182,18 @@ def test_layouts_the_vision_language_models_cannot_take(vision_zoo):
         param_shards(vision_zoo / "qwen2_5_vl", ParallelLayout(cp=2))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ZOO)
 def test_vllm_splits_name_the_checkpoint_and_send_the_tower_whole(vision_zoo, family):
     """The weight sync's vLLM splits use the checkpoint's names; vLLM splits the tower with its own loaders."""
     from megarl.models.vllm_layout import vllm_splits
 
     splits = vllm_splits(vision_zoo / family)
     names = _checkpoint_tensors(vision_zoo / family)
-    assert sorted(splits) == sorted(names)
+    assert _packed(splits, vision_zoo / family) == sorted(names)  # Qwen3-VL-MoE's experts: one part per expert
     language = model_dims(vision_zoo / family).hf_prefix
     assert splits[language + "layers.0.self_attn.q_proj.weight"].kind == "column"
-    assert splits[language + "layers.0.mlp.down_proj.weight"].kind == "row"
+    mlp = language + ("layers.0.mlp.experts.3." if family in MOE_FAMILIES else "layers.0.mlp.")
+    assert splits[mlp + "down_proj.weight"].kind == "row" and splits[mlp + "up_proj.weight"].kind == "column"
     tower = [name for name in names if "visual." in name]
     assert tower and all(splits[name].kind == "whole" for name in tower)
 

@@ -1,6 +1,6 @@
-"""Tiny Qwen2.5-VL and Qwen3-VL checkpoints, an image + text batch, and transformers' outputs on it.
+"""Tiny Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE checkpoints, an image + text batch, and transformers' outputs on it.
 
-``make_vision_zoo(root)`` writes ``root/qwen2_5_vl``, ``root/qwen3_vl`` (``megarl.devtools.tiny_model``)
+``make_vision_zoo(root)`` writes ``root/<family>`` for each of ``ZOO`` (``megarl.devtools.tiny_model``)
 and ``root/vision_reference.pt``: per family the processor's batch, HF's fp32 logits (eager attention) and the
 gradients of the vision tower's tensors (``tower_grads``, by name below ``visual.``) of the sum of the real
 tokens' logits.
@@ -16,8 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-FAMILIES = ("qwen2_5_vl", "qwen3_vl")
-UNIT = {"qwen2_5_vl": 28, "qwen3_vl": 32}  # pixels per image token side
+FAMILIES = ("qwen2_5_vl", "qwen3_vl")  # the dense ones, which every vision test runs (the engine's too)
+MOE_FAMILIES = ("qwen3_vl_moe",)  # the bridge's logits, export and sync splits (tests/models), and EP 2
+ZOO = FAMILIES + MOE_FAMILIES
+UNIT = {"qwen2_5_vl": 28, "qwen3_vl": 32, "qwen3_vl_moe": 32}  # pixels per image token side
 ROWS = ((2, "two pictures: what differs?"), (0, "only words here, no picture at all"), (1, "describe"), (0, "hi"))
 IMAGE_UNITS = ((2, 3), (4, 2), (2, 2))  # each image's (height, width) in merged image tokens, in order
 
@@ -58,7 +60,7 @@ def make_vision_zoo(root: Path) -> Path:
     from megarl.devtools.tiny_model import make_tiny_model
 
     reference = {}
-    for family in FAMILIES:
+    for family in ZOO:
         make_tiny_model(family, "tiny", root / family, seed=0)
         batch = processed_batch(root / family, family)
         model = hf_model(root / family)

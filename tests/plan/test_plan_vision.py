@@ -1,4 +1,4 @@
-"""The planner on vision-language models (tiny Qwen2.5-VL and Qwen3-VL configs; arithmetic only, no process).
+"""The planner on vision-language models (tiny Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE configs; arithmetic only).
 
 Qwen3-VL's language model sits under ``model.language_model.``: its layers must be placed on their own
 pipeline stages in the sync's traffic estimate (they once all fell on the last one), which then equals the
@@ -19,10 +19,10 @@ def tiny(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("vl_plan")
     return {family: ModelFacts(load_hf_config(make_tiny_model(family, "tiny", root / family)))
-            for family in ("qwen2_5_vl", "qwen3_vl")}
+            for family in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")}
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_sync_traffic_of_a_vision_language_model_equals_the_sync_planners(tiny, family):
     from megarl.weight_sync.layouts import plan_for_layouts
     from megarl.weight_sync.rollout_layout import RolloutLayout

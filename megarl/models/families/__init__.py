@@ -13,12 +13,12 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from megarl.models.families import (deepseek_v3, gemma, glm4_moe, gpt_oss, kimi_k2, llama, mixtral, qwen2, qwen2_5_vl, qwen3,
-                                     qwen3_5, qwen3_moe, qwen3_next, qwen3_vl)
+                                     qwen3_5, qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe)
 from megarl.models.families.base import FamilySpec, ParamMap
 
 _BUILTIN = (llama.SPEC, qwen2.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC, deepseek_v3.SPEC, gemma.GEMMA2, gemma.GEMMA3,
             glm4_moe.SPEC, kimi_k2.SPEC, gpt_oss.SPEC, qwen3_next.SPEC, qwen3_5.SPEC, qwen3_5.MOE_SPEC,
-            qwen2_5_vl.SPEC, qwen3_vl.SPEC)
+            qwen2_5_vl.SPEC, qwen3_vl.SPEC, qwen3_vl_moe.SPEC)
 
 FAMILIES: dict[str, FamilySpec] = {}
 _BY_ARCHITECTURE: dict[str, FamilySpec] = {}

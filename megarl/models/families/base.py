@@ -27,6 +27,8 @@ knows about the architecture:
 * ``packed_tensors``: checkpoint tensors that hold several of the bridge's HF-side tensors (gpt-oss
   stores each layer's experts as one ``[experts, ...]`` tensor, transposed, gate and up interleaved):
   the loader reads a part from its row, the exporter packs the parts back into the checkpoint tensor;
+  ``vllm_takes_packed_parts``: vLLM's loader also takes those parts by name, so the weight sync sends them
+  unpacked (Qwen3-VL-MoE's fused experts; gpt-oss's vLLM loader takes only its packed tensors);
 * ``grouped_gemm_refusal``: why the family's experts cannot be megatron's grouped-GEMM modules (gpt-oss's
   biases and clamped SwiGLU), or None (``megarl.models.grouped_experts``);
 * ``hf_classes``: the transformers config and causal-LM classes of a model type transformers does
@@ -111,6 +113,13 @@ class PackedTensor:
     pack: Callable[[dict], object]
 
 
+def stack_rows(parts: dict, *, names: list, row):
+    """A ``PackedTensor.pack``: the rows ``row(parts, names[e])`` stacked along dim 0 (one per expert)."""
+    import torch
+
+    return torch.stack([row(parts, n) for n in names]).contiguous()
+
+
 @dataclass(frozen=True)
 class FamilySpec:
     """A model family (see the module docstring); registered in ``megarl.models.families``."""
@@ -153,6 +162,9 @@ class FamilySpec:
         return self.packed_tensors is not FamilySpec.__dataclass_fields__["packed_tensors"].default
     # why the weight sync into vLLM refuses this family (checked by ``megarl.models.vllm_layout.vllm_splits``), or None
     weight_sync_refusal: str | None = None
+    # vLLM's loader takes the parts of ``packed_tensors`` under the bridge's names (Qwen3-VL-MoE's per-expert
+    # ``experts.<e>.{gate,up,down}_proj.weight``), so the weight sync sends them unpacked; else it refuses the family
+    vllm_takes_packed_parts: bool = False
     # HF vision-language architectures holding this family's language model (refused, see ``vision_language_refusal``)
     vision_language_architectures: tuple[str, ...] = ()
     # why ``moe_grouped_gemm=True`` is refused for this family (``megarl.models.grouped_experts``), or None

@@ -43,7 +43,7 @@ import torch
 
 from megarl.models.dims import ModelDims, MoE, TransformersRope, common_dims, gqa_attention, read_rope, rope_parameters
 from megarl.models.families.base import FamilySpec, PackedTensor, ParamMap, attention_params, gqa_transformer_config
-from megarl.models.families.base import layer_norm_params
+from megarl.models.families.base import layer_norm_params, stack_rows
 from megarl.models.mappings import FusedGateUp, HFTensor, Replicated, Split
 
 QUICK_GELU_ALPHA = 1.702  # megatron's quick_gelu: x * sigmoid(1.702 x)
@@ -134,20 +134,16 @@ def packed_tensors(dims: ModelDims) -> list[PackedTensor]:
             down_bias[n["down_proj.bias"]] = (e, lambda row: row)
         packed += [
             PackedTensor(p + "gate_up_proj", (experts, h, 2 * ffn), gate_up, functools.partial(
-                _pack, names=names, row=lambda parts, n: _interleave(parts[n["gate_proj.weight"]].t(),
+                stack_rows, names=names, row=lambda parts, n: _interleave(parts[n["gate_proj.weight"]].t(),
                                                                      parts[n["up_proj.weight"]].t()))),
             PackedTensor(p + "gate_up_proj_bias", (experts, 2 * ffn), gate_up_bias, functools.partial(
-                _pack, names=names, row=lambda parts, n: _interleave(parts[n["gate_proj.bias"]], parts[n["up_proj.bias"]]))),
+                stack_rows, names=names, row=lambda parts, n: _interleave(parts[n["gate_proj.bias"]], parts[n["up_proj.bias"]]))),
             PackedTensor(p + "down_proj", (experts, ffn, h), down, functools.partial(
-                _pack, names=names, row=lambda parts, n: parts[n["down_proj.weight"]].t())),
+                stack_rows, names=names, row=lambda parts, n: parts[n["down_proj.weight"]].t())),
             PackedTensor(p + "down_proj_bias", (experts, h), down_bias, functools.partial(
-                _pack, names=names, row=lambda parts, n: parts[n["down_proj.bias"]])),
+                stack_rows, names=names, row=lambda parts, n: parts[n["down_proj.bias"]])),
         ]
     return packed
-
-
-def _pack(parts: dict, *, names: list[dict], row) -> torch.Tensor:
-    return torch.stack([row(parts, n) for n in names]).contiguous()
 
 
 def prepare_layer_spec(layer_spec) -> None:

@@ -20,14 +20,16 @@ def _is_moe_layer(config, i: int) -> bool:
     return i not in (getattr(config, "mlp_only_layers", None) or []) and (i + 1) % step == 0
 
 
-def read_dims(config):
+def read_dims(config, norm_topk_prob: bool | None = None):
+    """``norm_topk_prob``: the routing's renormalisation where the model fixes it (Qwen3-VL-MoE always
+    renormalises), else the config's field."""
     reject_attention_bias(config)
     moe = MoE(
         num_experts=config.num_experts,
         ffn_hidden_size=config.moe_intermediate_size,
         topk=config.num_experts_per_tok,
         layers=tuple(_is_moe_layer(config, i) for i in range(config.num_hidden_layers)),
-        norm_topk_prob=bool(config.norm_topk_prob),
+        norm_topk_prob=bool(config.norm_topk_prob if norm_topk_prob is None else norm_topk_prob),
     )
     return common_dims(config, attention=gqa_attention(config, qkv_bias=False, qk_norm=True), rope=read_rope(config), moe=moe)
 

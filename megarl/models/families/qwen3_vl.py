@@ -17,11 +17,16 @@ from megarl.models.vision import vision_language_dims
 VISION_CLASS = "Qwen3VLVisionModel"
 
 
-def read_dims(config):
+def vision_language(config, language, vision_class: str = VISION_CLASS):
+    """The language model's dims ``language`` with Qwen3-VL's tower (``vision_class``), DeepStack, M-RoPE and
+    checkpoint prefixes (Qwen3-VL-MoE's too)."""
     deepstack = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or [])
-    return vision_language_dims(config, qwen3.read_dims(config.text_config), module_class=VISION_CLASS,
-                                language_prefix="model.language_model.", vision_prefix="model.visual.",
-                                deepstack_layers=deepstack)
+    return vision_language_dims(config, language, module_class=vision_class, language_prefix="model.language_model.",
+                                vision_prefix="model.visual.", deepstack_layers=deepstack)
+
+
+def read_dims(config):
+    return vision_language(config, qwen3.read_dims(config.text_config))
 
 
 SPEC = replace(
