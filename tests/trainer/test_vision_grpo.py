@@ -1,4 +1,8 @@
-"""GRPO on a vision-language model end to end: tiny Qwen2.5-VL and Qwen3-VL, verl's multimodal parquet.
+"""GRPO on a vision-language model end to end: tiny Qwen2.5-VL and Qwen3-VL-MoE, verl's multimodal parquet.
+
+Qwen3-VL-MoE is Qwen3-VL's tower, DeepStack and M-RoPE around MoE layers, so its run covers Qwen3-VL's
+vision path too (the dense MLP is Qwen2.5-VL's and every text family's); Qwen3-VL's own bridge, export
+and sync are tested in tests/models and tests/weight_sync.
 
 The data is the synthetic shapes task (``megarl.devtools.visual_task``: the colour of a shape drawn in
 each image, written as verl's geo3k parquet). Each run takes 2 steps with vLLM generating from the
@@ -22,7 +26,7 @@ STEPS = 2
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl_moe"])
 def test_grpo_on_images_keeps_the_trainer_and_the_fleet_in_step(family, quickstart_inputs, tmp_path):
     from megarl.devtools.tiny_model import make_tiny_model
     from megarl.devtools.visual_task import write_shape_parquet
