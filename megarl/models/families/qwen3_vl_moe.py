@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+import torch
+
 from megarl.models.dims import ModelDims
 from megarl.models.families import qwen3_moe, qwen3_vl
 from megarl.models.families.base import PackedTensor, stack_rows
@@ -56,17 +58,11 @@ def packed_tensors(dims: ModelDims) -> list[PackedTensor]:
         packed += [
             PackedTensor(p + "gate_up_proj", (experts, h, 2 * ffn), gate_up, functools.partial(
                 stack_rows, names=names,
-                row=lambda parts, n: _cat_columns((parts[n["gate_proj.weight"]].t(), parts[n["up_proj.weight"]].t())))),
+                row=lambda parts, n: torch.cat((parts[n["gate_proj.weight"]].t(), parts[n["up_proj.weight"]].t()), dim=1))),
             PackedTensor(p + "down_proj", (experts, ffn, h), down, functools.partial(
                 stack_rows, names=names, row=lambda parts, n: parts[n["down_proj.weight"]].t())),
         ]
     return packed
-
-
-def _cat_columns(columns) -> object:
-    import torch
-
-    return torch.cat(columns, dim=1)
 
 
 SPEC = replace(
