@@ -24,6 +24,11 @@ then wait 60 s for the dead GCS to take their last report. And the cluster's tem
   dirs (of this user) whose driver is provably gone (no process with that pid and start time),
   after killing the processes their last record names: what is left when the reaper died too
   (``kill -9`` of every process of the run).
+* A record is up to a second old, so processes started since (a vLLM engine core a worker was
+  starting when the driver died) are not in it. They still hold files in the temp dir (Ray's logs,
+  the workers' ``TMPDIR``, vLLM's unix sockets) and go on creating them while they die, which once
+  left a half-removed temp dir behind (a CI run). So the removal also kills every process of this
+  user holding something in the dir, and retries until the dir is gone.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from megarl.platform.processes import identity, running, start_time
@@ -95,12 +101,49 @@ def remove_stale_temp_dirs(parent: str = "/tmp") -> list[str]:
             continue  # being written, not ours, or an older megarl's (start time on the wall clock): leave it
         if running(pid, start) is not None:
             continue
-        killed = kill_recorded(read_record(marker.parent))
-        shutil.rmtree(marker.parent, ignore_errors=True)
+        killed = remove_temp_dir(marker.parent, read_record(marker.parent))
         removed.append(str(marker.parent))
         logger.info("removed %s, the temp dir of a run whose driver (pid %d) is gone%s", marker.parent, pid,
                     f", and {killed} process(es) it left" if killed else "")
     return removed
+
+
+def holders(temp_dir: str | Path) -> list[tuple[int, float]]:
+    """(pid, start) of this user's processes (other than this one) that hold something inside ``temp_dir``: their
+    working dir, an open file, a unix socket, or an argument naming it."""
+    import psutil
+
+    inside = str(Path(temp_dir)) + os.sep
+    found = []
+    for process in psutil.process_iter(["uids"]):
+        try:
+            if process.pid == os.getpid() or process.info["uids"] is None or process.info["uids"].real != os.getuid():
+                continue
+            paths = [process.cwd(), *process.cmdline(), *(f.path for f in process.open_files()),
+                     *(c.laddr for c in process.net_connections("unix") if isinstance(c.laddr, str))]
+            if any(inside in path + os.sep for path in paths):
+                found.append((process.pid, start_time(process.pid)))
+        except psutil.Error:
+            continue
+    return found
+
+
+def remove_temp_dir(temp_dir: str | Path, recorded: list[tuple[int, float]], attempts: int = 10) -> int:
+    """Kill the recorded processes and every process holding something in ``temp_dir``, then remove it, again
+    while something recreates files there; return how many processes were killed."""
+    killed = kill_recorded(recorded)
+    for _ in range(attempts):
+        killed += kill_recorded(holders(temp_dir))
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if not os.path.exists(temp_dir):
+            return killed
+        time.sleep(0.5)
+    try:
+        left = ", ".join(sorted(str(p.relative_to(temp_dir)) for p in Path(temp_dir).rglob("*"))[:10])
+    except OSError as exc:
+        left = str(exc)
+    logger.warning("could not remove %s (still in it: %s)", temp_dir, left or "nothing")
+    return killed
 
 
 class Reaper:
@@ -187,8 +230,7 @@ def main(argv: list[str]) -> int:
         recorded, stopped = _watch(temp_dir, fd, driver)
         if stopped:
             return 0  # a normal stop: the driver shut its cluster down itself
-    kill_recorded(recorded)
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    remove_temp_dir(temp_dir, recorded)
     return 0
 
 

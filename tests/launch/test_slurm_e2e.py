@@ -106,6 +106,18 @@ def wait_for(env: dict, job: str, limit: float) -> str:
     return f"still {state} after {limit:.0f} s"
 
 
+def slurm_story(env: dict, job: str) -> str:
+    """What Slurm says of a job that ended wrong: its record and the daemons' log lines naming it (the state dir
+    and its logs go at teardown)."""
+    record = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    lines = []
+    for log in sorted(STATE.glob("*.log")):
+        named = [line for line in log.read_text(errors="replace").splitlines()
+                 if f"JobId={job} " in line or f"job {job} " in line or f"StepId={job}." in line or "error" in line]
+        lines += [f"{log.name}: {line}" for line in named[-40:]]
+    return f"scontrol show job {job}:\n{record}\n" + "\n".join(lines)
+
+
 def ray_processes_of(job: str) -> list[str]:
     """Ray processes started for this job (their command lines name the job's temp dir)."""
     found = []
@@ -134,7 +146,7 @@ def test_grpo_70b_launcher_runs_on_two_nodes(cluster, tiny_inputs):
     job = submit(cluster, extra, [*TINY, f"custom_reward_function.path={root / 'reward.py'}"], out)
     state = wait_for(cluster, job, 1200)
     log = out.read_text() if out.exists() else ""
-    assert state == "COMPLETED", f"job {job} ended {state}:\n{log[-6000:]}"
+    assert state == "COMPLETED", f"job {job} ended {state}:\n{log[-6000:]}\n{slurm_story(cluster, job)}"
     assert (root / "warn_once.sent").exists()
     assert "2 Ray node(s) alive" in log, log[-3000:]
     assert "Ray cluster: 2 node(s)" in log, log[-3000:]
@@ -164,7 +176,7 @@ def test_failing_job_ends_failed_and_tears_ray_down(cluster, tiny_inputs):
     job = submit(cluster, extra, [*TINY, f"custom_reward_function.path={reward}", "reward.on_error=raise"], out)
     state = wait_for(cluster, job, 600)
     log = out.read_text() if out.exists() else ""
-    assert state == "FAILED", f"job {job} ended {state}:\n{log[-4000:]}"
+    assert state == "FAILED", f"job {job} ended {state}:\n{log[-4000:]}\n{slurm_story(cluster, job)}"
     assert "2 Ray node(s) alive" in log  # it failed after Ray was up, so teardown had work to do
     assert "grader crashed on purpose" in log
     assert "tearing down Ray" in log

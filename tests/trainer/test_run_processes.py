@@ -192,7 +192,9 @@ def cleaned_then_rank_killed_while_saving(run: Run, stale: Path, left_behind: li
     """3. The next run removes what the dead one left, first; its rank is killed while megatron's writers run."""
     try:
         run.wait_for(r"^Ray cluster: ", timeout_s=300)
-        assert not stale.exists(), f"the dead run's temp dir {stale} is left"
+        assert not stale.exists(), (f"the dead run's temp dir {stale} is left, holding "
+                                    f"{sorted(str(p.relative_to(stale)) for p in stale.rglob('*'))[:20]}:\n"
+                                    f"{run.output()[-3000:]}")
         left = running(left_behind, timeout_s=0)
         assert not left, f"the dead run's processes are left: {[(p.pid, p.name()) for p in left]}"
         run.wait_for(r"^checkpoint step 1: ", timeout_s=420)
