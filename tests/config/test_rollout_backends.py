@@ -95,3 +95,37 @@ def test_vllm_on_cpu_refuses_the_delta_net_families_naming_the_reason_and_the_hf
     with pytest.raises(ValueError, match=r"rollout.name=vllm on CPU .*BF16.*actor_rollout_ref.rollout.name=hf"):
         rollout_backend("vllm").replica_spec(request(model_path=model))
     assert rollout_backend("vllm").replica_spec(request(model_path=model, use_gpu=True)).model_path == model
+
+
+def test_vllm_refuses_a_gpt_oss_variant_its_model_code_would_compute_otherwise(tmp_path):
+    """vLLM's gpt-oss hard-codes the published SwiGLU clamp (limit 7, alpha 1.702), the window on the even layers and
+    YaRN: a checkpoint that sets another is refused by the vLLM backend on any device, and by the preflight before
+    anything starts, naming the field and the hf backend; the published values pass both."""
+    from megarl.checks import ConfigError, load_config
+    from megarl.devtools.tiny_model import make_tiny_model
+    from tests.config._fixtures import write_prompts
+    from tests.models.conftest import GPT_OSS_YARN, with_config, with_rope
+
+    path = make_tiny_model("gpt_oss", "tiny", tmp_path / "gpt_oss", seed=0)  # swiglu_limit 0.3, default RoPE
+    model = str(path)
+    for use_gpu in (False, True):
+        with pytest.raises(ValueError, match=r"rollout.name=vllm for .*swiglu_limit=7.0 whatever the config says, and "
+                                             r"this checkpoint has swiglu_limit=0.3; .*rollout.name=hf"):
+            rollout_backend("vllm").replica_spec(request(model_path=model, use_gpu=use_gpu))
+    data = write_prompts(tmp_path / "train.parquet", rows=16)
+    common = ["algorithm.adv_estimator=grpo", f"data.train_files={data}", "trainer.n_gpus_per_node=2",
+              "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "trainer.plan_check=False",
+              "actor_rollout_ref.rollout.tensor_model_parallel_size=1", f"actor_rollout_ref.model.path={model}"]
+    with pytest.raises(ConfigError, match=r"rollout.name=vllm for actor_rollout_ref.model.path=.*swiglu_limit=0.3"):
+        load_config(None, common, preflight=True)
+    load_config(None, [*common, "actor_rollout_ref.rollout.name=hf"], preflight=True)
+    with_config(path, swiglu_limit=7.0)
+    with pytest.raises(ValueError, match="builds YaRN RoPE only"):
+        rollout_backend("vllm").replica_spec(request(model_path=model))
+    with_rope(path, GPT_OSS_YARN)
+    assert rollout_backend("vllm").replica_spec(request(model_path=model)).model_path == model
+    load_config(None, common, preflight=True)
+    with_config(path, layer_types=["full_attention", "sliding_attention"])
+    with pytest.raises(ValueError, match=r"sliding window on the even layers .*'full_attention', 'sliding_attention'"):
+        rollout_backend("vllm").replica_spec(request(model_path=model))

@@ -82,6 +82,13 @@ def with_rope(checkpoint: Path, rope_parameters: dict) -> Path:
     return checkpoint
 
 
+def with_config(checkpoint: Path, **fields) -> Path:
+    """The checkpoint with other values of weightless config.json fields."""
+    path = checkpoint / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}, indent=2))
+    return checkpoint
+
+
 def build_zoo(root: Path) -> Path:
     """Write every checkpoint and reference.pt under ``root`` (see the module docstring)."""
     from megarl.devtools.tiny_model import make_tiny_model

@@ -13,7 +13,7 @@ from megarl.models import ParallelLayout, model_dims, param_shards, vllm_splits
 from megarl.models.config import transformer_config_kwargs
 from megarl.models.families import family_for
 from megarl.models.families.gpt_oss import TINY_SWIGLU_LIMIT
-from megarl.models.packed import pack_stream, packed_parts
+from megarl.models.packed import expert_rows, pack_stream, packed_parts
 
 
 def tiny():
@@ -77,9 +77,26 @@ def test_packed_experts_unpack_and_pack_back_exactly():
         list(pack_stream(family, dims, iter(unpacked[:-1])))
 
 
-def test_weight_sync_into_vllm_is_refused_naming_the_packed_tensors():
-    with pytest.raises(ValueError, match="gpt_oss: the weight sync into vLLM is not supported.*gate_up_proj.*rollout.name=hf"):
-        vllm_splits(tiny())
+def test_the_sync_sends_parts_and_the_rollout_worker_packs_each_experts_row():
+    """The sync plans the parts with their own splits (vLLM's loader takes each expert's row, so nothing is
+    refused); the rollout worker's rows, in any arrival order, are the checkpoint's rows bit for bit."""
+    family, dims = family_for(tiny()), model_dims(tiny())
+    splits = vllm_splits(tiny())
+    assert splits["model.layers.0.mlp.experts.3.gate_proj.weight"].kind == "column"
+    assert splits["model.layers.0.mlp.experts.3.down_proj.weight"].kind == "row"
+    assert splits["model.layers.0.mlp.experts.3.down_proj.bias"].kind == "replicated"
+    generator = torch.Generator().manual_seed(0)
+    checkpoint = {p.name: torch.randn(p.shape, generator=generator) for p in family.packed_tensors(dims)}
+    unpacked = [(name, unpack(checkpoint[packed.name][row]))
+                for name, (packed, row, unpack) in packed_parts(family, dims).items()]
+    shuffled = [unpacked[i] for i in torch.randperm(len(unpacked), generator=generator).tolist()]
+    rows = dict(expert_rows(family, dims, iter([("model.norm.weight", torch.ones(1))] + shuffled)))
+    assert len(rows) == 1 + sum(p.shape[0] for p in family.packed_tensors(dims))
+    for name, tensor in checkpoint.items():
+        head, tail = name.rsplit(".", 1)
+        assert all(torch.equal(rows[f"{head}.{e}.{tail}"], tensor[e]) for e in range(tensor.shape[0])), name
+    with pytest.raises(RuntimeError, match="expert rows left incomplete.*gate_up_proj.*expert 3"):
+        list(expert_rows(family, dims, iter([n_t for n_t in unpacked if n_t[0] != "model.layers.1.mlp.experts.3.up_proj.weight"])))
 
 
 def test_published_yarn_reads_as_transformers_frequencies_and_a_softmax_scale():
@@ -113,8 +130,7 @@ def test_yarn_without_truncation_changes_the_reference_logits(model_zoo):
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_attention_splits_follow_vllms_gpt_oss_rules(tp):
-    """The sync refuses the family (packed experts), but its attention's vLLM splits, derived from the maps,
-    are vLLM's: q/k/v/o by its GQA rules, the sinks narrowed to each rank's heads (vLLM's
+    """The attention's vLLM splits, derived from the maps, are vLLM's: q/k/v/o by its GQA rules, the sinks narrowed to each rank's heads (vLLM's
     ``weight.narrow(0, head_start, heads_per_rank)``), the o_proj bias whole on every rank (added after the reduce)."""
     from megarl.models import hf_tensor_shapes
     from megarl.models.shards import chunk_params

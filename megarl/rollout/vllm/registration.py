@@ -6,8 +6,11 @@ from megarl.rollout.vllm.engine_config import ReplicaSpec, replica_env, replica_
 
 
 def spec_for(request: ReplicaRequest) -> ReplicaSpec:
-    from megarl.models import uses_mla, vllm_cpu_refusal, vllm_hf_overrides
+    from megarl.models import uses_mla, vllm_cpu_refusal, vllm_hf_overrides, vllm_refusal
 
+    refusal = vllm_refusal(request.model_path)
+    if refusal:
+        raise ValueError(f"actor_rollout_ref.rollout.name=vllm for {request.model_path}: {refusal}")
     refusal = None if request.use_gpu else vllm_cpu_refusal(request.model_path)
     if refusal:
         raise ValueError(f"actor_rollout_ref.rollout.name=vllm on CPU for {request.model_path}: {refusal}")

@@ -35,6 +35,21 @@ def _thread_lock_for_progress_bars() -> None:
 _thread_lock_for_progress_bars()
 
 
+def _as_vllm_loads(tensors, hf_config):
+    """The received HF tensors as vLLM's loader takes them: a family whose loader takes each expert's row of its
+    packed tensors (gpt-oss) gets the rows packed from the parts the sync sends (``megarl.models.packed``)."""
+    if hf_config is None:
+        return tensors
+    from megarl.models.families import family_for
+
+    family = family_for(hf_config)
+    if not family.vllm_takes_expert_rows:
+        return tensors
+    from megarl.models.packed import expert_rows
+
+    return expert_rows(family, family.read_dims(hf_config), tensors)
+
+
 class MegaRLWorkerExtension:
     """Mixed into vLLM's ``Worker``; ``self`` is the worker (``self.model_runner``, ``self.reload_weights``)."""
 
@@ -70,7 +85,8 @@ class MegaRLWorkerExtension:
         apply_vllm_fixes()
         hf_config = getattr(getattr(getattr(self, "vllm_config", None), "model_config", None), "hf_config", None)
         set_tied_lm_head(bool(getattr(hf_config, "tie_word_embeddings", False)))  # its head's reload warning is noise
-        self.reload_weights(weights_iterator=receiver.receive(self._megarl_transport), is_checkpoint_format=True)
+        self.reload_weights(weights_iterator=_as_vllm_loads(receiver.receive(self._megarl_transport), hf_config),
+                            is_checkpoint_format=True)
         stats = receiver.last_stats
         return {"seconds": time.perf_counter() - start, "bytes": stats.bytes_received if stats is not None else 0}
 
