@@ -249,7 +249,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> Path:
                 progress.step(f"wrote {final}")
                 return final
             save_hf_checkpoint(models, hf_config, layout, staging, "actor", default_transformer_impl(),
-                               max_shard_bytes=max_shard_bytes, dtype=out_dtype)
+                               max_shard_bytes=max_shard_bytes, dtype=out_dtype, source_dir=hf_config)
             merged = " (LoRA merged: W + alpha/r * B A in fp32)" if lora is not None else ""
             progress.step(f"gathered and wrote safetensors ({out_dtype}, shards <= {max_shard_bytes:,} bytes){merged}")
             if is_rank0():

@@ -240,7 +240,7 @@ RULES: tuple[Rule, ...] = ALIASES + (
     Refused(_each((MODEL, "critic.model"), "mtp.enable", "mtp.enable_train", "mtp.enable_rollout"),
             "multi-token prediction (MTP) layers", "a checkpoint's MTP tensors are skipped and named in one log line "
             "(DeepSeek-V3, Kimi-K2, GLM-4.5, Qwen3-Next): megarl trains and serves the main model, and an export "
-            "leaves them out", off=(False,), issue=24),
+            "copies them from the source checkpoint unchanged", off=(False,), issue=24),
     Parameters((f"{MODEL}.mtp.*", "critic.model.mtp.*", f"{ROLLOUT}.mtp"), of="multi-token prediction"),
     Refused(("critic.model.custom_chat_template",), "a critic chat template apart from the actor's",
             "the critic scores the actor's token ids", off=lambda value, get: value == get(f"{MODEL}.custom_chat_template")),

@@ -220,8 +220,13 @@ def save_hf_checkpoint(
     max_shard_bytes: int = 2 * 1024**3,
     dtype: torch.dtype | None = None,
     dst: int = 0,
+    source_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """Write the model as an HF safetensors checkpoint (+ config.json) from rank ``dst``; call on every rank."""
+    """Write the model as an HF safetensors checkpoint (+ config.json) from rank ``dst``; call on every rank.
+
+    ``source_dir``: the HF checkpoint the model was built from. The tensors its family skips (the MTP layers,
+    which megarl neither trains nor serves) are copied from it unchanged (FP8 ones dequantised, in the export's
+    dtype), so the export is the whole checkpoint its config.json describes."""
     config = load_hf_config(hf_config_or_dir)
     out_dir = Path(out_dir)
     rank = dist.get_rank()
@@ -236,14 +241,25 @@ def save_hf_checkpoint(
         files.append((name, list(pending), pending_bytes))
         pending, pending_bytes = {}, 0
 
-    if rank == dst:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    for name, tensor in gather_hf_tensors(models, config, layout, role, transformer_impl, dst, dtype):
+    def add(name: str, tensor: torch.Tensor) -> None:
+        nonlocal pending_bytes
         size = tensor.numel() * tensor.element_size()
         if pending and pending_bytes + size > max_shard_bytes:
             flush()
         pending[name] = tensor
         pending_bytes += size
+
+    if rank == dst:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    written = dtype
+    for name, tensor in gather_hf_tensors(models, config, layout, role, transformer_impl, dst, dtype):
+        written = written or (tensor.dtype if tensor.is_floating_point() else None)
+        add(name, tensor)
+    if rank == dst and source_dir is not None and role == "actor":
+        from megarl.models.loading import skipped_tensors
+
+        for name, tensor, dequantised in skipped_tensors(source_dir):
+            add(name, tensor.to(written) if (dtype is not None or dequantised) and tensor.is_floating_point() else tensor)
     if rank == dst:
         if pending:
             flush()

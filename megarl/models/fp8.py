@@ -160,9 +160,10 @@ class Dequantizer:
         return self._open[file_name]
 
 
-def dequantized_tensors(model_dir: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every HF tensor of a checkpoint in full, FP8 ones and MXFP4 experts dequantised to fp32 and their
-    scales left out (``conversion verify`` builds its transformers reference from these)."""
+def dequantized_tensors(model_dir: str | os.PathLike, wanted=None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every HF tensor of a checkpoint in full (those whose name ``wanted(name)`` accepts, when given), FP8 ones and
+    MXFP4 experts dequantised to fp32 and their scales left out (``conversion verify`` builds its transformers
+    reference from these; the export copies the tensors the bridge skips with them)."""
     from megarl.models.dims import load_hf_config
     from megarl.models.loading import checkpoint_files
 
@@ -176,6 +177,8 @@ def dequantized_tensors(model_dir: str | os.PathLike) -> Iterator[tuple[str, tor
     for file_name in sorted(set(files.values())):
         with safe_open(str(model_dir / file_name), framework="pt") as f:
             for name in f.keys():
+                if wanted is not None and not wanted(name.removesuffix(BLOCKS_SUFFIX)):
+                    continue
                 packed = name.removesuffix(BLOCKS_SUFFIX)
                 if name.endswith(BLOCKS_SUFFIX) and experts.stores(packed):
                     yield packed, experts.full(packed, experts.shape(packed))

@@ -131,7 +131,28 @@ def skipped_tensors_note(hf_config, names, where: str) -> str | None:
     prefixes = sorted({pattern.search(name).group(0) for name in skipped})
     return (f"{hf_config.model_type}: skipping {len(skipped)} tensors of {where} under "
             f"{', '.join(p + '*' for p in prefixes)} (multi-token prediction, num_nextn_predict_layers="
-            f"{getattr(hf_config, 'num_nextn_predict_layers', '?')}): megarl trains and serves the main model only")
+            f"{getattr(hf_config, 'num_nextn_predict_layers', '?')}): megarl trains and serves the main model only; "
+            "an export writes them as loaded")
+
+
+def skipped_tensors(model_dir: str | os.PathLike):
+    """``(name, tensor, dequantised)`` for the checkpoint's tensors that its family skips (``skipped_hf_tensors``:
+    the MTP layers), as stored, FP8 ones dequantised to fp32: the export writes them unchanged, so it keeps the
+    checkpoint whole."""
+    from megarl.models.fp8 import dequantized_tensors, scale_name
+
+    config = load_hf_config(model_dir)
+    pattern = family_for(config).skipped_hf_tensors(config)
+    if pattern is None:
+        return
+    try:
+        files = checkpoint_files(model_dir)
+    except FileNotFoundError:  # a config-only directory (a run started from a megatron checkpoint)
+        logger.info("%s holds no weights: an export leaves out the tensors its family skips (%s)", model_dir,
+                    pattern.pattern)
+        return
+    for name, tensor in dequantized_tensors(model_dir, wanted=lambda name: pattern.search(name) is not None):
+        yield name, tensor, scale_name(name) in files
 
 
 def describe_skipped(model_dir: str | os.PathLike) -> str | None:

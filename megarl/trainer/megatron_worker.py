@@ -247,7 +247,8 @@ class MegatronWorker(DistributedWorker):
         config = apply_overrides(load_hf_config(hf_path), spec.hf_overrides)  # the export's config.json says them too
         chunks = [unwrap(m) for m in engine.model]
         with self.residency.also((f"{role}.params",), f"{role} hf export"):  # the gather runs collectives
-            save_hf_checkpoint(chunks, config, self.layout, out, role=role, transformer_impl=default_transformer_impl())
+            save_hf_checkpoint(chunks, config, self.layout, out, role=role, transformer_impl=default_transformer_impl(),
+                               source_dir=hf_path)  # the MTP layers it skipped are copied from it
         if dist.get_rank() == 0:
             copy_tokenizer_files(Path(hf_path), Path(out))
 

@@ -28,7 +28,7 @@ SCENARIOS = [
     ("qwen3_vl_pp2", "qwen3_vl", ["--pp", "2"], 2, [], 1),
 ]
 VISION = {"qwen2_5_vl": "visual.", "qwen3_vl": "model.visual."}  # the towers' HF prefixes
-MTP = "model.layers.3."  # DeepSeek-V3's multi-token-prediction layer: skipped (not converted), as stated in docs/conversion.md
+MTP = "model.layers.3."  # DeepSeek-V3's multi-token-prediction layer: not converted, copied from --hf-config (docs/conversion.md)
 
 
 def read_all(model_dir) -> dict[str, torch.Tensor]:
@@ -54,9 +54,8 @@ def round_trip(request, tiny_models, to_megatron, tmp_path_factory):
 def test_every_tensor_is_reproduced_bit_for_bit(round_trip):
     family, source, work = round_trip
     original, converted = read_all(source), read_all(work / "hf")
-    if family == "deepseek_v3":
+    if family == "deepseek_v3":  # the MTP layer, which the megatron checkpoint lacks, is written whole too
         assert sum(name.startswith(MTP) for name in original) == 4
-        original = {name: t for name, t in original.items() if not name.startswith(MTP)}
     assert sorted(converted) == sorted(original)
     if family in VISION:
         assert sum(name.startswith(VISION[family]) for name in converted) > 10

@@ -143,6 +143,40 @@ def test_mtp_layers_are_named_for_skipping():
     assert family_for(deepseek_v3()).skipped_hf_tensors(deepseek_v3()).search("model.layers.61.enorm.weight")
 
 
+def test_the_mtp_layer_is_read_whole_for_the_export_fp8_dequantised(tmp_path, caplog):
+    """The export copies the MTP layer the bridge skipped from the source checkpoint (``skipped_tensors``): its
+    tensors as stored, an FP8 one dequantised (and flagged, so the export writes it in its own dtype), the scale left
+    out; a config-only directory gives nothing and says so."""
+    import json
+    import logging
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.models.loading import skipped_tensors
+    from tests.models.fp8_fixture import QUANTIZATION, quantize, reference_dequantize
+
+    source = make_tiny_model("deepseek_v3", "tiny", tmp_path / "fp8", seed=0)
+    [file] = source.glob("*.safetensors")
+    stored = load_file(file)
+    eh_proj = "model.layers.3.eh_proj.weight"
+    stored[eh_proj], stored[eh_proj + "_scale_inv"] = quantize(stored[eh_proj])
+    save_file(stored, str(file), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "quantization_config": QUANTIZATION}))
+    kept = {name: (tensor, dequantised) for name, tensor, dequantised in skipped_tensors(source)}
+    assert sorted(kept) == sorted(n for n in stored if n.startswith("model.layers.3.") and not n.endswith("_scale_inv"))
+    assert kept[eh_proj][1] and torch.equal(kept[eh_proj][0], reference_dequantize(stored[eh_proj],
+                                                                                  stored[eh_proj + "_scale_inv"]))
+    norm = "model.layers.3.enorm.weight"
+    assert not kept[norm][1] and torch.equal(kept[norm][0], stored[norm])
+    file.unlink()
+    with caplog.at_level(logging.INFO, logger="megarl.models.loading"):
+        assert list(skipped_tensors(source)) == []
+    assert "holds no weights: an export leaves out" in caplog.text
+
+
 def test_shard_mode_plan_sends_each_vllm_rank_its_heads_and_the_replicated_latents():
     """Trainer TP2 x EP2 (2 ranks) -> 2 replicas x vLLM TP2, shard mode: every rank gets exactly its
     vLLM region (q_b/kv_b by heads, q_a/kv_a whole), each byte leaves one source."""
