@@ -131,10 +131,16 @@ def test_kimi_k2_saves_under_its_own_model_type_and_reloads_with_equal_logits(wo
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (written["model_type"], written["architectures"]) == ("kimi_k2", ["DeepseekV3ForCausalLM"])
     load_hf_config(tmp_path / "out")  # registers kimi_k2 with transformers' Auto classes
-    reference = _reference(model_zoo, "kimi_k2")
-    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32, attn_implementation="eager").eval()
-    with torch.no_grad():
-        assert torch.equal(hf(reference["input_ids"]).logits, reference["output"])
+    input_ids = _reference(model_zoo, "kimi_k2")["input_ids"]
+
+    def logits(checkpoint):
+        hf = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            return hf.eval()(input_ids).logits
+
+    # the original's logits in this process too: a 2-worker run once saw the reload differ in the last bits from the
+    # zoo's reference, computed in another process (cause not found); the export itself is tested bit for bit
+    assert torch.equal(logits(tmp_path / "out"), logits(model_zoo / "kimi_k2"))
 
 
 def test_critic_values_match_hf_token_classification(world, model_zoo, tmp_path):
