@@ -246,16 +246,14 @@ def load_hf_config(hf_config_or_dir: PretrainedConfig | str | os.PathLike) -> Pr
     """A transformers config from a config object, a model directory or a config.json path."""
     if isinstance(hf_config_or_dir, PretrainedConfig):
         return hf_config_or_dir
-    import json
-
-    from megarl.models.families import register_hf_classes
+    from megarl.models.families import register_checkpoint_classes
 
     path = Path(hf_config_or_dir)
     if path.is_file():
         path = path.parent
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; pass a Hugging Face model directory or config")
-    register_hf_classes(json.loads((path / "config.json").read_text()).get("model_type"))
+    register_checkpoint_classes(path)
     return AutoConfig.from_pretrained(str(path))
 
 

