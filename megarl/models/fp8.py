@@ -177,9 +177,9 @@ def dequantized_tensors(model_dir: str | os.PathLike, wanted=None) -> Iterator[t
     for file_name in sorted(set(files.values())):
         with safe_open(str(model_dir / file_name), framework="pt") as f:
             for name in f.keys():
-                if wanted is not None and not wanted(name.removesuffix(BLOCKS_SUFFIX)):
-                    continue
                 packed = name.removesuffix(BLOCKS_SUFFIX)
+                if wanted is not None and not wanted(packed):
+                    continue
                 if name.endswith(BLOCKS_SUFFIX) and experts.stores(packed):
                     yield packed, experts.full(packed, experts.shape(packed))
                 elif name.endswith(SCALES_SUFFIX) and name.removesuffix(SCALES_SUFFIX) + BLOCKS_SUFFIX in files:

@@ -73,20 +73,16 @@ def _make_critic(backbone: Path, out_dir: Path) -> None:
     model.save_pretrained(str(out_dir))
 
 
-def with_rope(checkpoint: Path, rope_parameters: dict) -> Path:
-    """The checkpoint with other RoPE parameters in its config.json (RoPE has no weights)."""
-    path = checkpoint / "config.json"
-    config = json.loads(path.read_text())
-    config["rope_parameters"] = rope_parameters
-    path.write_text(json.dumps(config, indent=2))
-    return checkpoint
-
-
 def with_config(checkpoint: Path, **fields) -> Path:
     """The checkpoint with other values of weightless config.json fields."""
     path = checkpoint / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **fields}, indent=2))
     return checkpoint
+
+
+def with_rope(checkpoint: Path, rope_parameters: dict) -> Path:
+    """The checkpoint with other RoPE parameters in its config.json (RoPE has no weights)."""
+    return with_config(checkpoint, rope_parameters=rope_parameters)
 
 
 def build_zoo(root: Path) -> Path:
