@@ -34,6 +34,10 @@ FAMILIES = {"gemma2": dict(tp=2), "gemma3": dict(tp=2), "glm4_moe": dict(ep=2), 
 # biases, the window or YaRN taken out (its kernels, not the weights); Qwen3-Next runs in bfloat16 there (its DeltaNet
 # kernel takes nothing else): up to 5.5e-3 (mean 1.4e-3) against the fp32 trainer.
 GAP = {"gpt_oss": 2e-3, "qwen3_next": 2e-2}
+# How close the sync of unchanged weights comes to vLLM's own load: fp32 noise, except in the bfloat16 engine, where a
+# CI run measured 9e-6 at most (3e-7 mean) between two runs of the same weights; a weight cast or placed wrongly moves
+# the log-probs by 1e-3 or more.
+SAME_LOAD = {"qwen3_next": 1e-4}
 
 
 def config(model, tp: int = 1, ep: int = 1, dtype: str = "auto"):
@@ -98,10 +102,11 @@ def test_the_fleet_serves_the_trainers_weights_before_and_after_a_step(family, r
         tolerance = GAP.get(family, TOLERANCE)
         loaded = verify_sync(fleet, workers, PROMPTS)
         assert loaded["rollout/logprob_diff_max"] < tolerance, (family, "vLLM's loader vs the bridge", loaded)
-        if family in GAP:  # the sync of the unchanged weights serves what vLLM's own loader did, to fp32 noise
+        if family in GAP:  # the sync of the unchanged weights serves what vLLM's own loader did, to numerical noise
             session.sync()
             again = verify_sync(fleet, workers, PROMPTS)
-            assert all(abs(again[k] - loaded[k]) < 1e-6 for k in loaded), (family, loaded, again)
+            noise = SAME_LOAD.get(family, 1e-6)
+            assert all(abs(again[k] - loaded[k]) < noise for k in loaded), (family, loaded, again)
         train_one_step(workers, seed=0, zero_advantages=False)
         assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"] > 1e-3, family  # stale
         session.sync()
