@@ -47,3 +47,27 @@ def test_grpo_steps_complete_and_the_rollout_serves_the_trainers_weights(family,
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
     assert len(diffs) == STEPS and max(diffs) < 1e-4, (family, diffs)
 
+
+
+CURVE_STEPS = 240
+
+
+@pytest.mark.curve
+@pytest.mark.timeout(1800)
+def test_glm4_moe_learns_the_quickstart_task(quickstart_inputs, tmp_path):
+    """The quickstart's learning curve on a 2026 family (``make test-all``): a tiny GLM-4.5 MoE (sigmoid router with
+    its bias, a shared expert, a dense first layer, partial RoPE) gets the quickstart's format warm-up (random digits:
+    chance afterwards) and GRPO with the quickstart's config on the hf rollout. Measured: validation 0.08 at step 0,
+    still at chance at step 150 (0.19), then 0.33 at 160 and 0.74 at 240; the quickstart's tiny Llama rises from step
+    80 (0.94 at 120). The 2-step runs above hold every family in ``make test``."""
+    from megarl.devtools.tiny_model import make_tiny_model
+    from megarl.run.quickstart import format_warmup
+    from megarl.run.train import run
+
+    base = make_tiny_model("glm4_moe", "tiny", tmp_path / "random", seed=0)
+    model = format_warmup(base, tmp_path / "model", quickstart_inputs["data"] / "train.parquet")
+    last = run(load_config("quickstart", overrides(
+        {**quickstart_inputs, "model": model}, tmp_path / "run", "actor_rollout_ref.rollout.name=hf",
+        f"trainer.total_training_steps={CURVE_STEPS}", "trainer.test_freq=10", "trainer.save_freq=-1")))
+    vals = [h["val/score"] for h in last["_history"] if "val/score" in h]
+    assert vals[0] < 0.2 and vals[-1] - vals[0] >= 0.3, f"validation accuracy every 10 steps: {vals}"
