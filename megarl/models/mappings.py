@@ -15,6 +15,9 @@ Kinds:
   GatedQKV     FusedQKV with an output gate (Qwen3-Next): HF's ``q_proj`` holds [q_h; gate_h] per head,
                megatron's ``linear_qkv`` per query group [q of its heads; their gates; k_g; v_g].
   FusedGateUp  megatron's ``linear_fc1`` with SwiGLU: each TP rank holds [its gate rows; its up rows].
+  HeadGroups   one HF tensor of consecutive parts, each in head-group order (the gated DeltaNet's ``conv1d``:
+               [q of every key head; k of every key head; v of every value head]), held group by group:
+               per group g [part 0 rows of g; part 1 rows of g; ...]; TP ranks hold whole groups.
   VocabSplit   the embedding / output layer: the vocabulary padded to ``padded`` rows (megatron's
                ``make_vocab_size_divisible_by`` rule), split evenly; the padding rows, at the end
                of the last rank(s), come from no HF tensor.
@@ -148,6 +151,29 @@ class FusedGateUp:
 
 
 @dataclass(frozen=True)
+class HeadGroups:
+    """``tensor`` [sum of ``part_rows`` * groups, ...]: parts laid end to end along dim 0, part p holding
+    ``part_rows[p]`` rows per group; megatron's tensor holds them group by group."""
+
+    tensor: HFTensor
+    part_rows: tuple[int, ...]
+    num_groups: int
+    split_dim = 0
+
+    def tensors(self) -> tuple[HFTensor, ...]:
+        return (self.tensor,)
+
+    def blocks(self, parts: int, rank: int) -> list[Block]:
+        if sum(self.part_rows) * self.num_groups != self.tensor.shape[0]:
+            raise ValueError(f"{self.tensor.name}: {self.tensor.shape[0]} rows are not {self.num_groups} groups of "
+                             f"{'+'.join(map(str, self.part_rows))}")
+        first, last = _part(self.num_groups, parts, rank, f"head groups of {self.tensor.name}")
+        starts = [self.num_groups * sum(self.part_rows[:p]) for p in range(len(self.part_rows))]
+        return [Block(self.tensor, start + g * rows, start + (g + 1) * rows)
+                for g in range(first, last) for start, rows in zip(starts, self.part_rows)]
+
+
+@dataclass(frozen=True)
 class VocabSplit:
     """[vocab, hidden] padded to ``padded`` rows and split along dim 0; padding rows hold no HF data."""
 
@@ -169,7 +195,7 @@ class VocabSplit:
         return [Block(self.tensor, start, stop)] if start < stop else []
 
 
-Mapping = Replicated | Split | FusedQKV | GatedQKV | FusedGateUp | VocabSplit
+Mapping = Replicated | Split | FusedQKV | GatedQKV | FusedGateUp | HeadGroups | VocabSplit
 
 
 def renamed(mapping, rename):

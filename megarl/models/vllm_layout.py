@@ -46,7 +46,7 @@ from transformers import PretrainedConfig
 from megarl.models.dims import MLAttention, load_hf_config
 from megarl.models.families import family_for
 from megarl.models.layout import ParallelLayout
-from megarl.models.mappings import FusedGateUp, FusedQKV, GatedQKV, Mapping, Replicated, Split, VocabSplit
+from megarl.models.mappings import FusedGateUp, FusedQKV, GatedQKV, HeadGroups, Mapping, Replicated, Split, VocabSplit
 from megarl.models.shards import chunk_params
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
@@ -101,6 +101,8 @@ def _splits_of(mapping: Mapping) -> dict[str, VllmSplit]:
         return {mapping.q.name: VllmSplit("column"), mapping.k.name: kv, mapping.v.name: kv}
     if isinstance(mapping, FusedGateUp):
         return {mapping.gate.name: VllmSplit("column"), mapping.up.name: VllmSplit("column")}
+    if isinstance(mapping, HeadGroups):  # parts that vLLM splits each on its own: the tensor travels whole
+        return {mapping.tensor.name: VllmSplit("whole")}
     raise TypeError(f"no vLLM split rule for mapping {type(mapping).__name__}")
 
 

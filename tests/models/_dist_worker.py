@@ -11,6 +11,7 @@ record which files and how many elements the loader read. Rank 0 writes ``result
 This script measures; the test asserts.
 """
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -79,11 +80,21 @@ SCENARIOS += [("kimi_k2/tp2_sp", "kimi_k2", ParallelLayout(tp=2, sequence_parall
 SCENARIOS += [("gpt_oss/tp2_sp", "gpt_oss", ParallelLayout(tp=2, sequence_parallel=True), "actor", {"export": True}),
               ("gpt_oss/pp2", "gpt_oss", ParallelLayout(pp=2), "actor", {"export": True}),
               ("gpt_oss/ep2", "gpt_oss", ParallelLayout(ep=2), "actor", {"export": True})]
-# Qwen3-Next (4 layers: linear, full | linear, linear): PP splits the hybrid pattern, EP its experts (its DeltaNet runs at TP=1).
-SCENARIOS += [("qwen3_next/pp2", "qwen3_next", ParallelLayout(pp=2), "actor", {"export": True}),
+# Qwen3-Next (4 layers: linear, full | linear, linear): TP splits the DeltaNet by key heads, PP the hybrid pattern, EP its experts.
+SCENARIOS += [("qwen3_next/tp2", "qwen3_next", ParallelLayout(tp=2), "actor", {"export": True}),
+              ("qwen3_next/tp2_sp", "qwen3_next", ParallelLayout(tp=2, sequence_parallel=True), "actor", {}),
+              ("qwen3_next/pp2", "qwen3_next", ParallelLayout(pp=2), "actor", {"export": True}),
               ("qwen3_next/ep2", "qwen3_next", ParallelLayout(ep=2), "actor", {"export": True})]
 # Qwen3.5 (Qwen3-Next's 4 hybrid layers, unfused DeltaNet projections): PP2 for the dense and the MoE model, EP2 for the MoE.
-SCENARIOS += [("qwen3_5/pp2", "qwen3_5", ParallelLayout(pp=2), "actor", {"export": True}),
+# the gated DeltaNet under TP: gradients at TP=1, TP=2 and TP=2+SP by HF name (grads_<scenario>.pt), and a TP=2
+# distributed checkpoint of changed weights loaded at TP=1 (dist_ckpt_<family>, expected_<family>.pt)
+for family in ("qwen3_next", "qwen3_5"):
+    SCENARIOS += [(f"{family}/tp1_grads", family, ParallelLayout(), "actor", {"grads": True}),
+                  (f"{family}/tp2_grads_save", family, ParallelLayout(tp=2), "actor", {"grads": True, "save_dist": True}),
+                  (f"{family}/tp2_sp_grads", family, ParallelLayout(tp=2, sequence_parallel=True), "actor", {"grads": True}),
+                  (f"{family}/tp1_load", family, ParallelLayout(), "actor", {"load_dist": True})]
+SCENARIOS += [("qwen3_5/tp2_sp", "qwen3_5", ParallelLayout(tp=2, sequence_parallel=True), "actor", {"export": True}),
+              ("qwen3_5/pp2", "qwen3_5", ParallelLayout(pp=2), "actor", {"export": True}),
               ("qwen3_5_moe/pp2", "qwen3_5_moe", ParallelLayout(pp=2), "actor", {"export": True}),
               ("qwen3_5_moe/ep2", "qwen3_5_moe", ParallelLayout(ep=2), "actor", {"export": True})]
 
@@ -161,6 +172,66 @@ def compare_export(models, checkpoint, layout, role):
     return {"missing": sorted(set(original) - set(seen)), "extra": sorted(set(seen) - set(original)), "mismatched": mismatched}
 
 
+def grads_and_checkpoints(models, checkpoint, layout, name, extra, work) -> dict:
+    """``grads``: one backward of sum(logits^2) / its size, the gradients gathered by HF name to
+    ``grads_<scenario>.pt``; ``save_dist``: the weights moved along them, gathered to ``expected_<family>.pt``
+    and saved as a distributed checkpoint; ``load_dist``: that checkpoint loaded here, gathered and compared."""
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as ps
+
+    if not any(extra.get(key) for key in ("grads", "save_dist", "load_dist")):
+        return {}
+    [model], family, found = models, checkpoint.name, {}
+    path = work / f"dist_ckpt_{family}"
+    if extra.get("grads"):
+        input_ids = torch.load(work / "reference.pt")[family]["input_ids"]
+        logits = model(input_ids, torch.arange(input_ids.shape[1]).unsqueeze(0), None).float()
+        ((logits ** 2).sum() / (logits.numel() * layout.tp)).backward()
+        for n, p in model.named_parameters():  # the sums over ranks that training's DDP and finalize_model_grads do:
+            if p.grad is None:
+                continue
+            if "q_layernorm" in n or "k_layernorm" in n or getattr(p, "sequence_parallel", False):  # over TP
+                dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+            elif layout.sequence_parallel and ".mlp.experts." in n:  # whole experts, each TP rank's tokens
+                dist.all_reduce(p.grad, group=ps.get_expert_data_parallel_group())
+        weights = {n: p.data for n, p in model.named_parameters()}
+        for p in model.parameters():  # an expert no token reached has no gradient
+            p.data = p.grad if p.grad is not None else torch.zeros_like(p)
+        grads = dict(gather_hf_tensors(models, checkpoint, layout, "actor"))
+        for n, p in model.named_parameters():
+            p.data = weights[n]
+        if dist.get_rank() == 0:
+            torch.save(grads, work / f"grads_{name.replace('/', '_')}.pt")
+    if extra.get("save_dist"):
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=10.0)
+        expected = dict(gather_hf_tensors(models, checkpoint, layout, "actor"))
+        if dist.get_rank() == 0:
+            torch.save(expected, work / f"expected_{family}.pt")
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+        dist.barrier()
+        dist_checkpointing.save(model.sharded_state_dict(), str(path))
+    if extra.get("load_dist"):
+        model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), str(path)))
+        loaded = dict(gather_hf_tensors(models, checkpoint, layout, "actor"))
+        if dist.get_rank() == 0:
+            expected = torch.load(work / f"expected_{family}.pt")
+            found["load_mismatched"] = sorted(n for n in expected if not torch.equal(expected[n], loaded.get(n)))
+            found["load_changed"] = sum(not torch.equal(t, safe_tensor(checkpoint, n)) for n, t in loaded.items())
+    return found
+
+
+def safe_tensor(checkpoint, name):
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            if name in f.keys():
+                return f.get_tensor(name)
+    raise KeyError(name)
+
+
 def run(name, checkpoint, layout, role, extra, work):
     from megatron.core import parallel_state as ps
 
@@ -192,6 +263,7 @@ def run(name, checkpoint, layout, role, extra, work):
             record["output_shape"] = list(output.shape)
         if extra.get("export"):
             record["export"] = compare_export(models, work / checkpoint, layout, role)
+        record.update(grads_and_checkpoints(models, work / checkpoint, layout, name, extra, work))
         if extra.get("save"):
             save_hf_checkpoint(models, work / checkpoint, layout, work / "saved" / name.replace("/", "_"), role, max_shard_bytes=300_000)
     return record

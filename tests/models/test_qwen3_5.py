@@ -36,19 +36,22 @@ def test_megatron_config_fields():
 
 def test_names_of_the_unfused_deltanet_projections():
     specs = {s.name: s.pieces[0].hf_name for s in param_shards(build_config("qwen3_5_moe"), ParallelLayout()) if s.pieces}
-    for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"):
+    for name in ("in_proj_z", "in_proj_b", "in_proj_a"):
         assert specs[f"decoder.layers.2.self_attention.{name}.weight"] == f"model.layers.2.linear_attn.{name}.weight"
+    for name in ("in_proj_qkv", "conv1d"):  # held per key head: [q_g; k_g; v_g] (megarl.models.mappings.HeadGroups)
+        assert specs[f"decoder.layers.2.self_attention.{name}_grouped.weight"] == f"model.layers.2.linear_attn.{name}.weight"
     assert "decoder.layers.0.self_attention.in_proj_qkvz.weight" not in specs
     assert specs["decoder.layers.1.mlp.experts.local_experts.7.linear_fc2.weight"] == "model.layers.1.mlp.experts.7.down_proj.weight"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tensor_parallelism_is_refused_and_vllm_splits_the_unfused_deltanet(family):
+def test_tensor_parallelism_holds_whole_key_heads_and_vllm_splits_the_unfused_deltanet(family):
     from megarl.models import vllm_cpu_refusal
 
     config = build_config(family)
-    with pytest.raises(ValueError, match="tp=2: megarl's gated DeltaNet layers"):
-        check_layout(model_dims(config), ParallelLayout(tp=2))
+    check_layout(model_dims(config), ParallelLayout(tp=2))  # whole key heads per rank
+    with pytest.raises(ValueError, match="linear_num_key_heads=2 does not divide by 4"):
+        check_layout(model_dims(config), ParallelLayout(tp=4))
     splits = vllm_splits(config)
     assert splits["model.layers.0.linear_attn.in_proj_qkv.weight"].kind == "whole"
     assert splits["model.layers.0.linear_attn.in_proj_z.weight"].kind == "column"

@@ -54,9 +54,23 @@ def test_gated_qkv_by_hand():
     assert rows[6:8] == [("q_proj", 128, 160), ("q_proj", 192, 224)] and spec.local_shape == (2 * (128 + 64), 128)
 
 
-def test_tensor_parallelism_is_refused_naming_the_deltanet():
-    with pytest.raises(ValueError, match="tp=2: megarl's gated DeltaNet layers"):
-        check_layout(model_dims(tiny()), ParallelLayout(tp=2))
+def test_tensor_parallelism_splits_the_deltanet_by_key_heads_and_refuses_a_split_inside_one():
+    """2 key heads of 32, 4 value heads of 32: at TP=2 rank 1 holds key head 1 with value heads 2 and 3. Its
+    ``conv1d_grouped`` rows are that group's q, k and v rows of HF's flat [q; k; v] ``conv1d``; the fused
+    ``in_proj_qkvz`` is per key head already (a plain split), ``out_proj`` splits its input columns."""
+    check_layout(model_dims(tiny()), ParallelLayout(tp=2))
+    with pytest.raises(ValueError, match="linear_num_key_heads=2 does not divide by 4"):
+        check_layout(model_dims(tiny()), ParallelLayout(tp=4))
+    shards = {s.name.split("self_attention.")[-1]: s for s in rank_shards(tiny(), ParallelLayout(tp=2), 0, 1)
+              if s.name.startswith("decoder.layers.0.self_attention.")}
+    conv = shards["conv1d_grouped.weight"]
+    assert [(p.hf_name.rsplit(".", 2)[-2], p.hf_slice[0].start, p.hf_slice[0].stop) for p in conv.pieces] == [
+        ("conv1d", 32, 64), ("conv1d", 96, 128), ("conv1d", 192, 256)] and conv.local_shape == (128, 1, 4)
+    [qkvz] = shards["in_proj_qkvz.weight"].pieces
+    assert (qkvz.hf_slice[0].start, qkvz.hf_slice[0].stop) == (192, 384)  # one key head: 32 + 32 + 2 * 32 + 2 * 32
+    [out] = shards["out_proj.weight"].pieces
+    assert (out.hf_slice[1].start, out.hf_slice[1].stop) == (64, 128)
+    assert [p.hf_slice[0] for p in shards["A_log"].pieces] == [slice(2, 4)]
 
 
 def test_the_vllm_split_plan_splits_the_deltanet_by_heads_and_vllm_cpu_is_refused_with_the_reason():

