@@ -118,11 +118,20 @@ def _layout_problems(cfg: DictConfig) -> list[Problem]:
                                 "models (M-RoPE positions)", "set context_parallel_size=1; a long image prompt "
                                 "fits with more tensor or pipeline parallelism", issue=28))
     else:
+        layout = layout_from_config(arr.actor.megatron, dims.num_layers)
         try:
-            check_layout(dims, layout_from_config(arr.actor.megatron, dims.num_layers))
+            check_layout(dims, layout)
         except ValueError as exc:
             problems.append(Problem(f"{key}.* for actor_rollout_ref.model.path={arr.model.path}: {exc}; pick "
                                     "parallel sizes that divide these counts", key=f"{key}.tensor_model_parallel_size"))
+        if dims.is_moe and layout.tp > 1 and layout.ep == 1 and layout.etp == 1:
+            problems.append(Problem(
+                f"{key}.tensor_model_parallel_size={layout.tp} with expert_model_parallel_size=1 and "
+                "expert_tensor_parallel_size=1 for a MoE model: each TP rank would train whole experts on its own "
+                "share of the tokens (sequence parallelism, which megatron needs for MoE under TP) and megatron "
+                "would not sum those gradients over the TP ranks, so the ranks' experts drift apart from the first "
+                f"step; split the experts: expert_tensor_parallel_size={layout.tp} (each expert over the TP ranks) or "
+                "expert_model_parallel_size > 1", key=f"{key}.expert_tensor_parallel_size"))
     if dims.vision is not None and dims.vision.deepstack_layers:  # build_model refuses it at the start otherwise
         from megarl.settings.engine import model_overrides, needs_reference
 

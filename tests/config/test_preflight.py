@@ -183,6 +183,24 @@ def test_tp_that_does_not_split_the_model_fails_before_start(tmp_path, fields, o
                  "actor_rollout_ref.rollout.tensor_model_parallel_size=2") == []
 
 
+def test_moe_under_tensor_parallelism_needs_its_experts_split(tmp_path):
+    """TP=2 with EP=1 and ETP=1 trains whole experts on each TP rank's share of the tokens, and megatron does not
+    sum those gradients over the TP ranks (measured: a tiny GLM-4.5 MoE at TP2+SP served the fleet weights 4e-3
+    away from the trainer's after one step); refused naming both ways to split the experts, which pass."""
+    model = write_model_config(tmp_path / "model", "Qwen3MoeForCausalLM", "qwen3_moe", intermediate_size=256,
+                               num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, head_dim=32)
+    data = write_prompts(tmp_path / "train.parquet", rows=8, data_source="megarl/arithmetic")
+    base = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.sequence_parallel=True"]
+    (problem,) = check(*base)
+    assert ("expert_model_parallel_size=1 and expert_tensor_parallel_size=1 for a MoE model" in problem
+            and "expert_tensor_parallel_size=2" in problem and "expert_model_parallel_size > 1" in problem), problem
+    assert check(*base, "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=2") == []
+    assert check(*base, "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                 "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1") == []
+
+
 def test_checkpoints_to_start_or_resume_from_are_whole(files):
     """A truncated file of the checkpoint a run starts from, and a run directory whose checkpoints
     cannot be resumed, are named before anything starts."""

