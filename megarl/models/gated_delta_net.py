@@ -83,7 +83,7 @@ class GatedDeltaNetLayer(MegatronModule):
         if key_heads % tp:
             raise ValueError(f"linear_num_key_heads={key_heads} must divide by the tensor parallel size {tp}: "
                              "a TP rank holds whole key heads")
-        self.layer_number, self.tp, self.sequence_parallel = layer_number, tp, bool(config.sequence_parallel)
+        self.layer_number, self.sequence_parallel = layer_number, bool(config.sequence_parallel)
         # this rank's heads
         self.key_heads, self.value_heads = key_heads // tp, value_heads // tp
         self.dk, self.dv, self.ratio = key_head_dim, value_head_dim, value_heads // key_heads

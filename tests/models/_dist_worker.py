@@ -149,6 +149,20 @@ def forward(models, layout, input_ids):
     return megatron_logits(models, input_ids)
 
 
+def original_files(checkpoint) -> dict:
+    """HF tensor name -> the safetensors file of the checkpoint that holds it."""
+    files = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            files.update({name: path for name in f.keys()})
+    return files
+
+
+def original_tensor(files: dict, name: str) -> torch.Tensor:
+    with safe_open(str(files[name]), framework="pt") as f:
+        return f.get_tensor(name)
+
+
 def compare_export(models, checkpoint, layout, role):
     """On rank 0: names and tensors of the gathered export vs the original safetensors, bit for bit
     (DeepSeek-V3's multi-token-prediction layer, which the bridge skips, left out)."""
@@ -156,15 +170,11 @@ def compare_export(models, checkpoint, layout, role):
 
     config = load_hf_config(checkpoint)
     skipped = family_for(config).skipped_hf_tensors(config)
-    original = {}
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            original.update({name: path for name in f.keys() if skipped is None or not skipped.search(name)})
+    original = {name: path for name, path in original_files(checkpoint).items() if skipped is None or not skipped.search(name)}
     seen, mismatched = [], []
     for name, tensor in gather_hf_tensors(models, checkpoint, layout, role):
         seen.append(name)
-        with safe_open(str(original[name]), framework="pt") as f:
-            reference = f.get_tensor(name)
+        reference = original_tensor(original, name)
         if reference.dtype != tensor.dtype or not torch.equal(reference, tensor):
             mismatched.append(name)
     if dist.get_rank() != 0:
@@ -220,16 +230,9 @@ def grads_and_checkpoints(models, checkpoint, layout, name, extra, work) -> dict
         if dist.get_rank() == 0:
             expected = torch.load(work / f"expected_{family}.pt")
             found["load_mismatched"] = sorted(n for n in expected if not torch.equal(expected[n], loaded.get(n)))
-            found["load_changed"] = sum(not torch.equal(t, safe_tensor(checkpoint, n)) for n, t in loaded.items())
+            files = original_files(checkpoint)
+            found["load_changed"] = sum(not torch.equal(t, original_tensor(files, n)) for n, t in loaded.items())
     return found
-
-
-def safe_tensor(checkpoint, name):
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            if name in f.keys():
-                return f.get_tensor(name)
-    raise KeyError(name)
 
 
 def run(name, checkpoint, layout, role, extra, work):
