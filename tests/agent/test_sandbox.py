@@ -154,8 +154,11 @@ def test_the_memory_limit_bounds_the_call_as_a_whole():
     held = int(r.stdout.split()[-1])
     assert held < 3 and r.memory_exceeded, (r.stdout, r.stderr)
     tool = PythonCodeTool({"timeout_s": 20, "memory_mb": 256})
-    text = asyncio.run(tool.execute("i", {"code": "import os\nos.fork()\nx = bytearray(200 << 20)\n"
-                                                  "for i in range(0, len(x), 4096): x[i] = 1"}))[0].text
+    # the parent holds its 200 MB until the child has touched its own, so the two always overlap (without the
+    # wait, a loaded machine could run them one after the other, each under the limit)
+    text = asyncio.run(tool.execute("i", {"code": "import os\npid = os.fork()\nx = bytearray(200 << 20)\n"
+                                                  "for i in range(0, len(x), 4096): x[i] = 1\n"
+                                                  "if pid: os.waitpid(pid, 0)"}))[0].text
     assert "[killed: the program's processes together used more than 256 MB]" in text, text
 
 
