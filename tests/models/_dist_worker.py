@@ -149,17 +149,9 @@ def forward(models, layout, input_ids):
     return megatron_logits(models, input_ids)
 
 
-def original_files(checkpoint) -> dict:
-    """HF tensor name -> the safetensors file of the checkpoint that holds it."""
-    files = {}
-    for path in sorted(checkpoint.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            files.update({name: path for name in f.keys()})
-    return files
-
-
-def original_tensor(files: dict, name: str) -> torch.Tensor:
-    with safe_open(str(files[name]), framework="pt") as f:
+def original_tensor(checkpoint, files: dict, name: str) -> torch.Tensor:
+    """One tensor of the original checkpoint, read with safetensors; ``files`` is ``loading.checkpoint_files``'s map."""
+    with safe_open(str(checkpoint / files[name]), framework="pt") as f:
         return f.get_tensor(name)
 
 
@@ -170,11 +162,12 @@ def compare_export(models, checkpoint, layout, role):
 
     config = load_hf_config(checkpoint)
     skipped = family_for(config).skipped_hf_tensors(config)
-    original = {name: path for name, path in original_files(checkpoint).items() if skipped is None or not skipped.search(name)}
+    original = {name: file for name, file in loading.checkpoint_files(checkpoint).items()
+                if skipped is None or not skipped.search(name)}
     seen, mismatched = [], []
     for name, tensor in gather_hf_tensors(models, checkpoint, layout, role):
         seen.append(name)
-        reference = original_tensor(original, name)
+        reference = original_tensor(checkpoint, original, name)
         if reference.dtype != tensor.dtype or not torch.equal(reference, tensor):
             mismatched.append(name)
     if dist.get_rank() != 0:
@@ -230,8 +223,8 @@ def grads_and_checkpoints(models, checkpoint, layout, name, extra, work) -> dict
         if dist.get_rank() == 0:
             expected = torch.load(work / f"expected_{family}.pt")
             found["load_mismatched"] = sorted(n for n in expected if not torch.equal(expected[n], loaded.get(n)))
-            files = original_files(checkpoint)
-            found["load_changed"] = sum(not torch.equal(t, original_tensor(files, n)) for n, t in loaded.items())
+            files = loading.checkpoint_files(checkpoint)
+            found["load_changed"] = sum(not torch.equal(t, original_tensor(checkpoint, files, n)) for n, t in loaded.items())
     return found
 
 
