@@ -1,4 +1,4 @@
-"""Ports for the processes a test starts, and the torchrun command that uses one.
+"""Ports for the processes a test starts, the torchrun command that uses one, and ``run_ranks``, which runs it.
 
 A port picked by binding port 0 and closing the socket is an ephemeral port: until the test's
 process binds it, any other process on the machine may be given it for an outgoing connection or
@@ -16,7 +16,9 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import signal
 import socket
+import subprocess
 import sys
 
 FIRST, BLOCK = 20000, 2000  # blocks 20000-21999 (no xdist), 22000-23999 (gw0), 24000-25999 (gw1), ...
@@ -63,3 +65,57 @@ def torchrun(nproc: int) -> list[str]:
     """The command prefix that starts ``nproc`` local ranks under torchrun (static rendezvous, a ``free_port``)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
             "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+
+
+def run_ranks(command: list[str], *, env: dict | None = None, timeout: float, cwd=None) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True, timeout=...)`` for a launch that starts
+    processes of its own, such as torchrun and its ranks.
+
+    On timeout every process of the launch (torchrun starts each rank in a session of its own, so only
+    its process tree finds them) gets SIGABRT first, which Python's faulthandler, switched on here,
+    answers by writing that process's stacks to stderr; SIGKILL follows for any left. The error carries
+    those stacks, so a hang says where it hung, and no rank outlives the test to slow the ones after it
+    (``subprocess.run`` kills only torchrun itself).
+    """
+    env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
+    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = _tree(process.pid)
+        _signal(tree, signal.SIGABRT)
+        try:
+            stdout, stderr = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            _signal(tree, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+        raise AssertionError(f"{' '.join(command[:12])} ... did not end within {timeout:.0f} s; the stacks of its "
+                             f"processes when stopped (stderr):\n{stderr[-12000:]}\nstdout:\n{stdout[-3000:]}") from None
+    finally:
+        _signal(_tree(process.pid), signal.SIGKILL)  # whatever outlived it (a timeout, an interrupted test)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _tree(pid: int) -> list:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _signal(processes: list, sig: int) -> None:
+    import psutil
+
+    for process in processes:
+        try:
+            process.send_signal(sig)
+        except psutil.Error:
+            pass
+        if sig == signal.SIGKILL:
+            try:
+                process.wait(5)
+            except psutil.Error:
+                pass

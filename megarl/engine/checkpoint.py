@@ -28,8 +28,10 @@ every checkpoint. Loading follows the checkpoint: a trainable-only one fills exa
 (the model must have them), a whole-model one fills everything but LoRA adapters. ``megarl_checkpoint.json`` lists what a checkpoint holds, and a load
 that asks for a part the checkpoint lacks fails naming what it has.
 
-Saving starts a helper process (multiprocessing spawn), so an entry script must guard its code
-with ``if __name__ == "__main__":``. It takes several seconds even for a tiny model.
+Saving is synchronous (megarl refuses asynchronous saves): megatron's writer forks its writer
+processes and hands their results back through a queue in this process (``_in_process_results``),
+not through the queue of a spawned ``multiprocessing.Manager`` that its default keeps for
+asynchronous saves (a Python interpreter per saving process, 2.2 CPU-s and 2.5 s measured on CPU).
 """
 from __future__ import annotations
 
@@ -199,12 +201,29 @@ def save_checkpoint(
     return final
 
 
+def _in_process_results() -> None:
+    """Make megatron's torch_dist writer return its results through a ``queue.Queue`` of this process.
+
+    Its ``FileSystemWriterAsync`` creates (once per process, cached in ``_results_queue``) a queue served
+    by a spawned ``multiprocessing.Manager`` process, which an asynchronous save needs to hand results
+    across processes. A synchronous save runs the whole write in the calling process (forked writers
+    report through their own local queue), so a plain queue is enough and nothing is spawned.
+    """
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if hasattr(filesystem_async, "_results_queue") and filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def _write(staging: Path, step: int, models, optimizer, scheduler, extra, rng, exports, model_part, meta) -> None:
     """Everything of a checkpoint into ``staging`` (collective): the state, the exports, the contents
     list, and last the manifest of all of them."""
     from megatron.core import dist_checkpointing
 
     state = _sharded_state(models, optimizer, scheduler, rng=rng, extra=extra, is_loading=False, model_part=model_part)
+    _in_process_results()
     dist_checkpointing.save(state, str(staging))
     for export in (exports or {}).values():
         export(staging)

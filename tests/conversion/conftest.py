@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.built_once import built_once
-from tests.ports import torchrun
+from tests.ports import run_ranks, torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("llama", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "gemma2", "kimi_k2", "qwen2_5_vl", "qwen3_vl")
@@ -28,8 +28,7 @@ def cli_command(args: list[str], nproc: int = 1) -> list[str]:
 
 
 def run_cli(args: list[str], nproc: int = 1, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_command([str(a) for a in args], nproc), env=cli_env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_ranks(cli_command([str(a) for a in args], nproc), env=cli_env(), cwd=REPO, timeout=timeout)
 
 
 def assert_ok(done: subprocess.CompletedProcess) -> None:

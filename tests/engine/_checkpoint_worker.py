@@ -9,6 +9,7 @@ asserts; the results go to ``WORK_DIR/checkpoint_integrity.pt``.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -147,7 +148,9 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     try:
         results = {"damaged": damaged_optimizer(actor, root, work), "crafted": crafted(actor, root, work),
-                   "legacy": legacy(actor, root), "full_disk": full_disk(actor, roomy, small)}
+                   "legacy": legacy(actor, root)}
+        results["helpers_alive"] = [process.name for process in multiprocessing.active_children()]  # after 4 saves
+        results["full_disk"] = full_disk(actor, roomy, small)
     except Exception:
         traceback.print_exc()
         raise

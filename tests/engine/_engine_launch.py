@@ -1,12 +1,11 @@
 """Start the engine worker (``_engine_worker.py``) in one process or under torchrun, and read its results."""
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-from tests.ports import torchrun
+from tests.ports import run_ranks, torchrun
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_engine_worker.py")
@@ -19,6 +18,6 @@ def run_worker(work: Path, mode: str, processes: int, timeout: int, worker: Path
         command = [sys.executable, str(worker), mode, str(work)]
     else:
         command = [*torchrun(processes), str(worker), mode, str(work)]
-    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=timeout)
+    done = run_ranks(command, env=ENV, timeout=timeout)
     assert done.returncode == 0, f"{mode} worker failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
     return torch.load(work / f"{mode}.pt", weights_only=False)

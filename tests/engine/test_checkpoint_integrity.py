@@ -5,7 +5,8 @@
   naming the file, and the code does not run;
 * a checkpoint without a manifest (saved before them) still loads, with a note;
 * on small tmpfs mounts: a save that cannot fit is refused before writing, the previous checkpoint
-  intact, and a save that runs out of space mid-write says so and leaves nothing behind.
+  intact, and a save that runs out of space mid-write says so and leaves nothing behind;
+* saving leaves no helper process running (megatron's default spawns a ``multiprocessing.Manager``).
 """
 import subprocess
 import sys
@@ -92,3 +93,8 @@ def test_a_save_that_fills_the_disk_says_so(integrity):
     assert "No space left on device while writing" in result["message"] and "step_1.tmp" in result["message"]
     assert "there is no earlier one" in result["message"]
     assert integrity["full_disk"]["small_after"] == []  # the partial checkpoint was removed
+
+
+def test_saves_leave_no_helper_process_running(integrity):
+    """After four saves: megatron's writer would keep a spawned ``SyncManager`` process for its results queue."""
+    assert integrity["helpers_alive"] == []

@@ -8,14 +8,13 @@ safetensors with PEFT's documented math (``W + lora_alpha / r * B @ A`` per proj
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.ports import torchrun
+from tests.ports import run_ranks, torchrun
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -70,7 +69,7 @@ def results(work) -> dict:
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(repo))
     command = [*torchrun(2), str(Path(__file__).with_name("_lora_worker.py")), str(work)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=850)
+    done = run_ranks(command, env=env, timeout=850)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
     return torch.load(work / "lora.pt", weights_only=False)
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import time
 import traceback
 from pathlib import Path
 
-from tests.ports import torchrun
+from tests.ports import run_ranks, torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +23,7 @@ def run_two_ranks(worker: Path, directory: Path, results: str, timeout: int) -> 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     command = [*torchrun(2), str(worker),
                str(directory)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    done = run_ranks(command, env=env, timeout=timeout)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     records = json.loads((directory / results).read_text())
     return {(r["scenario"], r["rank"]): r for r in records}

@@ -10,13 +10,12 @@
 """
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.ports import torchrun
+from tests.ports import run_ranks, torchrun
 
 from megarl.models.published import PUBLISHED
 
@@ -38,7 +37,7 @@ def counts(tmp_path_factory):
     shutil.copytree(FIXTURES / "smollm2-135m", work / "smollm2-135m")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     command = [*torchrun(4), str(HERE / "_engine_counts.py"), str(work)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=840)
+    done = run_ranks(command, env=env, timeout=840)
     assert done.returncode == 0, f"worker failed:\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
     return torch.load(work / "counts.pt", weights_only=False)
 

@@ -8,13 +8,12 @@ prevents, apply it, and run to the end. The tests check the failures and the num
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.ports import torchrun
+from tests.ports import run_ranks, torchrun
 
 from megarl.platform import redirect_names
 
@@ -62,7 +61,7 @@ def launch(scenarios, without, ranks):
     else:
         command = [*torchrun(ranks), *arguments]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    process = subprocess.run(command, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT - 20, env=env, cwd=HERE)
+    process = run_ranks(command, timeout=LAUNCH_TIMEOUT - 20, env=env, cwd=HERE)
     lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
     output = process.stdout + process.stderr
     assert process.returncode == 0 and lines, f"{scenarios} failed (exit {process.returncode}):\n{output[-6000:]}"

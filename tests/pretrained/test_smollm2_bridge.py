@@ -9,12 +9,11 @@ under noise, an odd head count split over TP); here every layer's real weights m
 """
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.ports import torchrun
+from tests.ports import run_ranks, torchrun
 import torch
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
@@ -48,7 +47,7 @@ def work(smollm2, chat_batch, tmp_path_factory):
 def _launch(smollm2, work, nproc):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     command = [*torchrun(nproc), str(WORKER), str(smollm2), str(work)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=540)
+    done = run_ranks(command, env=env, timeout=540)
     assert done.returncode == 0, f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     return {(r["scenario"], r["rank"]): r for r in json.loads((work / f"results-{nproc}.json").read_text())}
 
