@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import megarl  # noqa: F401 (first, so its import hook sees megatron's: megarl/__init__.py)
 from tests.built_once import built_once
 from tests.process_guard import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: F401 (hooks)
 

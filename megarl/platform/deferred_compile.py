@@ -1,0 +1,45 @@
+"""Megatron-core's ``jit_fuser`` kernels are compiled on their first call, not when megatron is imported.
+
+``megatron.core.jit`` binds ``jit_fuser = torch.compile``, and a dozen megatron modules decorate
+small kernels with it as they are imported: activations, the MoE router's expert bias, the gated
+attention's output gate (Qwen3-Next), the MoE experts' GLU, the L2 norm, the fused
+bias-activation functions. ``torch.compile`` compiles lazily anyway, on a function's first call,
+but the decoration itself imports dynamo and inductor: 1.6 CPU-seconds in every process that
+imports megatron (a trainer worker, a torchrun rank, a conversion, a planner), whether or not one
+of those kernels ever runs. Most never do: a dense model with megarl's CPU flags (``mcore_config``)
+calls none of them.
+
+So, the moment ``megatron.core.jit`` is imported and before any kernel is decorated (the hook in
+``megarl/__init__.py``), its ``jit_fuser`` becomes ``compile_on_first_call``: the same
+``torch.compile`` with the same arguments, applied when the kernel is first called. The kernels
+compute what they computed before, compiled as before. On a GPU the fused kernels are built at
+the first step instead of at import, which changes nothing but when the import cost is paid.
+"""
+import functools
+
+import torch
+
+
+def compile_on_first_call(function=None, **options):
+    """``torch.compile(function, **options)``, done at ``function``'s first call; usable as ``@jit_fuser``
+    and as ``@jit_fuser(**options)``."""
+    if function is None:
+        return functools.partial(compile_on_first_call, **options)
+    compiled = None
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = torch.compile(function, **options)
+        return compiled(*args, **kwargs)
+
+    call.compiles_on_first_call = True
+    return call
+
+
+def on_jit_import(jit_module) -> None:
+    """Called with ``megatron.core.jit`` right after it is imported: where megatron chose
+    ``torch.compile`` as its fuser, the compile waits for each kernel's first call."""
+    if jit_module.jit_fuser is torch.compile:
+        jit_module.jit_fuser = compile_on_first_call
