@@ -10,6 +10,16 @@ of these models (its directory name, e.g. ``/models/Llama-3.1-70B-Instruct``, or
     smollm2-135m      HuggingFaceTB/SmolLM2-135M-Instruct
     qwen2.5-vl-7b     Qwen/Qwen2.5-VL-7B-Instruct (vision-language; transformers 4.x's flat layout)
     qwen3-vl-8b       Qwen/Qwen3-VL-8B-Instruct (vision-language; text_config / vision_config)
+    gemma-2-27b       google/gemma-2-27b (fp32 as published)
+    gemma-3-27b       google/gemma-3-27b-it's text_config as Gemma3ForCausalLM (the published checkpoint is
+                      vision-language; the text config as megarl.devtools.extract_language_model writes it)
+    glm-4.5           zai-org/GLM-4.5 (355B-A32B; its MTP layer is skipped)
+    qwen3-next-80b-a3b  Qwen/Qwen3-Next-80B-A3B (the -Thinking file; -Instruct shares the architecture)
+    qwen3.5-397b-a17b   Qwen/Qwen3.5-397B-A17B's text_config as Qwen3_5MoeForCausalLM (text_config of the
+                      vision-language checkpoint, as extract_language_model writes it; MTP layer skipped)
+    gpt-oss-120b      openai/gpt-oss-120b (MXFP4 experts as published; the planner counts bf16)
+    kimi-k2           moonshotai/Kimi-K2-Instruct (DeepSeek-V3's architecture; FP8 as published, the planner
+                      counts bf16)
 """
 from __future__ import annotations
 
