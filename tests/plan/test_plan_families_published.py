@@ -50,10 +50,12 @@ def test_moe_counts_match_the_published_totals_and_actives(name, family, total, 
 
 
 def test_hub_ids_name_the_new_fixtures():
-    for hub_id, name in [("google/gemma-2-27b", "gemma-2-27b"), ("zai-org/GLM-4.5", "glm-4.5"),
+    for hub_id, name in [("google/gemma-2-27b", "gemma-2-27b"), ("google/gemma-3-27b-it", "gemma-3-27b"),
+                         ("zai-org/GLM-4.5", "glm-4.5"),
                          ("Qwen/Qwen3-Next-80B-A3B-Instruct", "qwen3-next-80b-a3b"),
                          ("openai/gpt-oss-120b", "gpt-oss-120b"), ("/models/Kimi-K2-Instruct", "kimi-k2")]:
         assert match_published(hub_id) == PUBLISHED / name, hub_id
+    assert match_published("acme/gemma-3-27bit") is None  # "it" ending a word is not the suffix
 
 
 def layout(tp: int, pp: int, ep: int, first: int, last: int, rollout_tp: int, nodes: int = 8) -> list[str]:

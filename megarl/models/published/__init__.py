@@ -42,11 +42,13 @@ def match_published(path_or_id: str) -> Path | None:
     """The published config directory a model path or hub id names, or None.
 
     The last path component is compared without case, punctuation and the usual suffixes
-    (``-Instruct``, ``-Base``, ``-bf16``, ``-config``...): ``/models/Llama-3.1-70B-Instruct`` and
-    ``meta-llama/Llama-3.1-70B`` both give ``llama-3.1-70b``.
+    (``-Instruct``, ``-Base``, ``-bf16``, ``-config``..., and Gemma's ``-it`` after a separator):
+    ``/models/Llama-3.1-70B-Instruct`` and ``meta-llama/Llama-3.1-70B`` both give ``llama-3.1-70b``,
+    ``google/gemma-3-27b-it`` gives ``gemma-3-27b``.
     """
     def key(text: str) -> str:
         text = re.sub(r"[-_.]?(instruct|chat|base|bf16|fp8|hf|config|verl)\b", "", text.lower())
+        text = re.sub(r"[-_.]it\b", "", text)  # "-it" only as a suffix of its own, not the end of a word
         return re.sub(r"[^a-z0-9]", "", text)
 
     wanted = key(str(path_or_id).rstrip("/").rsplit("/", 1)[-1])
