@@ -126,22 +126,66 @@ def test_fork_bomb_and_memory_and_output_are_bounded():
     assert not r.timed_out and r.returncode != 0  # killed by the CPU limit (SIGXCPU), long before the timeout
 
 
-THREE_CHILDREN_OF_120_MB = """
-import os, time
+# Processes that hold their memory at the same time, whatever the scheduler does: each makes its block resident,
+# says so on one pipe and holds it until the parent closes the other (or dies); the parent waits for every
+# process's word, or its death (an end-of-file), first. Without that, a loaded machine could run them one after
+# another, each under the limit and the call never over it (two CI runs did).
+HOLD_TOGETHER = """
+import os
+ready_r, ready_w = os.pipe()  # a byte from each process once its block is resident
+go_r, go_w = os.pipe()        # closed by the parent (or by its death): the others let go
+
+
+def resident(mb):
+    block = bytearray(mb << 20)
+    for j in range(0, len(block), 4096):
+        block[j] = 1  # resident, not only reserved
+    return block
+
+
+def hold(block):
+    os.write(ready_w, b"1")
+    os.close(ready_w)
+    os.read(go_r, 1)
+
+
+def wait_for_the_others(count):
+    arrived = b""
+    while len(arrived) < count:
+        more = os.read(ready_r, count)
+        if not more:  # every other process has written or died
+            break
+        arrived += more
+    os.close(go_w)
+"""
+
+THREE_CHILDREN_OF_120_MB = HOLD_TOGETHER + """
 children = []
 for i in range(3):
     pid = os.fork()
     if pid == 0:
+        os.close(go_w)
         try:
-            block = bytearray(120 << 20)
-            for j in range(0, len(block), 4096):
-                block[j] = 1  # resident, not only reserved
+            block = resident(120)
         except MemoryError:
             os._exit(3)
-        time.sleep(1)
+        hold(block)
         os._exit(0)
     children.append(pid)
+os.close(ready_w)
+wait_for_the_others(3)
 print('held', sum(os.waitpid(pid, 0)[1] == 0 for pid in children))
+"""
+
+TWO_PROCESSES_OF_200_MB = HOLD_TOGETHER + """
+pid = os.fork()
+os.close(ready_w if pid else go_w)
+block = resident(200)
+if pid:
+    wait_for_the_others(1)
+    os.waitpid(pid, 0)
+else:
+    hold(block)
 """
 
 
@@ -154,11 +198,7 @@ def test_the_memory_limit_bounds_the_call_as_a_whole():
     held = int(r.stdout.split()[-1])
     assert held < 3 and r.memory_exceeded, (r.stdout, r.stderr)
     tool = PythonCodeTool({"timeout_s": 20, "memory_mb": 256})
-    # the parent holds its 200 MB until the child has touched its own, so the two always overlap (without the
-    # wait, a loaded machine could run them one after the other, each under the limit)
-    text = asyncio.run(tool.execute("i", {"code": "import os\npid = os.fork()\nx = bytearray(200 << 20)\n"
-                                                  "for i in range(0, len(x), 4096): x[i] = 1\n"
-                                                  "if pid: os.waitpid(pid, 0)"}))[0].text
+    text = asyncio.run(tool.execute("i", {"code": TWO_PROCESSES_OF_200_MB}))[0].text
     assert "[killed: the program's processes together used more than 256 MB]" in text, text
 
 

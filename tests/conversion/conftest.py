@@ -27,7 +27,9 @@ def cli_command(args: list[str], nproc: int = 1) -> list[str]:
     return [*torchrun(nproc), "-m", "conversion", *args]
 
 
-def run_cli(args: list[str], nproc: int = 1, timeout: int = 180) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], nproc: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
+    """A conversion takes 10-15 s alone and took 64 s (and once more than 180 s) at the start of a CI run's
+    heavy phase, beside the 2-rank bridge test; a launch that does not end gives its ranks' stacks (run_ranks)."""
     return run_ranks(cli_command([str(a) for a in args], nproc), env=cli_env(), cwd=REPO, timeout=timeout)
 
 

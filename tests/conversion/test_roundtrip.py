@@ -15,7 +15,7 @@ from safetensors import safe_open
 
 from tests.conversion.conftest import assert_ok, run_cli
 
-pytestmark = [pytest.mark.distributed, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]  # a setup: the tiny models and two conversions
 
 # (name, family, layout flags there, processes there, layout flags back, processes back)
 SCENARIOS = [
