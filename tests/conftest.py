@@ -120,9 +120,9 @@ def world():
     created = not dist.is_initialized()
     platform.init_distributed()
     if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+        platform.destroy_model_parallel()
     platform.initialize_model_parallel()
     yield
-    ps.destroy_model_parallel()
+    platform.destroy_model_parallel()
     if created:
         dist.destroy_process_group()

@@ -30,8 +30,8 @@ from megarl.platform.hardware import (
     set_device_rng_state,
     synchronize,
 )
-from megarl.platform.distributed import (collective_device, destroy, init_distributed, initialize_model_parallel,
-                                         model_parallel_seed)
+from megarl.platform.distributed import (collective_device, destroy, destroy_model_parallel, init_distributed,
+                                         initialize_model_parallel, model_parallel_seed)
 from megarl.platform.mcore_config import cpu_transformer_config_overrides, transformer_config_overrides
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "cuda_profiler",
     "default_dtype",
     "destroy",
+    "destroy_model_parallel",
     "device",
     "device_rng_state",
     "dist_backend",

@@ -27,6 +27,7 @@ from megarl.engine import (BatchSettings, CriticSettings, MegatronActor, Megatro
 from megarl.models import ParallelLayout, build_model, export_hf_pieces  # noqa: E402
 from megarl.models.lora import LoRASettings, LoRATransform  # noqa: E402
 from megarl.platform import initialize_model_parallel  # noqa: E402
+from megarl.platform import destroy_model_parallel  # noqa: E402
 
 OPTIM = dataclasses.replace(_data.OPTIM, use_distributed_optimizer=False)
 
@@ -35,7 +36,7 @@ def setup(layout: ParallelLayout) -> None:
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+        destroy_model_parallel()
     initialize_model_parallel(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                               vpp=layout.vpp if layout.vpp > 1 else None, seed=7)
 

@@ -35,13 +35,14 @@ from megarl.engine import (  # noqa: E402
 )
 from megarl.models import ParallelLayout, build_model, gather_hf_tensors  # noqa: E402
 from megarl.platform import init_distributed, initialize_model_parallel  # noqa: E402
+from megarl.platform import destroy_model_parallel  # noqa: E402
 
 
 def setup(layout: ParallelLayout) -> None:
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+        destroy_model_parallel()
     initialize_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, vpp=layout.vpp if layout.vpp > 1 else None, seed=7)
 
 

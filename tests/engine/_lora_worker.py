@@ -27,6 +27,7 @@ from megarl.models import ParallelLayout, build_model, gather_hf_tensors  # noqa
 from megarl.models.lora import LoRASettings, LoRATransform, adapter_parameters, adapters_disabled  # noqa: E402
 from megarl.models.lora.peft import gather_adapter_tensors  # noqa: E402
 from megarl.platform import init_distributed, initialize_model_parallel  # noqa: E402
+from megarl.platform import destroy_model_parallel  # noqa: E402
 
 LLAMA, MOE, MLA = "llama", "qwen3_moe", "deepseek_v3"
 # non-zero B: the adapter changes the model from the start, so every check sees the adapter path
@@ -59,7 +60,7 @@ def setup(layout: ParallelLayout) -> None:
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+        destroy_model_parallel()
     initialize_model_parallel(tp=layout.tp, pp=layout.pp, ep=layout.ep, etp=layout.etp, seed=7)
 
 

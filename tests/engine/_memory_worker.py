@@ -25,6 +25,7 @@ from megarl.engine import (MegatronActor, checkpoint_contents, data_parallel_sha
                            save_checkpoint)
 from megarl.engine.offload import Residency, model_offload_groups  # noqa: E402
 from megarl.models import ParallelLayout, build_model, save_hf_checkpoint  # noqa: E402
+from megarl.platform import destroy_model_parallel  # noqa: E402
 
 WORLD_TIMEOUT_S, MODEL_PARALLEL_TIMEOUT_S = 4321, 1234
 UNEVEN = ParallelLayout(pp=2, first_stage_layers=1)  # 4 layers: stage 0 holds 1, stage 1 holds 3
@@ -37,7 +38,7 @@ def setup(layout: ParallelLayout) -> None:
     from megarl.platform import initialize_model_parallel
 
     if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+        destroy_model_parallel()
     initialize_model_parallel(tp=layout.tp, pp=layout.pp, seed=7, timeout_s=MODEL_PARALLEL_TIMEOUT_S)
 
 

@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from tests.ports import run_ranks, torchrun
+from megarl.platform import destroy_model_parallel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,16 +41,14 @@ def rank_records(results: dict, scenario: str) -> list[dict]:
 @contextlib.contextmanager
 def recorded(record: dict):
     """In a worker, around one scenario: an exception goes into ``record["error"]`` (the other scenarios still
-    run), the time into ``record["seconds"]``; megatron's parallel state is torn down after it."""
-    from megatron.core import parallel_state as ps
-
+    run), the time into ``record["seconds"]``; megatron's parallel state and its groups are torn down after it."""
     started = time.perf_counter()
     try:
         yield record
     except Exception:
         record["error"] = traceback.format_exc()
     record["seconds"] = round(time.perf_counter() - started, 2)
-    ps.destroy_model_parallel()
+    destroy_model_parallel()
 
 
 def write_records(records: list[dict], path: Path) -> None:

@@ -37,6 +37,7 @@ from megarl.plan.activations import MicroBatch, Recompute  # noqa: E402
 from megarl.plan.buffers import trained_bytes  # noqa: E402
 from megarl.plan.memory import activation_bytes  # noqa: E402
 from megarl.plan.model import ModelFacts  # noqa: E402
+from megarl.platform import destroy_model_parallel  # noqa: E402
 
 PROMPT, RESPONSE, MICRO, SAMPLES = 24, 40, 2, 4  # full-length samples: every micro-batch is 2 x 64 tokens
 
@@ -69,7 +70,7 @@ def setup(layout: ParallelLayout) -> None:
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+        destroy_model_parallel()
     initialize_model_parallel(tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, seed=3)
 
 
