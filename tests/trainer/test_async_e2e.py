@@ -190,14 +190,14 @@ def test_fully_asynchronous_grpo_learns_with_partial_rollouts_and_tis(inputs, po
                                    "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
                                    "algorithm.rollout_correction.rollout_is=token",
                                    "algorithm.rollout_correction.rollout_is_threshold=2.0",
-                                   "trainer.total_training_steps=60", "trainer.test_freq=30", "trainer.balance_batch=false"),
+                                   "trainer.total_training_steps=80", "trainer.test_freq=40", "trainer.balance_batch=false"),
                             pools, record_batches=True, record_correction=True)
     trained = sorted(s for s in steps if s > 0)
     vals = [steps[s]["val/score"] for s in sorted(steps) if "val/score" in steps[s]]
     scores = [round(steps[s]["critic/score/mean"], 3) for s in trained]
     lags = [steps[s]["training/off_policy/staleness/max"] for s in trained]
     partial = [round(steps[s].get("training/off_policy/partial_ratio", 0), 3) for s in trained]
-    run = f"validation {vals} at steps 0/30/60; training score per step {scores}; partial ratio per step {partial}"
+    run = f"validation {vals} at steps 0/40/80; training score per step {scores}; partial ratio per step {partial}"
     print(f"fully_async GRPO: {run}; staleness max per step {lags}")
     assert max(lags) <= 1 and max(lags) == 1, run  # stale samples trained, never beyond the bound
     assert any(p > 0 for p in partial), run  # syncs cut generations
@@ -216,10 +216,12 @@ def test_fully_asynchronous_grpo_learns_with_partial_rollouts_and_tis(inputs, po
             older += int(((old - rollout_logp).abs()[stale] > 1e-3).sum())
     assert own > 0 and older > 0, run
     # It learns, by two measures. The sampled accuracy of the last 10 steps (1280 samples) against the
-    # first 10: measured 0.096 -> 0.637 and 0.088 -> 0.487 (each mean's sampling noise is about 0.01).
-    # The greedy validation: measured 0.08 -> 1.0 and 0.08 -> 0.72. Its 100 prompts are 9 distinct
-    # questions (a + 1, a in 0..8), so it moves in steps of 0.11; at 40 steps learning had only begun
-    # (validation 0.39 to 0.66 in 9 runs, 0.0 once in CI; sampled accuracy +0.04 to +0.15), hence 60.
+    # first 10 (each mean's sampling noise is about 0.01), and the greedy validation, whose 100 prompts are
+    # 9 distinct questions (a + 1, a in 0..8), so it moves in steps of 0.11. When learning takes off varies
+    # from run to run (the versions that sample each token depend on timing): at 40 steps it had only begun
+    # (validation 0.39 to 0.66 in 9 runs, 0.0 once in CI; sampled accuracy +0.04 to +0.15); at 60 steps the
+    # sampled accuracy rose 0.096 -> 0.637 and 0.088 -> 0.487, but in two CI runs only 0.08 -> 0.30 and
+    # 0.093 -> 0.203 (taking off at step 55; validation 0.08 -> 0.49), hence 80.
     first, last = mean(scores[:10]), mean(scores[-10:])
     assert last - first >= 0.2, f"sampled accuracy {first:.3f} -> {last:.3f}; {run}"
     assert vals[-1] - vals[0] >= 0.2, f"validation accuracy {vals}; {run}"
