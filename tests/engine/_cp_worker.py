@@ -26,8 +26,7 @@ from megarl.engine import (BatchSettings, CriticSettings, MegatronActor, Megatro
                            MegatronReference, data_parallel_shard, load_checkpoint, save_checkpoint)
 from megarl.models import ParallelLayout, build_model, export_hf_pieces  # noqa: E402
 from megarl.models.lora import LoRASettings, LoRATransform  # noqa: E402
-from megarl.platform import initialize_model_parallel  # noqa: E402
-from megarl.platform import destroy_model_parallel  # noqa: E402
+from megarl.platform import destroy_model_parallel, initialize_model_parallel  # noqa: E402
 
 OPTIM = dataclasses.replace(_data.OPTIM, use_distributed_optimizer=False)
 

@@ -34,8 +34,7 @@ from megarl.engine import (  # noqa: E402
     save_checkpoint,
 )
 from megarl.models import ParallelLayout, build_model, gather_hf_tensors  # noqa: E402
-from megarl.platform import init_distributed, initialize_model_parallel  # noqa: E402
-from megarl.platform import destroy_model_parallel  # noqa: E402
+from megarl.platform import destroy_model_parallel, init_distributed, initialize_model_parallel  # noqa: E402
 
 
 def setup(layout: ParallelLayout) -> None:

@@ -26,8 +26,7 @@ from megarl.engine import MegatronActor, data_parallel_shard, load_checkpoint, s
 from megarl.models import ParallelLayout, build_model, gather_hf_tensors  # noqa: E402
 from megarl.models.lora import LoRASettings, LoRATransform, adapter_parameters, adapters_disabled  # noqa: E402
 from megarl.models.lora.peft import gather_adapter_tensors  # noqa: E402
-from megarl.platform import init_distributed, initialize_model_parallel  # noqa: E402
-from megarl.platform import destroy_model_parallel  # noqa: E402
+from megarl.platform import destroy_model_parallel, init_distributed, initialize_model_parallel  # noqa: E402
 
 LLAMA, MOE, MLA = "llama", "qwen3_moe", "deepseek_v3"
 # non-zero B: the adapter changes the model from the start, so every check sees the adapter path

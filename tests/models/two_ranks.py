@@ -13,8 +13,8 @@ import time
 import traceback
 from pathlib import Path
 
-from tests.ports import run_ranks, torchrun
 from megarl.platform import destroy_model_parallel
+from tests.ports import run_ranks, torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -32,12 +32,11 @@ from megarl.engine import MegatronActor  # noqa: E402
 from megarl.engine.batch import RLBatch  # noqa: E402
 from megarl.engine.settings import ActorSettings, BatchSettings, OptimizerSettings, PolicyLossSettings  # noqa: E402
 from megarl.models import ParallelLayout, build_model, load_hf_config  # noqa: E402
-from megarl.platform import init_distributed, initialize_model_parallel  # noqa: E402
+from megarl.platform import destroy_model_parallel, init_distributed, initialize_model_parallel  # noqa: E402
 from megarl.plan.activations import MicroBatch, Recompute  # noqa: E402
 from megarl.plan.buffers import trained_bytes  # noqa: E402
 from megarl.plan.memory import activation_bytes  # noqa: E402
 from megarl.plan.model import ModelFacts  # noqa: E402
-from megarl.platform import destroy_model_parallel  # noqa: E402
 
 PROMPT, RESPONSE, MICRO, SAMPLES = 24, 40, 2, 4  # full-length samples: every micro-batch is 2 x 64 tokens
 

@@ -27,7 +27,6 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from megarl import platform  # noqa: E402
-from megarl.platform import destroy_model_parallel  # noqa: E402
 
 SEED = 7
 
@@ -79,8 +78,7 @@ def run_showing_failures(scenario, pending, failures):
 
 
 def _reset_parallel(**sizes):
-
-    destroy_model_parallel()
+    platform.destroy_model_parallel()
     platform.initialize_model_parallel(seed=SEED, **sizes)
 
 

@@ -24,7 +24,6 @@ from safetensors import safe_open
 from conversion.verify import full_vocab, megatron_logits
 from megarl import platform
 from megarl.models import ParallelLayout, build_model, gather_hf_tensors
-from megarl.platform import destroy_model_parallel
 
 SCENARIOS = {3: {"tp1": ParallelLayout(), "tp3": ParallelLayout(tp=3)},
              2: {"pp2": ParallelLayout(pp=2), "tp2": ParallelLayout(tp=2)}}
@@ -65,7 +64,7 @@ def run(name, layout, model_dir: Path, work: Path) -> dict:
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["traceback"] = traceback.format_exc()
     record["seconds"] = round(time.perf_counter() - started, 1)
-    destroy_model_parallel()
+    platform.destroy_model_parallel()
     return record
 
 
