@@ -77,12 +77,16 @@ srun --nodes=1 --ntasks=1 --overlap -w "$HEAD" \
 STEP_PIDS+=($!)
 
 wait_for_nodes() {  # $1: expected node count; fails fast if a `ray start` step died
+    # Asks the head's GCS for its node table (0.5 s) rather than connecting as a driver (ray.init: 2-3 s per poll,
+    # and each connection has every raylet start idle worker processes for it).
     "$PYTHON" - "$ADDRESS" "$1" "${MEGARL_RAY_WAIT_S:-300}" "${STEP_PIDS[@]}" <<'PY'
-import os, sys, time
+import os, socket, sys, time
 address, expected, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 step_pids = [int(p) for p in sys.argv[4:]]
-import ray
-deadline, alive = time.time() + limit, 0
+host, port = address.rsplit(":", 1)
+from ray._raylet import GcsClient
+from ray.core.generated.gcs_pb2 import GcsNodeInfo
+deadline, alive, client = time.time() + limit, 0, None
 while time.time() < deadline:
     for pid in step_pids:
         try:
@@ -93,15 +97,17 @@ while time.time() < deadline:
             print(f"[ray_job] error: a `ray start` step (pid {pid}) exited before its node joined", file=sys.stderr)
             sys.exit(1)
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        alive = sum(1 for n in ray.nodes() if n["Alive"])
-        ray.shutdown()
+        if client is None:  # a client made before the head listens waits 40 s for it: knock first
+            socket.create_connection((host, int(port)), timeout=2).close()
+            client = GcsClient(address=address)
+        nodes = client.get_all_node_info(timeout=5).values()
+        alive = sum(1 for node in nodes if node.state == GcsNodeInfo.ALIVE)
         if alive >= expected:
             print(f"[ray_job] {alive} Ray node(s) alive")
             sys.exit(0)
-    except Exception as exc:  # the head may not be up yet
-        last = exc
-    time.sleep(2)
+    except Exception:  # the head is not up yet
+        client = None
+    time.sleep(1)
 print(f"[ray_job] error: only {alive} of {expected} Ray node(s) joined within {limit:.0f} s", file=sys.stderr)
 sys.exit(1)
 PY
