@@ -5,7 +5,6 @@ two-node Ray cluster (``ray.cluster_utils.Cluster``: two raylets on this machine
 declare 2 GPUs each: Ray's GPU accounting and ids are the same whether or not the GPUs exist,
 so the probe actors see exactly what the Megatron ranks and vLLM replicas would see.
 """
-import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from megarl.checks import load_config
 from megarl.cluster.placement import ClusterPlacement, plan_placement
 from megarl.settings.cluster import plan_from_config
 from megarl.trainer.rollout_memory import RolloutMemory
+from tests.trainer._placement_probes import Probe, RayExecutorProbe
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -69,20 +69,6 @@ def test_shipped_large_configs_plan(name, trainer_world, replicas):
     for slots in plan.replicas:  # TP within a node, or whole nodes (671B: TP=32 on 4 nodes)
         nodes = {plan.node_of(s) for s in slots}
         assert len(nodes) == 1 or len(slots) == len(nodes) * plan.per_node
-
-
-class Probe:
-    """Stands where a Megatron rank or a vLLM replica would: reports what Ray gave it."""
-
-    def __init__(self, device_ids=()):
-        if device_ids:  # as EngineReplica does
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(device_ids)
-
-    def where(self):
-        import ray
-
-        return (ray.get_runtime_context().get_node_id(), [str(i) for i in ray.get_gpu_ids()],
-                os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 @pytest.fixture(scope="module")
@@ -174,26 +160,6 @@ def test_a_cluster_too_small_or_a_wrong_node_size_fails_with_the_numbers(two_gpu
     with pytest.raises(RuntimeError, match="the 4 GPUs of node 0 on 2 machines: set trainer.n_gpus_per_node"):
         ClusterPlacement(plan_placement(1, 4, "colocated", rollout_tp=1), use_gpu=True)
     assert eventually(lambda: ray.available_resources().get("GPU", 0) == 4)  # nothing left reserved
-
-
-class RayExecutorProbe:
-    """Does what vLLM's Ray executor does from a node-spanning replica: one worker per bundle."""
-
-    def workers_where(self):
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        group = ray.util.get_current_placement_group()  # the run's group, captured by the replica
-        bundles = [int(b) for b in os.environ["VLLM_RAY_BUNDLE_INDICES"].split(",")]
-        share = float(os.environ["VLLM_RAY_PER_WORKER_GPUS"])
-
-        @ray.remote(num_cpus=0)
-        def worker():
-            return ray.get_runtime_context().get_node_id(), [str(i) for i in ray.get_gpu_ids()]
-
-        return ray.get([worker.options(num_gpus=share, scheduling_strategy=PlacementGroupSchedulingStrategy(
-            group, placement_group_bundle_index=b, placement_group_capture_child_tasks=True)).remote()
-            for b in bundles])
 
 
 @pytest.mark.ray
