@@ -9,6 +9,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
+# Bytecode caching on, whatever the machine's default: the suite starts about a thousand Python processes, and
+# without __pycache__ each compiles the megarl and test modules it imports again (measured: 0.4 CPU-s per trainer
+# or engine process, and 19.5 -> 12 CPU-s per pytest collection, of which there are four).
+unset PYTHONDONTWRITEBYTECODE
 
 args=() mark="" exitfirst=0
 while [ $# -gt 0 ]; do  # pytest keeps the last -m; so does this
