@@ -36,34 +36,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_HOME_OF))
 
 
-__all__ = [
-    "collective_device",
-    "REDIRECTS",
-    "Redirect",
-    "applied_redirects",
-    "apply_cpu_compat",
-    "cpu_transformer_config_overrides",
-    "cuda_profiler",
-    "default_dtype",
-    "destroy",
-    "destroy_model_parallel",
-    "device",
-    "device_rng_state",
-    "dist_backend",
-    "empty_cache",
-    "ensure_platform",
-    "gpu_identity",
-    "has_cuda",
-    "host_buffer",
-    "init_distributed",
-    "initialize_model_parallel",
-    "local_rank",
-    "memory_stats",
-    "nvtx_range",
-    "model_parallel_seed",
-    "redirect_names",
-    "set_device",
-    "set_device_rng_state",
-    "synchronize",
-    "transformer_config_overrides",
-]
+__all__ = sorted(_HOME_OF)

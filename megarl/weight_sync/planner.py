@@ -21,6 +21,7 @@ wire: the receiver knows the name, region and offset of every byte it gets.
 """
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -130,7 +131,7 @@ def plan_sync(sources: Iterable[Piece], needs: Iterable[Piece], meta: Mapping[st
     geometry: dict[tuple, list[tuple[tuple[int, ...], tuple[int, ...], list[tuple[Region, int]], int]]] = {}
     # Big tensors first, so the greedy least-loaded choice balances well. Regions repeat (a 671B model's 1.4 M
     # needed pieces have a few hundred distinct regions): each region's size is computed once.
-    numel = _memo(region_numel)
+    numel = functools.cache(region_numel)
     order = sorted(need_by_name, key=lambda n: -sum(numel(p.region) for p in need_by_name[n]))
     for name in order:
         tensor_sources, tensor_needs = src_by_name.get(name, []), need_by_name[name]
@@ -177,23 +178,10 @@ def _assign_sources(name: str, groups, meta: TensorMeta, load: dict[int, int]) -
     out = []
     itemsize = meta.itemsize
     for holders, dsts, regions, numel in groups:
-        src = min(holders, key=lambda r: (load[r], r)) if len(holders) > 1 else holders[0]
+        src = min(holders, key=lambda r: (load[r], r))
         load[src] += numel * itemsize
         out.extend(Transfer(src, dsts, name, region, n * itemsize) for region, n in regions)
     return out
-
-
-def _memo(fn):
-    """``fn`` with its results kept per argument (a plain dict: the plan's regions are few and hashable)."""
-    seen: dict = {}
-
-    def cached(arg):
-        value = seen.get(arg)
-        if value is None:
-            value = seen[arg] = fn(arg)
-        return value
-
-    return cached
 
 
 def _bucketize(transfers: list[Transfer], meta: Mapping[str, TensorMeta], bucket_bytes: int) -> list[Bucket]:
