@@ -102,6 +102,15 @@ class Run:
             self.proc.wait()
 
 
+def command_line(process: psutil.Process) -> str:
+    """The process's command line, or "" once it has ended: a process listed a moment ago may be gone, or a
+    zombie its parent has not reaped yet (a short-lived helper of Ray's), by the time it is read."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def running(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
     _, alive = psutil.wait_procs(processes, timeout=timeout_s)
     return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -177,8 +186,8 @@ def driver_and_reaper_killed(run: Run) -> tuple[Path, list[psutil.Process]]:
             time.sleep(0.2)
         time.sleep(2)  # two more records: the agents Ray starts after the head
         processes = run.processes()
-        reaper = [p for p in processes if "megarl.cluster.run_reaper" in " ".join(p.cmdline())]
-        assert len(reaper) == 1, [p.cmdline() for p in processes]
+        reaper = [p for p in processes if "megarl.cluster.run_reaper" in command_line(p)]
+        assert len(reaper) == 1, [command_line(p) for p in processes]
         for process in (psutil.Process(run.proc.pid), reaper[0]):
             process.kill()
         run.proc.wait()
