@@ -12,8 +12,10 @@ cancels out:
 * ``fleet``: ``RolloutFleet.generate``, the batch call (one Ray call per replica);
 * ``seam``: ``AgentRollout.generate`` with the single-turn loop, the trainer's path (one Ray call per sample);
 * ``bare``: ``vllm.LLM.generate`` in one plain process per replica (vLLM's default engine-core process);
-* ``bare-inproc``: the same with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core inside the process; the
-  fleet's ``AsyncLLM`` cannot run that way), for reference.
+* ``bare-inproc``: the same with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core inside the process, vLLM's
+  synchronous engine), for reference. The fleet's replicas run theirs that way too on CPU at TP=1
+  (``megarl/rollout/vllm/inproc_core.py``); export ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` to time vLLM's
+  engine-core process instead.
 
 Each engine gets ``--cpus`` OpenMP threads (default 1, so two replicas fit 2 cores). Prints tokens/s
 (median over rounds), the ratios fleet/bare and seam/bare (target >= 0.9) and whether the fleet's

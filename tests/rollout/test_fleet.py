@@ -46,9 +46,9 @@ def hf_model(model_dir):
 @pytest.fixture(scope="module")
 def fleet(model_dir):
     os.environ["OMP_NUM_THREADS"] = "1"
-    # The engines' worker in a process of its own (vLLM's "mp" executor, as on GPUs): the TP=1 CPU default
-    # runs it inside the engine core, which generated this test's 24 x 12 tokens before a sync started 50 ms
-    # in could cut them (a CI run saw no request interrupted in 6 attempts)
+    # vLLM's engine core and worker in processes of their own (as on GPUs): the lost-replica test kills an engine
+    # core by pid, and the TP=1 CPU default (both inside the replica's process) generated this test's 24 x 12
+    # tokens before a sync started 50 ms in could cut them (a CI run saw no request interrupted in 6 attempts)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
         ray_cluster.init_ray(num_cpus=2)

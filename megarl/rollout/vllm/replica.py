@@ -5,8 +5,9 @@ placement-group bundle and with the environment from ``engine_config.replica_env
 are coroutines, so Ray runs it as an async actor: many requests are in flight at once (the batch
 ``generate`` of the fleet, and the per-request ``generate_tokens`` of agent loops, every turn of
 every trajectory a request of its own) and vLLM's scheduler batches them continuously. The engine
-core runs in a child process of the actor (vLLM's ``AsyncLLM`` always does); the TP workers, with
-megarl's worker extension, run in that process (TP=1) or in its children.
+core runs in a child process of the actor (as vLLM's ``AsyncLLM`` does), its TP workers, with megarl's
+worker extension, in children of that; a TP=1 replica on CPU runs engine core and worker in the actor's
+own process (``inproc_core.py``: it spares a process that imports vLLM again on every engine start).
 
 A reward model's replica (``megarl.rewards.reward_models``) runs vLLM's pooling runner instead and scores
 sequences (``classify``); reward-model and judge replicas also serve vLLM's OpenAI-compatible HTTP
@@ -22,6 +23,7 @@ With adapter-only LoRA updates (``load_adapter``) the same gate and version reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -73,6 +75,8 @@ class EngineReplica(GatedReplica):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from megarl.rollout.vllm.inproc_core import engine_core_in_process
+
         self._init_gate(index, self._rpc)
         self.on_gpu = has_cuda()
         self.import_seconds = time.perf_counter() - start
@@ -80,7 +84,10 @@ class EngineReplica(GatedReplica):
         vllm_config = args.create_engine_config()
         if spec.ray_executor:  # the engine core process is not this actor: hand it the actor's placement group
             vllm_config.parallel_config.placement_group = ray.util.get_current_placement_group()
-        self.engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=spec.disable_log_stats)
+        # On CPU with VLLM_ENABLE_V1_MULTIPROCESSING=0 (replica_env) the engine core runs in this process
+        self.core_in_process = not self.on_gpu and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        with engine_core_in_process() if self.core_in_process else contextlib.nullcontext():
+            self.engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=spec.disable_log_stats)
         self.model_config = vllm_config.model_config
         self.image_token_id = getattr(self.model_config.hf_config, "image_token_id", None)
         self.start_seconds = time.perf_counter() - start - self.import_seconds
@@ -344,7 +351,7 @@ class EngineReplica(GatedReplica):
         if self.engine is None:
             return "its vLLM engine was shut down"
         if self.engine.errored:
-            return "its vLLM engine core process died"
+            return "its vLLM engine core failed" if self.core_in_process else "its vLLM engine core process died"
         return None
 
     async def _after_receive(self) -> None:
@@ -365,9 +372,9 @@ class EngineReplica(GatedReplica):
     async def _rpc(self, method: str, *args) -> list:
         """Call a worker-extension method on every TP worker; one result per worker.
 
-        The engine core runs in another process and encodes RPC arguments with msgpack, which turns
-        tensors and dataclasses into plain lists; so the arguments travel pickled (between this
-        actor and its own engine processes) and ``megarl_call`` unpickles them in the worker.
+        The engine core (in another process, except a TP=1 CPU replica's) encodes RPC arguments with
+        msgpack, which turns tensors and dataclasses into plain lists; so the arguments travel pickled
+        (between this actor and its own engine processes) and ``megarl_call`` unpickles them in the worker.
         """
         return await self.engine.collective_rpc("megarl_call", args=(method, pickle.dumps(args)))
 
@@ -379,7 +386,7 @@ class EngineReplica(GatedReplica):
         await self.engine.wake_up(tags=tags)
 
     async def close(self) -> None:
-        """Stop the engine (its core process and TP workers) before the actor is killed."""
+        """Stop the engine (its core, in its process or this one, and its TP workers) before the actor is killed."""
         if self.http is not None:
             await self.http.close()
             self.http = None
