@@ -16,7 +16,8 @@ unset PYTHONDONTWRITEBYTECODE
 
 workers="${MEGARL_TEST_WORKERS:-2}"
 echo "run_tests: one session on ${workers} workers, the tests that start no processes first, then the heavy ones"
-.venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
+# --no-loadscope-reorder: xdist keeps the order tests/process_guard.py gives the modules
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "run_tests: pytest collected no tests; treating that as a failure" >&2

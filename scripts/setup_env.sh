@@ -16,9 +16,9 @@ fi
 command -v "$PY" >/dev/null || { echo "[setup] $PY not found: megarl needs Python 3.11+" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || { echo "[setup] creating $VENV"; "$PY" -m venv "$VENV"; }
 PIP="$VENV/bin/pip"
-# --no-compile: no byte-compiling at install. pip would compile every module of every package (about 29,000 files, 60-90 s
-# of a 150-180 s install on 2 cores); the check at the end compiles the ones megarl's processes import and
-# Python compiles any other on its first import.
+# --no-compile: no byte-compiling at install. pip would compile every module of every package (about 29,000
+# files, 60-90 s of a 150-180 s install on 2 cores); the check at the end compiles the ones megarl's processes
+# import and Python compiles any other on its first import.
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 start=$(date +%s)

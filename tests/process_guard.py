@@ -75,16 +75,24 @@ def no_process_starts(nodeid: str):
 def pytest_collection_modifyitems(items):
     """Give every test that carries a marker implying ``heavy`` the marker itself, before ``-m``
     selects, so that ``-m heavy`` and ``-m "not heavy"`` split the suite; then put the modules without a
-    heavy test first. xdist's ``loadfile`` hands modules out in this order, so a light module never runs in
-    a worker after a heavy one has left state in it (a Ray connection, torch.distributed), and the heavy
+    heavy test first, each kind in the order xdist's ``loadfile`` would take them on its own (most tests
+    first). scripts/run_tests.sh keeps this order (``--no-loadscope-reorder``), so a light module never runs
+    in a worker after a heavy one has left state in it (a Ray connection, torch.distributed), and the heavy
     modules end the run together instead of a light phase's last module waiting alone."""
-    heavy_files = set()
+    heavy_files, sizes = set(), {}
     for item in items:
+        module = item.nodeid.split("::")[0]
+        sizes[module] = sizes.get(module, 0) + 1
         if is_heavy(item):
-            heavy_files.add(item.nodeid.split("::")[0])
+            heavy_files.add(module)
             if not item.get_closest_marker("heavy"):
                 item.add_marker(pytest.mark.heavy)
-    items.sort(key=lambda item: item.nodeid.split("::")[0] in heavy_files)  # stable: modules stay whole
+
+    def order(item):
+        module = item.nodeid.split("::")[0]
+        return module in heavy_files, -sizes[module], module
+
+    items.sort(key=order)  # stable: a module's tests keep their order
 
 
 @pytest.hookimpl(hookwrapper=True)

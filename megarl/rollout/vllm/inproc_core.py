@@ -136,7 +136,7 @@ def _utility(name: str):
         return await self.call_utility_async(name, *args, **kwargs)
 
     call.__name__ = f"{name}_async"
-    call.__doc__ = f"``EngineCore.{name}`` on the core's thread."
+    call.__doc__ = f"``EngineCore.{name}``, between two steps (``call_utility_async``)."
     return call
 
 
