@@ -55,7 +55,7 @@ setup(
         # (its dependencies, torch and transformers included, are megarl's own).
         # mkdocs, Material and mkdocstrings: tests/devtools/test_docs.py builds the docs site with --strict
         # (`make docs` serves it); pinned, since a new release may warn where this one does not.
-        # pytest-xdist: scripts/run_tests.sh runs the suite on 2 workers.
+        # pytest-xdist: scripts/run_tests.sh runs the tests that start no processes on 2 workers.
         "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist==3.8.0", "hypothesis>=6.100", "peft==0.21.2",
                  "mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings[python]==1.0.8"],
         # megarl.devtools.pretrained: transformers reads GGUF checkpoints with these two. The checkpoint

@@ -1,8 +1,8 @@
 """The split of the suite into light and heavy tests, and the guard that keeps it honest.
 
-``make test`` (scripts/run_tests.sh) runs the modules whose tests start no processes on 2 pytest-xdist
-workers, then the *heavy* ones (Ray clusters, vLLM engines, torchrun, subprocesses, Slurm), whole modules
-per worker: a module's shared cluster or engine stays with it, and a heavy test may wait on timeouts and
+``make test`` (scripts/run_tests.sh) runs the tests that start no processes on 2 pytest-xdist workers,
+then the *heavy* ones (Ray clusters, vLLM engines, torchrun, subprocesses, Slurm), whole modules per
+worker: a module's shared cluster or engine stays with it, and a heavy test may wait on timeouts and
 signals, so it must not assume the machine to itself. A test is heavy when it carries the
 ``heavy`` marker or one that implies it (``HEAVY_MARKERS``). A test that is not heavy and starts a
 process anyway would land among the parallel ones and slow or flake there, so it fails instead, naming
@@ -58,7 +58,7 @@ def no_process_starts(nodeid: str):
             raise LightTestStartedAProcess(
                 f"{nodeid} started a process but is not marked heavy, so it runs among the tests that "
                 f"make test runs in parallel; mark it (or its module: pytestmark = pytest.mark.heavy, or "
-                f"one of {', '.join(HEAVY_MARKERS[1:])}) so that it runs with the heavy tests")
+                f"one of {', '.join(HEAVY_MARKERS[1:])}) so that it runs in the heavy phase")
         return start
 
     saved = [(module, name, getattr(module, name)) for module, name in _STARTERS]
@@ -74,25 +74,10 @@ def no_process_starts(nodeid: str):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Give every test that carries a marker implying ``heavy`` the marker itself, before ``-m``
-    selects, so that ``-m heavy`` and ``-m "not heavy"`` split the suite; then put the modules without a
-    heavy test first, each kind in the order xdist's ``loadfile`` would take them on its own (most tests
-    first). scripts/run_tests.sh keeps this order (``--no-loadscope-reorder``), so a light module never runs
-    in a worker after a heavy one has left state in it (a Ray connection, torch.distributed), and the heavy
-    modules end the run together instead of a light phase's last module waiting alone."""
-    heavy_files, sizes = set(), {}
+    selects, so that ``-m heavy`` and ``-m "not heavy"`` split the suite."""
     for item in items:
-        module = item.nodeid.split("::")[0]
-        sizes[module] = sizes.get(module, 0) + 1
-        if is_heavy(item):
-            heavy_files.add(module)
-            if not item.get_closest_marker("heavy"):
-                item.add_marker(pytest.mark.heavy)
-
-    def order(item):
-        module = item.nodeid.split("::")[0]
-        return module in heavy_files, -sizes[module], module
-
-    items.sort(key=order)  # stable: a module's tests keep their order
+        if is_heavy(item) and not item.get_closest_marker("heavy"):
+            item.add_marker(pytest.mark.heavy)
 
 
 @pytest.hookimpl(hookwrapper=True)

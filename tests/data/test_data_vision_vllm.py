@@ -15,7 +15,7 @@ from tests.data.data_helpers import write_parquet
 from tests.data.test_data_vision import _image_row
 from tests.data.vision_helpers import noise_image, png
 
-pytestmark = pytest.mark.vllm  # importing vLLM's model code starts a process: a heavy test
+pytestmark = pytest.mark.vllm  # importing vLLM's model code starts a process: the heavy phase
 
 
 @pytest.mark.parametrize("family", VISION_FAMILIES)

@@ -22,8 +22,8 @@ from megarl.models.families import family_for
 from megarl.models.dims import load_hf_config
 
 pytest.importorskip("vllm")
-# vLLM's layers import py-cpuinfo, which runs a subprocess at its first import: a heavy test (as a light
-# test it passed only where an earlier module of the same worker had imported it)
+# vLLM's layers import py-cpuinfo, which runs a subprocess at its first import: the heavy phase (in the light
+# phase it passed only where an earlier module of the same worker had imported it)
 pytestmark = pytest.mark.vllm
 
 TP = 2
