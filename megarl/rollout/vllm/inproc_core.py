@@ -39,9 +39,6 @@ class _Resources:
     engine_dead = False
 
 
-SHUTDOWN_WAIT_S = 60.0
-
-
 class InprocAsyncClient(EngineCoreClient):
     """``AsyncLLM``'s engine-core client with the ``EngineCore`` in this process.
 
