@@ -11,7 +11,11 @@ import argparse
 import os
 import sys
 
-from conversion import hf_to_megatron, megatron_to_hf, verify
+from megarl.platform.gc_tuning import tune_gc
+
+tune_gc()  # the command's process: before the tools below load torch and megatron (megarl/platform/gc_tuning.py)
+
+from conversion import hf_to_megatron, megatron_to_hf, verify  # noqa: E402
 from conversion.common import ConversionError, fail
 
 COMMANDS = {

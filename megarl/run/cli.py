@@ -54,6 +54,9 @@ def _end_process(rc: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megarl.platform.gc_tuning import tune_gc
+
+    tune_gc()  # before any command loads torch (megarl/platform/gc_tuning.py)
     owns_process = argv is None  # the console script or ``python -m megarl.run.cli``, not a caller in Python
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:

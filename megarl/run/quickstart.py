@@ -68,6 +68,9 @@ def prepare(run_dir: Path = RUN_DIR) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megarl.platform.gc_tuning import tune_gc
+
+    tune_gc()  # before transformers and torch load (megarl/platform/gc_tuning.py)
     import transformers  # noqa: F401  (imported before the console set-up, which turns its progress bars off)
 
     from megarl.logging.console import set_level, setup_console

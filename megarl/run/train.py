@@ -244,6 +244,9 @@ def checkpoint_history(path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from megarl.platform.gc_tuning import tune_gc
+
+    tune_gc()  # before the run loads torch and Ray (megarl/platform/gc_tuning.py)
     from megarl.checks import ConfigError, load_config
     from megarl.config import to_yaml
     from megarl.config.command_line import USAGE, CommandLineError, parse_command_line

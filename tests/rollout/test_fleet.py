@@ -14,6 +14,7 @@ import torch
 from megarl.config.schema import RolloutConfig
 from megarl.rollout import RolloutFleet, request_seed, resolve_sampling
 from megarl.cluster import ray_cluster
+from megarl.platform.gc_tuning import FIRST_THRESHOLD
 from megarl.platform.processes import running, start_time
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(480)]
@@ -100,6 +101,18 @@ def test_local_cluster_is_private_and_joinable_by_address(fleet):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert "CPUS 2.0" in out.stdout, out.stderr[-2000:]
+    # every worker of the run's job, in an environment of its own as a replica's, tunes its collector at start
+    # (megarl.platform.gc_tuning, through the job's worker set-up hook) before anything loads there
+
+    @ray.remote
+    def collector_thresholds():
+        import gc
+
+        return gc.get_threshold(), os.environ.get("MEGARL_TEST_OWN_ENV")
+
+    thresholds, own_env = ray.get(collector_thresholds.options(  # no CPU: the replicas hold the cluster's two
+        num_cpus=0, runtime_env={"env_vars": {"MEGARL_TEST_OWN_ENV": "1"}}).remote(), timeout=120)
+    assert thresholds[0] == FIRST_THRESHOLD and own_env == "1"
 
 
 def test_greedy_is_reproducible_across_calls_and_replicas_and_matches_hf(fleet, prompts, hf_model):
