@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 import megarl  # noqa: F401 (first, so its import hook sees megatron's: megarl/__init__.py)
+from megarl.platform.gc_tuning import tune_gc
+
+tune_gc()  # pytest's processes collect garbage as megarl's own do, from before the test modules load torch
 from tests.built_once import built_once
 from tests.process_guard import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: F401 (hooks)
 

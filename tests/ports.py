@@ -9,7 +9,8 @@ for each xdist worker, and checks that nothing listens there yet.
 
 ``torchrun(n)`` starts n local ranks with a static rendezvous on such a port (torchrun's
 ``--standalone`` takes a port-0 port the same way, and its dynamic rendezvous has keep-alive
-heartbeats that a loaded machine can miss).
+heartbeats that a loaded machine can miss). ``run_ranks`` starts its launch with ``tests/rank_site`` on
+``PYTHONPATH``: its ``sitecustomize`` sets the garbage collector as megarl's own processes set it.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
+RANK_SITE = Path(__file__).resolve().parent / "rank_site"  # sitecustomize.py for the processes of a launch
 FIRST, BLOCK = 20000, 2000  # blocks 20000-21999 (no xdist), 22000-23999 (gw0), 24000-25999 (gw1), ...
 
 
@@ -78,6 +81,7 @@ def run_ranks(command: list[str], *, env: dict | None = None, timeout: float, cw
     (``subprocess.run`` kills only torchrun itself).
     """
     env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(RANK_SITE), env.get("PYTHONPATH", "")) if p)
     process = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
