@@ -25,6 +25,8 @@ import os
 import shutil
 import tempfile
 
+from megarl.platform.gc_tuning import RAY_WORKER_SETUP_HOOK
+
 logger = logging.getLogger(__name__)
 
 # Set before Ray starts any process; setdefault so that a user's explicit choice wins.
@@ -104,8 +106,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
 def _job_runtime_env(env: dict[str, str]) -> dict:
     """The run's Ray job environment: ``env`` in every worker, and megarl's collector settings applied in each
     worker before anything loads there (``megarl.platform.gc_tuning``; an actor's own ``runtime_env`` keeps it)."""
-    from megarl.platform.gc_tuning import RAY_WORKER_SETUP_HOOK
-
     runtime_env: dict = {"worker_process_setup_hook": RAY_WORKER_SETUP_HOOK}
     if env:
         runtime_env["env_vars"] = env
