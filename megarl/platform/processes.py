@@ -42,12 +42,13 @@ def identity(pid: int | None = None) -> tuple[int, float]:
 
 def running(pid: int, start: float):
     """The ``psutil.Process`` running under ``pid`` that started at ``start``, or None (it ended, is a
-    zombie, or the pid now belongs to another process)."""
+    zombie or being reaped (state X, "dead": seen by a CI run), or the pid now belongs to another process)."""
     import psutil
 
     try:
         process = psutil.Process(pid)
-        if abs(start_time(pid) - start) < _SAME_START_S and process.status() != psutil.STATUS_ZOMBIE:
+        if (abs(start_time(pid) - start) < _SAME_START_S
+                and process.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)):
             return process
     except psutil.Error:
         pass
