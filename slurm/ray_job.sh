@@ -48,6 +48,9 @@ CPUS=${MEGARL_CPUS_PER_NODE:-${SLURM_CPUS_ON_NODE:-1}}
 TMP_BASE=${MEGARL_RAY_TMP:-/tmp/ray_${SLURM_JOB_ID}}
 # Not RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: it turns the head into a single-node cluster that refuses workers.
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled} RAY_USAGE_STATS_ENABLED=0
+# No idle workers prestarted for the first driver: they start in that driver's job environment, and a run's actors
+# start in environments of their own (as init_ray's local clusters; megarl/cluster/ray_cluster.py says more).
+export RAY_prestart_worker_first_driver=${RAY_prestart_worker_first_driver:-0}
 unset RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER
 
 STEP_PIDS=()

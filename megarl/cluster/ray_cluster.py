@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 
-from megarl.platform.gc_tuning import RAY_WORKER_SETUP_HOOK
+from megarl.platform.gc_tuning import GC_THRESHOLD_ENV, RAY_WORKER_SETUP_HOOK
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,12 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, temp_dir: 
 
 def _job_runtime_env(env: dict[str, str]) -> dict:
     """The run's Ray job environment: ``env`` in every worker, and megarl's collector settings applied in each
-    worker before anything loads there (``megarl.platform.gc_tuning``; an actor's own ``runtime_env`` keeps it)."""
+    worker before anything loads there (``megarl.platform.gc_tuning``; an actor's own ``runtime_env`` keeps it).
+    The driver's ``$MEGARL_GC_THRESHOLD`` goes along: a joined cluster's workers descend from ``ray start``,
+    not from the driver."""
     runtime_env: dict = {"worker_process_setup_hook": RAY_WORKER_SETUP_HOOK}
+    if GC_THRESHOLD_ENV in os.environ:
+        env = {GC_THRESHOLD_ENV: os.environ[GC_THRESHOLD_ENV], **env}
     if env:
         runtime_env["env_vars"] = env
     return runtime_env

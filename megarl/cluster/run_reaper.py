@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from megarl.platform.processes import identity, running, start_time
+from megarl.platform.processes import ended, identity, running, start_time
 
 logger = logging.getLogger(__name__)
 
@@ -206,17 +206,8 @@ def _watch(temp_dir: str, fd: int, driver) -> tuple[list[tuple[int, float]], boo
         readable, _, _ = select.select([fd], [], [], 1.0)
         if readable:  # the stop word, or the end of the pipe: a driver that died
             return sorted(recorded.items()), os.read(fd, len(STOP)) == STOP
-        if not _alive(driver):
+        if ended(driver):
             return sorted(recorded.items()), False
-
-
-def _alive(driver) -> bool:
-    import psutil
-
-    try:
-        return driver.is_running() and driver.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def main(argv: list[str]) -> int:

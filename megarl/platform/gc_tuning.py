@@ -21,13 +21,14 @@ import gc
 import os
 
 FIRST_THRESHOLD = 10_000  # Python's default is 700
+GC_THRESHOLD_ENV = "MEGARL_GC_THRESHOLD"
 RAY_WORKER_SETUP_HOOK = f"{__name__}.tune_gc"  # a module path: Ray imports it in each worker it starts
 
 
 def tune_gc() -> None:
     """Raise the collector's first threshold to ``FIRST_THRESHOLD`` (``$MEGARL_GC_THRESHOLD`` when set;
     ``0`` leaves Python's). The older generations' thresholds stay Python's."""
-    raw = os.environ.get("MEGARL_GC_THRESHOLD", "").strip()
+    raw = os.environ.get(GC_THRESHOLD_ENV, "").strip()
     try:
         first = int(raw) if raw else FIRST_THRESHOLD
     except ValueError:

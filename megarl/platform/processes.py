@@ -47,9 +47,18 @@ def running(pid: int, start: float):
 
     try:
         process = psutil.Process(pid)
-        if (abs(start_time(pid) - start) < _SAME_START_S
-                and process.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)):
+        if abs(start_time(pid) - start) < _SAME_START_S and not ended(process):
             return process
     except psutil.Error:
         pass
     return None
+
+
+def ended(process) -> bool:
+    """Whether a ``psutil.Process`` has ended: gone, a zombie, or being reaped (state X, "dead")."""
+    import psutil
+
+    try:
+        return not process.is_running() or process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return True

@@ -38,3 +38,15 @@ def test_a_bad_override_names_the_variable_and_changes_nothing(thresholds, monke
     with pytest.raises(ValueError, match="MEGARL_GC_THRESHOLD"):
         tune_gc()
     assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_run_s_ray_workers_tune_their_collector_and_get_the_driver_s_override(monkeypatch):
+    """Every worker of the run's Ray job runs ``tune_gc`` first; a joined cluster's workers descend from
+    ``ray start``, not from the driver, so the driver's override travels in the job's environment."""
+    from megarl.cluster.ray_cluster import _job_runtime_env
+
+    monkeypatch.delenv("MEGARL_GC_THRESHOLD", raising=False)
+    assert _job_runtime_env({}) == {"worker_process_setup_hook": "megarl.platform.gc_tuning.tune_gc"}
+    monkeypatch.setenv("MEGARL_GC_THRESHOLD", "2500")
+    assert _job_runtime_env({"A": "1"})["env_vars"] == {"MEGARL_GC_THRESHOLD": "2500", "A": "1"}
+    assert _job_runtime_env({"MEGARL_GC_THRESHOLD": "0"})["env_vars"] == {"MEGARL_GC_THRESHOLD": "0"}

@@ -7,7 +7,7 @@ import pytest
 
 from megarl.cluster.process_watch import is_gone
 from megarl.cluster.run_reaper import running as reaper_running
-from megarl.platform.processes import identity, running, start_time
+from megarl.platform.processes import ended, identity, running, start_time
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -26,6 +26,29 @@ def test_a_clock_step_does_not_make_a_live_process_look_gone(monkeypatch):
     assert start_time(me[0]) == me[1]
     assert running(*me) is not None and reaper_running(*me) is not None
     assert not is_gone(*me)
+
+
+class _Process:
+    def __init__(self, status, running=True):
+        self._status, self._running = status, running
+
+    def is_running(self):
+        return self._running
+
+    def status(self):
+        if self._status is None:
+            raise psutil.NoSuchProcess(1)
+        return self._status
+
+
+def test_a_zombie_a_process_being_reaped_and_a_vanished_one_have_ended():
+    """State X ("dead", being reaped) once passed for running in a CI run; the run reaper's driver check and
+    ``running`` share this one rule."""
+    assert not ended(_Process(psutil.STATUS_SLEEPING)) and not ended(_Process(psutil.STATUS_RUNNING))
+    for status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD, None):
+        assert ended(_Process(status))
+    assert ended(_Process(psutil.STATUS_SLEEPING, running=False))
+    assert not ended(psutil.Process())
 
 
 @pytest.mark.heavy  # starts a process
