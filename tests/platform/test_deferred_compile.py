@@ -33,12 +33,41 @@ def test_the_compile_is_torch_compile_with_its_options_done_once_at_the_first_ca
     def double(x):
         return 2 * x
 
+    def on(device):  # "meta" stands for an accelerator: any device but the CPU
+        return torch.ones(2, device=device)
+
     plain = deferred_compile.compile_on_first_call(double)
     tuned = deferred_compile.compile_on_first_call(mode="max-autotune")(double)  # @jit_fuser(mode=...)
     assert compiles == [] and plain.__name__ == "double"
-    assert plain(3) == ("compiled", 6) and plain(4) == ("compiled", 8)
-    assert tuned(5) == ("compiled", 10)
+    first, second = plain(on("meta")), plain(x=on("meta"))
+    assert first[0] == second[0] == "compiled" and first[1].device.type == "meta"
+    assert tuned(on("meta"))[0] == "compiled"
     assert compiles == [{}, {"mode": "max-autotune"}]
+
+
+def test_on_cpu_tensors_a_kernel_runs_uncompiled(monkeypatch):
+    """On CPU inductor needs a C++ compiler and seconds per process for kernels that fuse nothing worth it."""
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled a kernel called on CPU tensors"))
+
+    @deferred_compile.compile_on_first_call
+    def gate(x, scale=2.0):
+        return x * scale
+
+    assert torch.equal(gate(torch.ones(3)), torch.full((3,), 2.0))
+    assert torch.equal(gate(x=torch.ones(2), scale=3.0), torch.full((2,), 3.0))
+    assert gate(1.5) == 3.0  # no tensor at all: as written
+
+
+def test_megatrons_swiglu_runs_uncompiled_on_cpu_and_computes_swiglu(monkeypatch):
+    """The MoE experts' GLU, as megatron decorated it, called on CPU tensors."""
+    from megatron.core.fusions.fused_bias_swiglu import bias_swiglu_impl, swiglu
+
+    assert getattr(swiglu, "compiles_on_first_call", False)
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled a kernel called on CPU tensors"))
+    x = torch.randn(4, 8)
+    out = bias_swiglu_impl(x, None)
+    a, b = x.chunk(2, dim=-1)
+    assert torch.allclose(out, torch.nn.functional.silu(a) * b)
 
 
 def test_a_fuser_megatron_did_not_set_to_torch_compile_is_left_alone():
