@@ -33,7 +33,9 @@ if [ "$exitfirst" -eq 1 ] && [ "$light" -ne 0 ] && [ "$light" -ne 5 ]; then
     echo "run_tests: phase 1 failed and -x was given; phase 2 (heavy tests) skipped" >&2
 else
     echo "run_tests: phase 2 of 2, the heavy tests (they start processes), on ${MEGARL_TEST_HEAVY_WORKERS:-2} workers"
-    .venv/bin/python -m pytest -n "${MEGARL_TEST_HEAVY_WORKERS:-2}" --dist loadfile -m "$(within heavy)" "${args[@]}"
+    # --no-loadscope-reorder: xdist hands out the modules in the order tests/module_order.py sets, slowest first
+    .venv/bin/python -m pytest -n "${MEGARL_TEST_HEAVY_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+        -m "$(within heavy)" "${args[@]}"
     heavy=$?
 fi
 

@@ -17,6 +17,14 @@ tune_gc()  # pytest's processes collect garbage as megarl's own do, from before 
 from tests.built_once import built_once
 from tests.process_guard import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: F401 (hooks)
 
+
+def pytest_configure(config):
+    """The order of the modules, slowest first (tests/module_order.py), after the heavy/light split selects."""
+    from tests import module_order
+
+    config.pluginmanager.register(module_order, "megarl-module-order")
+
+
 for var, value in {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
                    # read by Ray at import time (test modules import it at collection): local clusters
